@@ -1,0 +1,3 @@
+from ptconvert.cli import entry
+
+entry()

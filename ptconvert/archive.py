@@ -1,0 +1,214 @@
+"""A zip reader that sees archives the way torch's reader does.
+
+torch (miniz) locates members through the central directory, then skips the member's local
+header to reach its bytes; it ignores CRCs and most flag bits. Python's ``zipfile`` refuses some
+of those archives, so a scanner built on it sees less than torch loads. This reader follows the
+central directory like torch, returns exact byte offsets of stored members (the weights fast path
+copies from them), and records every oddity it meets in ``anomalies`` so that the scanner can
+refuse an ambiguous archive instead of guessing.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ptconvert.errors import CorruptFileError, TruncatedFileError
+
+_EOCD = b"PK\x05\x06"
+_EOCD64_LOCATOR = b"PK\x06\x07"
+_EOCD64 = b"PK\x06\x06"
+_CENTRAL = b"PK\x01\x02"
+_LOCAL = b"PK\x03\x04"
+STORED, DEFLATED = 0, 8
+# The central directory of a well-formed archive cannot be larger than this many members; a
+# larger claimed count is treated as corruption rather than allocated.
+MAX_MEMBERS = 1_000_000
+
+
+@dataclass(frozen=True)
+class ZipMember:
+    name: str
+    compress_type: int
+    compressed_size: int
+    size: int
+    header_offset: int
+    data_offset: int
+    flags: int
+    crc: int
+
+    @property
+    def is_dir(self) -> bool:
+        return self.name.endswith("/")
+
+
+@dataclass
+class ZipArchive:
+    """Central directory of a zip file, read without trusting ``zipfile``."""
+
+    path: Path
+    file_size: int
+    members: list[ZipMember]
+    anomalies: list[str] = field(default_factory=list)
+    prefix_bytes: int = 0  # bytes before the first member (data prepended to the archive)
+
+    @property
+    def names(self) -> list[str]:
+        return [m.name for m in self.members]
+
+    def member(self, name: str) -> ZipMember | None:
+        for m in self.members:
+            if m.name == name:
+                return m
+        return None
+
+    def root(self) -> str:
+        """The top-level folder torch puts every record under (``archive/``), or ``''``."""
+        first = next((m.name for m in self.members if "/" in m.name), "")
+        return first.split("/", 1)[0] + "/" if first else ""
+
+    def read(self, member: ZipMember, limit: int | None = None) -> bytes:
+        """The member's uncompressed bytes (at most ``limit`` of them)."""
+        want = member.compressed_size
+        if member.data_offset + want > self.file_size:
+            raise TruncatedFileError(
+                f"zip member {member.name!r} runs past the end of the file "
+                f"({member.data_offset + want} > {self.file_size} bytes)",
+                path=self.path,
+            )
+        with open(self.path, "rb") as fh:
+            raw = os.pread(fh.fileno(), want, member.data_offset)
+        if member.compress_type == STORED:
+            return raw[:limit] if limit is not None else raw
+        if member.compress_type == DEFLATED:
+            d = zlib.decompressobj(-15)
+            try:
+                out = d.decompress(raw, limit or 0)
+            except zlib.error as exc:
+                raise CorruptFileError(
+                    f"zip member {member.name!r} is not valid deflate data ({exc})", path=self.path
+                ) from exc
+            return out
+        raise CorruptFileError(
+            f"zip member {member.name!r} uses compression method {member.compress_type}, "
+            "which torch cannot read either",
+            path=self.path,
+        )
+
+
+def looks_like_zip(head: bytes, tail: bytes) -> bool:
+    return head.startswith(_LOCAL) or _EOCD in tail
+
+
+def _find_eocd(fh_fd: int, size: int) -> tuple[int, bytes]:
+    span = min(size, 65535 + 22)
+    tail = os.pread(fh_fd, span, size - span)
+    pos = tail.rfind(_EOCD)
+    if pos < 0 or len(tail) - pos < 22:
+        raise CorruptFileError("not a zip archive: no end-of-central-directory record")
+    return size - span + pos, tail[pos : pos + 22]
+
+
+def open_zip(path: str | Path) -> ZipArchive:
+    """Read the central directory of ``path``. Raises CorruptFileError on a broken archive."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        fd = fh.fileno()
+        try:
+            eocd_pos, eocd = _find_eocd(fd, size)
+        except CorruptFileError as exc:
+            raise CorruptFileError(exc.message, path=path) from None
+        (_, _disk, _cd_disk, _n_here, count, cd_size, cd_offset, _clen) = struct.unpack(
+            "<4sHHHHIIH", eocd
+        )
+        end_of_cd = eocd_pos
+        zip64 = _read_zip64_eocd(fd, eocd_pos)
+        if zip64 is not None:
+            end_of_cd, count, cd_size, cd_offset = zip64
+        elif 0xFFFFFFFF in (cd_size, cd_offset) or count == 0xFFFF:
+            raise CorruptFileError("zip64 archive without its end-of-directory records", path=path)
+        anomalies: list[str] = []
+        # Data before the archive shifts every offset; miniz corrects for it the same way.
+        shift = end_of_cd - (cd_offset + cd_size)
+        if shift < 0:
+            raise TruncatedFileError(
+                "zip central directory points past its own end record (truncated file?)", path=path
+            )
+        if shift:
+            anomalies.append(f"{shift} bytes precede the zip archive")
+        if count > MAX_MEMBERS:
+            raise CorruptFileError(f"zip claims {count} members", path=path)
+        cd = os.pread(fd, cd_size, cd_offset + shift)
+        if len(cd) < cd_size:
+            raise TruncatedFileError("zip central directory is truncated", path=path)
+        members: list[ZipMember] = []
+        pos = 0
+        seen: set[str] = set()
+        for _ in range(count):
+            if cd[pos : pos + 4] != _CENTRAL:
+                raise CorruptFileError("zip central directory entry is malformed", path=path)
+            (flags, method, crc, csize, usize, nlen, xlen, clen, lh_off) = struct.unpack(
+                "<8xHH4xIIIHHH8xI", cd[pos : pos + 46]
+            )
+            name = cd[pos + 46 : pos + 46 + nlen].decode("utf-8", "replace")
+            extra = cd[pos + 46 + nlen : pos + 46 + nlen + xlen]
+            pos += 46 + nlen + xlen + clen
+            if 0xFFFFFFFF in (csize, usize, lh_off):
+                usize, csize, lh_off = _zip64_extra(extra, usize, csize, lh_off)
+            lh_off += shift
+            local = os.pread(fd, 30, lh_off)
+            if len(local) < 30 or local[:4] != _LOCAL:
+                raise CorruptFileError(f"zip member {name!r} has no local header", path=path)
+            lflags, lnlen, lxlen = struct.unpack("<6xH18xHH", local)
+            lname = os.pread(fd, lnlen, lh_off + 30).decode("utf-8", "replace")
+            if lname != name:
+                anomalies.append(f"member {name!r}: local header names it {lname!r}")
+            if flags & ~0x0808 or lflags != flags:
+                anomalies.append(f"member {name!r}: unusual flag bits 0x{flags:04x}/0x{lflags:04x}")
+            if name in seen:
+                anomalies.append(f"member {name!r} appears more than once")
+            seen.add(name)
+            members.append(
+                ZipMember(
+                    name, method, csize, usize, lh_off, lh_off + 30 + lnlen + lxlen, flags, crc
+                )
+            )
+    return ZipArchive(path, size, members, anomalies, prefix_bytes=shift)
+
+
+def _read_zip64_eocd(fd: int, eocd_pos: int) -> tuple[int, int, int, int] | None:
+    """(position, member count, directory size, directory offset) from the zip64 records."""
+    if eocd_pos < 20:
+        return None
+    loc = os.pread(fd, 20, eocd_pos - 20)
+    if loc[:4] != _EOCD64_LOCATOR:
+        return None
+    (claimed,) = struct.unpack("<8xQ4x", loc)
+    # The locator's offset is wrong when data precedes the archive; the record sits just before it.
+    for pos in (claimed, eocd_pos - 20 - 56):
+        rec = os.pread(fd, 56, pos) if pos >= 0 else b""
+        if rec[:4] == _EOCD64:
+            count, cd_size, cd_offset = struct.unpack("<32xQQQ", rec)
+            return pos, count, cd_size, cd_offset
+    return None
+
+
+def _zip64_extra(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int, int]:
+    pos = 0
+    while pos + 4 <= len(extra):
+        tag, ln = struct.unpack("<HH", extra[pos : pos + 4])
+        body = extra[pos + 4 : pos + 4 + ln]
+        if tag == 0x0001:
+            vals = list(struct.unpack(f"<{len(body) // 8}Q", body[: len(body) // 8 * 8]))
+            if usize == 0xFFFFFFFF and vals:
+                usize = vals.pop(0)
+            if csize == 0xFFFFFFFF and vals:
+                csize = vals.pop(0)
+            if offset == 0xFFFFFFFF and vals:
+                offset = vals.pop(0)
+        pos += 4 + ln
+    return usize, csize, offset

@@ -1,0 +1,218 @@
+"""The ``ptconvert`` command: a thin click layer over the library API plus rendering.
+
+``ptconvert SRC --to FMT [options]`` (no subcommand) is the conversion; ``info``, ``formats``,
+``scan``, ``plan``, ``verify`` and ``bench`` are subcommands. ``ptconvert convert SRC …`` spells
+the conversion out, so a file named like a subcommand stays reachable.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from ptconvert import progress
+from ptconvert.errors import EXIT_CODES, NotImplementedYetError, PtconvertError
+
+_COMMANDS = ("convert", "info", "formats", "scan", "plan", "verify", "bench")
+
+
+class _ConvertByDefault(click.Group):
+    """Route ``ptconvert SRC …`` to ``convert`` when SRC is not a subcommand name."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        first = next((i for i, a in enumerate(args) if not a.startswith("-")), None)
+        if first is not None and args[first] not in self.commands:
+            args = [*args[:first], "convert", *args[first:]]
+        return super().parse_args(ctx, args)
+
+
+def _exit_code_table() -> str:
+    return "\n".join(f"  {code:>3}  {text}" for code, text in sorted(EXIT_CODES.items()))
+
+
+@click.group(
+    cls=_ConvertByDefault,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Exit codes:\n\n" + _exit_code_table().replace("\n", "\n\n"),
+)
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.version_option(package_name="ptconvert")
+def cli(debug: bool) -> None:
+    """Convert PyTorch models between formats, safely, and prove the result right.
+
+    \b
+      ptconvert SRC --to FMT [options]   convert (see `ptconvert convert --help`)
+      ptconvert info PATH                describe a model file without running it
+      ptconvert formats                  list the formats ptconvert knows
+    """
+
+
+def _emit_json(payload: Any) -> None:
+    click.echo(json.dumps(payload, indent=2, default=str))
+
+
+@cli.command()
+@click.argument("src", type=click.Path(path_type=str))
+@click.option("--to", "to", required=True, help="Target format (see `ptconvert formats`).")
+@click.option("-o", "--output", type=click.Path(), help="Output path (default: beside SRC).")
+@click.option("--force", is_flag=True, help="Replace an existing output.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON only.")
+@click.option("--no-verify", is_flag=True, help="Skip the parity check after converting.")
+@click.option("--trust", is_flag=True, help="Allow loading whole-module pickles (needs-code).")
+@click.option("--key", help="Take the weights from this entry of a checkpoint dict.")
+@click.option("--keep-prefix", is_flag=True, help="Keep a prefix shared by all keys.")
+@click.option("--max-shard-size", help="Write shards of at most this size (e.g. 5GB).")
+@click.option("--metadata", multiple=True, help="k=v safetensors metadata (repeatable).")
+@click.option("--model", help="Model spec: pkg.module:factory or file.py:factory.")
+@click.option("--model-arg", multiple=True, help="k=v argument for the factory (repeatable).")
+@click.option("--input", "inputs", multiple=True, help="NAME:SHAPE:DTYPE example input.")
+@click.option("--example-inputs", type=click.Path(), help="Example inputs file (.pt/.safetensors).")
+@click.option("--dynamic-batch", is_flag=True, help="Make dimension 0 of batched inputs dynamic.")
+@click.option("--dynamic", multiple=True, help="NAME:AXIS[:MIN:MAX] dynamic dimension.")
+@click.option("--method", type=click.Choice(["auto", "script", "trace"]), default="auto")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu")
+@click.option("--bench", is_flag=True, help="Time the result against eager and torch.compile.")
+def convert(src: str, to: str, as_json: bool, **_options: Any) -> None:
+    """Convert SRC to the format named by --to."""
+    progress.set_quiet(as_json)
+    raise NotImplementedYetError(
+        f"conversion to {to!r} is not implemented yet",
+        path=src,
+        hint="`ptconvert info` describes the file; conversions land with the weights and "
+        "converter-graph milestones",
+    )
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def info(path: str, as_json: bool) -> None:
+    """Describe a model file or directory without executing anything in it."""
+    from ptconvert import describe
+
+    progress.set_quiet(as_json)
+    with progress.step(f"reading {path}"):
+        result = describe(path)
+    if as_json:
+        _emit_json(result.to_dict())
+    else:
+        from ptconvert.render import render_info
+
+        render_info(result)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def formats(as_json: bool) -> None:
+    """List the formats ptconvert recognises, their usual suffixes and what each can hold."""
+    from ptconvert.formats import FORMATS
+
+    rows = [{"name": f.name, "suffixes": list(f.suffixes), "holds": f.holds} for f in FORMATS]
+    if as_json:
+        _emit_json(rows)
+    else:
+        from ptconvert.render import render_formats
+
+        render_formats(rows)
+
+
+def _not_yet(command: str) -> None:
+    raise NotImplementedYetError(f"`ptconvert {command}` is not implemented yet")
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("-j", "jobs", type=int, default=1, help="Scan with N processes.")
+@click.option("--allow", multiple=True, help="Extend the allowlist with module.Name.")
+def scan(paths: tuple[str, ...], as_json: bool, jobs: int, allow: tuple[str, ...]) -> None:
+    """Scan pickle-based files for code that would run when they are loaded."""
+    _not_yet("scan")
+
+
+@cli.command()
+@click.argument("src", type=click.Path(path_type=str))
+@click.option("--to", "to", required=True, help="Target format.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def plan(src: str, to: str, as_json: bool) -> None:
+    """Show the route from SRC to a format and what each step needs."""
+    _not_yet("plan")
+
+
+@cli.command()
+@click.argument("reference", type=click.Path(path_type=str))
+@click.argument("candidate", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def verify(reference: str, candidate: str, as_json: bool) -> None:
+    """Check that CANDIDATE computes (or holds) the same numbers as REFERENCE."""
+    _not_yet("verify")
+
+
+@cli.command()
+@click.argument("artifact", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def bench(artifact: str, as_json: bool) -> None:
+    """Time ARTIFACT against eager and torch.compile."""
+    _not_yet("bench")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the CLI and turn errors into messages and documented exit codes."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json, debug = "--json" in args, "--debug" in args
+    try:
+        cli.main(args, prog_name="ptconvert", standalone_mode=False)
+    except PtconvertError as exc:
+        if debug:
+            raise
+        _report_error(exc.to_dict(), str(exc), exc.exit_code, as_json)
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        payload = {
+            "type": "UsageError",
+            "kind": "usage",
+            "exit_code": 2,
+            "message": exc.format_message(),
+        }
+        if as_json:
+            _emit_json({"error": payload})
+        else:
+            exc.show()
+        return 2
+    except Exception as exc:  # a bug: say so plainly, with the traceback under --debug
+        if debug:
+            raise
+        message = (
+            f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)"
+        )
+        _report_error(
+            {"type": type(exc).__name__, "kind": "internal", "exit_code": 1, "message": str(exc)},
+            message,
+            1,
+            as_json,
+        )
+        return 1
+    return 0
+
+
+def _report_error(payload: dict[str, Any], text: str, code: int, as_json: bool) -> None:
+    if as_json:
+        _emit_json({"error": payload})
+    else:
+        click.echo(f"error: {text}", err=True)
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

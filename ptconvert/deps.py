@@ -1,0 +1,29 @@
+"""Lazy imports of optional packages with a one-line error naming the extra to install."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from ptconvert.errors import MissingRequirementError
+
+# Which extra of ptconvert brings each optional top-level package.
+EXTRAS: dict[str, str] = {
+    "onnx": "onnx",
+    "onnxruntime": "onnx",
+    "onnxscript": "onnx",
+    "transformers": "hf",
+}
+
+
+def require(module: str) -> ModuleType:
+    """Import ``module`` or raise MissingRequirementError naming the extra that provides it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        top = module.split(".")[0]
+        extra = EXTRAS.get(top)
+        hint = f"pip install 'ptconvert[{extra}]'" if extra else f"pip install {top}"
+        raise MissingRequirementError(
+            f"this needs the optional package {top!r}, which is not installed ({exc})", hint=hint
+        ) from exc

@@ -1,0 +1,148 @@
+"""One exception hierarchy for the whole tool.
+
+Each class carries the CLI exit code it maps to (the table in README.md) and a message that names
+the file, says what is wrong and what to do next. The CLI prints ``str(error)`` (or its JSON form)
+and exits with ``error.exit_code``; tracebacks only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+
+class PtconvertError(Exception):
+    """Base of every error ptconvert raises on purpose."""
+
+    exit_code: ClassVar[int] = 1
+    kind: ClassVar[str] = "error"
+
+    def __init__(
+        self, message: str, *, path: str | Path | None = None, hint: str | None = None
+    ) -> None:
+        self.message = message
+        self.path = str(path) if path is not None else None
+        self.hint = hint
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        text = f"{self.path}: {self.message}" if self.path else self.message
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": type(self).__name__,
+            "kind": self.kind,
+            "exit_code": self.exit_code,
+            "path": self.path,
+            "message": self.message,
+            "hint": self.hint,
+        }
+
+
+class UsageError(PtconvertError):
+    """Bad command-line usage or bad arguments to an API call."""
+
+    exit_code = 2
+    kind = "usage"
+
+
+class InputError(PtconvertError):
+    """The input is missing, unreadable, truncated or corrupt."""
+
+    exit_code = 3
+    kind = "bad_input"
+
+
+class EmptyFileError(InputError):
+    kind = "empty_file"
+
+
+class LfsPointerError(InputError):
+    kind = "lfs_pointer"
+
+
+class HtmlPageError(InputError):
+    kind = "html_page"
+
+
+class TruncatedFileError(InputError):
+    kind = "truncated"
+
+
+class CorruptFileError(InputError):
+    kind = "corrupt"
+
+
+class NoWeightsError(InputError):
+    kind = "no_weights"
+
+
+class UnknownFormatError(InputError):
+    kind = "unknown_format"
+
+
+class UnsupportedConversionError(PtconvertError):
+    """No converter reaches the requested target, or the input holds something it cannot carry."""
+
+    exit_code = 4
+    kind = "unsupported"
+
+
+class MissingRequirementError(PtconvertError):
+    """Something the run needs is not there: an optional package, a model spec, a compiler."""
+
+    exit_code = 5
+    kind = "missing_requirement"
+
+
+class VerificationError(PtconvertError):
+    """The converted artifact does not compute (or hold) the same numbers as its source."""
+
+    exit_code = 6
+    kind = "verification_failed"
+
+
+class NotImplementedYetError(PtconvertError):
+    """A command whose grammar exists but whose engine has not landed yet."""
+
+    exit_code = 7
+    kind = "not_implemented"
+
+
+class OutputExistsError(PtconvertError):
+    """The output already exists and ``--force`` was not given."""
+
+    exit_code = 8
+    kind = "output_exists"
+
+
+class UnsafeInputError(PtconvertError):
+    """The security scan found something that can run code: the file is refused."""
+
+    exit_code = 10
+    kind = "dangerous"
+
+
+class NeedsTrustError(PtconvertError):
+    """The file references user classes that must be imported to load it: needs ``--trust``."""
+
+    exit_code = 11
+    kind = "needs_code"
+
+
+EXIT_CODES: dict[int, str] = {
+    0: "success",
+    1: "internal error (a bug: please report it with --debug output)",
+    UsageError.exit_code: "usage error (bad option or argument)",
+    InputError.exit_code: "unreadable, truncated, corrupt or unrecognised input",
+    UnsupportedConversionError.exit_code: "unsupported conversion or content",
+    MissingRequirementError.exit_code: "missing requirement (optional package, model spec, …)",
+    VerificationError.exit_code: "verification failed (outputs or weights differ)",
+    NotImplementedYetError.exit_code: "not implemented yet",
+    OutputExistsError.exit_code: "output exists (pass --force to replace it)",
+    UnsafeInputError.exit_code: "refused by the security scan (dangerous)",
+    NeedsTrustError.exit_code: "needs code: loading would import user classes (pass --trust)",
+}

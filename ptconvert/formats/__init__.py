@@ -1,0 +1,137 @@
+"""The format registry: detection by content and ``info`` for every format ptconvert knows.
+
+Detection has two stages (as Netron does it): negative signatures first (an empty file, a Git LFS
+pointer, an HTML page, a truncated zip), then every format's cheap ``match`` on the content; the
+highest ``priority`` wins and the file suffix only breaks ties. Adding a format is adding one
+module and one line to ``FORMATS``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ptconvert.errors import (
+    EmptyFileError,
+    HtmlPageError,
+    InputError,
+    LfsPointerError,
+    NoWeightsError,
+    TruncatedFileError,
+    UnknownFormatError,
+)
+from ptconvert.formats.base import FileInfo, Format, Probe
+from ptconvert.formats.checkpoint import CheckpointFormat
+from ptconvert.formats.hf import WEIGHT_NAMES, HuggingFaceFormat
+from ptconvert.formats.onnx import OnnxFormat
+from ptconvert.formats.pt2 import AotiPackageFormat, ExportedProgramFormat
+from ptconvert.formats.safetensors import SafetensorsFormat
+from ptconvert.formats.sharded import ShardedFormat
+from ptconvert.formats.torchscript import TorchScriptFormat
+
+FORMATS: tuple[Format, ...] = (
+    CheckpointFormat(),
+    SafetensorsFormat(),
+    ShardedFormat(),
+    TorchScriptFormat(),
+    ExportedProgramFormat(),
+    AotiPackageFormat(),
+    OnnxFormat(),
+    HuggingFaceFormat(),
+)
+FORMATS_BY_NAME: dict[str, Format] = {f.name: f for f in FORMATS}
+
+
+@dataclass(frozen=True)
+class Detection:
+    path: Path
+    format: str
+    layout: str
+
+    @property
+    def handler(self) -> Format:
+        return FORMATS_BY_NAME[self.format]
+
+
+def detect(path: str | Path) -> Detection:
+    """Recognise ``path`` from its content. Raises an InputError subclass saying what was seen."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError("no such file or directory", path=path)
+    probe = Probe(path)
+    if not probe.is_dir:
+        _reject_non_models(probe)
+    matches = [(f, layout) for f in FORMATS if (layout := f.match(probe)) is not None]
+    if matches:
+        suffix = path.name.lower()
+        best = max(
+            matches,
+            key=lambda m: (m[0].priority, any(suffix.endswith(s) for s in m[0].suffixes)),
+        )
+        return Detection(path, best[0].name, best[1])
+    raise _unknown(probe)
+
+
+def describe(path: str | Path) -> FileInfo:
+    """``ptconvert info``: what a file or directory holds, without executing anything."""
+    d = detect(path)
+    return d.handler.info(d.path, d.layout)
+
+
+def _reject_non_models(probe: Probe) -> None:
+    head = probe.head
+    if probe.size == 0:
+        raise EmptyFileError(
+            "the file is empty (0 bytes)", path=probe.path, hint="re-download or re-save it"
+        )
+    if not head.strip(b"\0"):
+        raise EmptyFileError(
+            f"the file holds only zero bytes ({probe.size} bytes)", path=probe.path
+        )
+    text = head.lstrip()[:256]
+    if text.startswith(b"version https://git-lfs") or b"\noid sha256:" in text:
+        raise LfsPointerError(
+            "this is a Git LFS pointer, not the model file it stands for",
+            path=probe.path,
+            hint="fetch the real file with `git lfs pull` (or download it again)",
+        )
+    lowered = text.lower()
+    if lowered.startswith((b"<!doctype html", b"<html", b"<head", b"<?xml")) or b"<html" in lowered:
+        raise HtmlPageError(
+            "this is an HTML page, not a model (a failed or redirected download?)",
+            path=probe.path,
+            hint="download the file again from its direct link",
+        )
+    if head.startswith(b"PK\x03\x04") and probe.zip is None:
+        raise TruncatedFileError(
+            "zip archive without a readable central directory: the file is truncated or corrupt",
+            path=probe.path,
+            hint="re-download or re-save it",
+        )
+
+
+def _unknown(probe: Probe) -> InputError:
+    tried = ", ".join(f.name for f in FORMATS)
+    if probe.is_dir:
+        present = sorted(p.name for p in probe.path.iterdir())[:20]
+        return NoWeightsError(
+            f"directory holds no model weights (looked for {', '.join(WEIGHT_NAMES)} "
+            f"beside config.json; found {present or 'nothing'})",
+            path=probe.path,
+            hint="point ptconvert at the weights file itself, or at a directory with config.json "
+            "and weights",
+        )
+    if probe.zip is not None:
+        members = probe.zip.names[:12]
+        return UnknownFormatError(
+            f"zip archive with no recognisable members (saw {members}); tried: {tried}",
+            path=probe.path,
+        )
+    first = probe.head[:16]
+    return UnknownFormatError(
+        f"unrecognised content: first bytes {first.hex(' ')} ({first!r}); tried: {tried}",
+        path=probe.path,
+    )
+
+
+__all__ = ["FORMATS", "Detection", "FileInfo", "describe", "detect"]

@@ -1,0 +1,166 @@
+"""What every format module provides, and the shared shapes of detection and ``info``.
+
+A format recognises itself from content (``match`` on a ``Probe``: first bytes, last bytes, zip
+member names), never from the file name, and describes a file without executing anything
+(``info``). Formats know nothing about each other; overlaps are settled by ``priority`` (a pt2
+archive is also a zip, an AOTInductor package is also a pt2 archive).
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ptconvert.archive import ZipArchive, looks_like_zip, open_zip
+from ptconvert.errors import CorruptFileError
+from ptconvert.report import Report
+
+HEAD_BYTES = 4096
+TAIL_BYTES = 65535 + 22
+
+
+@dataclass
+class Probe:
+    """Cheap, cached views of a path that every format's ``match`` may look at."""
+
+    path: Path
+
+    @cached_property
+    def is_dir(self) -> bool:
+        return self.path.is_dir()
+
+    @cached_property
+    def size(self) -> int:
+        return 0 if self.is_dir else self.path.stat().st_size
+
+    @cached_property
+    def head(self) -> bytes:
+        if self.is_dir:
+            return b""
+        with open(self.path, "rb") as fh:
+            return fh.read(HEAD_BYTES)
+
+    @cached_property
+    def tail(self) -> bytes:
+        if self.is_dir or self.size == 0:
+            return b""
+        with open(self.path, "rb") as fh:
+            return os.pread(fh.fileno(), TAIL_BYTES, max(0, self.size - TAIL_BYTES))
+
+    @cached_property
+    def zip(self) -> ZipArchive | None:
+        """The archive's directory if this is a zip that parses, else None."""
+        if self.is_dir or not looks_like_zip(self.head, self.tail):
+            return None
+        try:
+            return open_zip(self.path)
+        except CorruptFileError:
+            return None
+
+    def zip_has(self, suffix: str) -> bool:
+        """Whether a member named ``<root>/<suffix>`` (or ``<suffix>``) exists."""
+        z = self.zip
+        if z is None:
+            return False
+        return any(n == suffix or n.endswith("/" + suffix) for n in z.names)
+
+
+@dataclass
+class TensorEntry:
+    name: str
+    dtype: str
+    shape: list[int | str]
+    numel: int
+
+
+@dataclass
+class IOSpec:
+    """One input or output of a program: dims are ints or symbol names when dynamic."""
+
+    name: str
+    dtype: str | None
+    shape: list[int | str] | None
+
+
+@dataclass
+class FileInfo(Report):
+    """What ``ptconvert info`` reports about a file or directory."""
+
+    path: str
+    format: str
+    layout: str
+    size_bytes: int
+    files: list[dict[str, Any]] = field(default_factory=list)
+    tensors: int | None = None
+    parameters: int | None = None
+    dtypes: dict[str, dict[str, int]] = field(default_factory=dict)
+    largest: list[TensorEntry] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    shards: list[str] = field(default_factory=list)
+    inputs: list[IOSpec] | None = None
+    outputs: list[IOSpec] | None = None
+    opset: dict[str, int] | None = None
+    contents: dict[str, str] = field(default_factory=dict)  # non-tensor entries of a checkpoint
+    globals: list[str] = field(default_factory=list)  # every global a pickle imports
+    needs_code: list[str] = field(default_factory=list)  # classes that must be importable
+    native_code: list[str] = field(default_factory=list)  # shared libraries that run on load
+    notes: list[str] = field(default_factory=list)
+
+    def add_tensors(
+        self,
+        entries: Iterable[tuple[str, str, list[int | str], int]],
+        aliases: frozenset[str] = frozenset(),
+    ) -> None:
+        """Fill tensor count, parameter count, dtype histogram and the largest tensors.
+
+        ``aliases`` names tensors that share their data with another listed tensor (tied
+        weights): they count as tensors but not again as parameters.
+        """
+        items = [TensorEntry(n, d, list(s), int(k)) for n, d, s, k in entries]
+        self.tensors = len(items)
+        self.parameters = sum(t.numel for t in items if t.name not in aliases)
+        hist: dict[str, dict[str, int]] = {}
+        for t in items:
+            h = hist.setdefault(t.dtype, {"tensors": 0, "elements": 0})
+            h["tensors"] += 1
+            h["elements"] += t.numel
+        self.dtypes = dict(sorted(hist.items()))
+        self.largest = heapq.nlargest(5, items, key=lambda t: (t.numel, t.name))
+
+    def merge_tensors(self, other: FileInfo) -> None:
+        """Add another file's tensor figures to these (the shards of one set)."""
+        self.tensors = (self.tensors or 0) + (other.tensors or 0)
+        self.parameters = (self.parameters or 0) + (other.parameters or 0)
+        for dtype, h in other.dtypes.items():
+            mine = self.dtypes.setdefault(dtype, {"tensors": 0, "elements": 0})
+            mine["tensors"] += h["tensors"]
+            mine["elements"] += h["elements"]
+        self.dtypes = dict(sorted(self.dtypes.items()))
+        self.largest = heapq.nlargest(
+            5, [*self.largest, *other.largest], key=lambda t: (t.numel, t.name)
+        )
+
+
+class Format:
+    """Base of format modules. Subclasses set the class attributes and implement the methods."""
+
+    name: ClassVar[str]
+    suffixes: ClassVar[tuple[str, ...]] = ()
+    holds: ClassVar[str] = ""
+    priority: ClassVar[int] = 0  # higher wins when several formats match
+
+    def match(self, probe: Probe) -> str | None:
+        """The layout name if ``probe`` is this format, else None. Must be cheap and safe."""
+        raise NotImplementedError
+
+    def info(self, path: Path, layout: str) -> FileInfo:
+        raise NotImplementedError
+
+
+def file_entry(path: Path) -> dict[str, Any]:
+    return {"path": str(path), "size_bytes": path.stat().st_size}

@@ -1,0 +1,71 @@
+"""Hugging Face model directories: ``config.json`` plus weights in any format the registry knows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ptconvert.errors import CorruptFileError
+from ptconvert.formats.base import FileInfo, Format, Probe, file_entry
+
+# Weight files transformers looks for, in its order of preference.
+WEIGHT_NAMES = (
+    "model.safetensors.index.json",
+    "model.safetensors",
+    "pytorch_model.bin.index.json",
+    "pytorch_model.bin",
+)
+
+
+def weights_file(directory: Path) -> Path | None:
+    """The weights transformers would load from ``directory``, or None."""
+    for name in WEIGHT_NAMES:
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    path = directory / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptFileError(f"config.json is not valid JSON ({exc})", path=path) from None
+    if not isinstance(config, dict):
+        raise CorruptFileError("config.json is not a JSON object", path=path)
+    return config
+
+
+class HuggingFaceFormat(Format):
+    name = "hf"
+    suffixes = ()
+    holds = "a transformers model directory: config.json, weights (any layout), tokenizer files"
+    priority = 10
+
+    def match(self, probe: Probe) -> str | None:
+        if probe.is_dir and (probe.path / "config.json").is_file() and weights_file(probe.path):
+            return "directory"
+        return None
+
+    def info(self, path: Path, layout: str) -> FileInfo:
+        from ptconvert.formats import describe  # the registry describes the weights
+
+        config = read_config(path)
+        weights = weights_file(path)
+        assert weights is not None
+        sub = describe(weights)
+        info = FileInfo(str(path), self.name, layout, 0)
+        info.files = [file_entry(p) for p in sorted(path.iterdir()) if p.is_file()]
+        info.size_bytes = sum(f["size_bytes"] for f in info.files)
+        info.metadata = {
+            "model_type": config.get("model_type"),
+            "architectures": config.get("architectures"),
+            "dtype": config.get("dtype", config.get("torch_dtype")),
+            "weights": weights.name,
+            "weights_format": f"{sub.format}/{sub.layout}",
+        }
+        info.shards = sub.shards
+        info.globals, info.needs_code = sub.globals, sub.needs_code
+        info.merge_tensors(sub)
+        return info

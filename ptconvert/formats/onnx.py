@@ -1,0 +1,100 @@
+"""ONNX models: a protobuf ModelProto, possibly with tensors in external data files.
+
+Detection looks at the protobuf's first fields (``ir_version`` then a ModelProto field tag);
+``info`` parses the proto with the onnx package (the ``onnx`` extra) without loading external
+data, and lists the external files the initializers point to.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from ptconvert.deps import require
+from ptconvert.errors import CorruptFileError
+from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
+
+# ModelProto field tags that may follow ir_version (field 1): producer_name … opset_import.
+_NEXT_FIELD_TAGS = frozenset({0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72, 0x7A})
+
+# onnx.TensorProto.DataType → torch dtype name
+ONNX_DTYPES: dict[int, str] = {
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    4: "uint16",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    8: "string",
+    9: "bool",
+    10: "float16",
+    11: "float64",
+    12: "uint32",
+    13: "uint64",
+    14: "complex64",
+    15: "complex128",
+    16: "bfloat16",
+    17: "float8_e4m3fn",
+    18: "float8_e4m3fnuz",
+    19: "float8_e5m2",
+    20: "float8_e5m2fnuz",
+}
+
+
+class OnnxFormat(Format):
+    name = "onnx"
+    suffixes = (".onnx",)
+    holds = "an ONNX graph with initializers (optionally in external data files)"
+    priority = 10
+
+    def match(self, probe: Probe) -> str | None:
+        h = probe.head
+        if len(h) >= 3 and h[0] == 0x08 and h[1] < 0x20 and h[2] in _NEXT_FIELD_TAGS:
+            return "protobuf"
+        return None
+
+    def info(self, path: Path, layout: str) -> FileInfo:
+        onnx = require("onnx")
+        try:
+            model = onnx.load(str(path), load_external_data=False)
+        except Exception as exc:  # protobuf raises its own DecodeError types
+            raise CorruptFileError(f"not a valid ONNX model ({exc})", path=path) from None
+        info = FileInfo(str(path), self.name, layout, path.stat().st_size, [file_entry(path)])
+        graph = model.graph
+        init_names = {t.name for t in graph.initializer}
+        info.inputs = [_value_info(v) for v in graph.input if v.name not in init_names]
+        info.outputs = [_value_info(v) for v in graph.output]
+        info.opset = {(o.domain or "ai.onnx"): int(o.version) for o in model.opset_import}
+        info.metadata = {
+            "ir_version": int(model.ir_version),
+            "producer": f"{model.producer_name} {model.producer_version}".strip(),
+            "nodes": len(graph.node),
+        }
+        external: set[str] = set()
+        entries: list[tuple[str, str, list[int | str], int]] = []
+        for t in graph.initializer:
+            dims = [int(d) for d in t.dims]
+            dtype = ONNX_DTYPES.get(t.data_type, str(t.data_type))
+            entries.append((t.name, dtype, list[int | str](dims), math.prod(dims)))
+            for kv in t.external_data:
+                if kv.key == "location":
+                    external.add(kv.value)
+        info.add_tensors(entries)
+        for name in sorted(external):
+            ext = path.parent / name
+            if ext.exists():
+                info.files.append(file_entry(ext))
+                info.size_bytes += ext.stat().st_size
+            else:
+                info.notes.append(f"external data file {name!r} is missing")
+        return info
+
+
+def _value_info(v: Any) -> IOSpec:
+    tt = v.type.tensor_type
+    dims: list[int | str] = [
+        d.dim_param if d.HasField("dim_param") else int(d.dim_value) for d in tt.shape.dim
+    ]
+    return IOSpec(v.name, ONNX_DTYPES.get(tt.elem_type, str(tt.elem_type)), dims)

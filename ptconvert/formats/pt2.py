@@ -1,0 +1,183 @@
+"""torch.export archives (``torch.export.save``) and AOTInductor packages: both PT2 zips.
+
+A PT2 archive has ``<root>/archive_format`` = ``pt2``. An ExportedProgram archive holds
+``models/<name>.json`` (the serialized program: signature, tensor metadata, symbolic dims) and
+``data/weights``; an AOTInductor package holds ``data/aotinductor/<model>/`` with a compiled
+shared library that runs native code when loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from ptconvert.archive import ZipArchive, open_zip
+from ptconvert.errors import CorruptFileError
+from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
+
+# torch._export.serde.schema.ScalarType
+SCALAR_TYPES: dict[int, str] = {
+    1: "uint8",
+    2: "int8",
+    3: "int16",
+    4: "int32",
+    5: "int64",
+    6: "float16",
+    7: "float32",
+    8: "float64",
+    9: "complex32",
+    10: "complex64",
+    11: "complex128",
+    12: "bool",
+    13: "bfloat16",
+    28: "uint16",
+    29: "float8_e4m3fn",
+    30: "float8_e5m2",
+    31: "float8_e4m3fnuz",
+    32: "float8_e5m2fnuz",
+    33: "float8_e8m0fnu",
+    34: "uint32",
+    35: "uint64",
+}
+
+
+_SYMBOL = re.compile(r"Symbol\('(\w+)'.*\)")
+
+
+def _is_pt2(probe: Probe) -> bool:
+    z = probe.zip
+    if z is None:
+        return False
+    member = next((m for m in z.members if m.name.endswith("archive_format")), None)
+    return member is not None and z.read(member, 16).strip() == b"pt2"
+
+
+def _dim(d: dict[str, Any]) -> int | str:
+    if "as_int" in d:
+        return int(d["as_int"])
+    text = str(d.get("as_expr", {}).get("expr_str", "?"))
+    m = _SYMBOL.fullmatch(text)  # "Symbol('s31', positive=True, integer=True)" → "s31"
+    return m.group(1) if m else text
+
+
+def _read_json(archive: ZipArchive, name: str, path: Path) -> Any:
+    member = archive.member(name)
+    if member is None:
+        raise CorruptFileError(f"PT2 archive has no member {name}", path=path)
+    try:
+        return json.loads(archive.read(member))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptFileError(f"PT2 member {name} is not valid JSON ({exc})", path=path) from None
+
+
+class ExportedProgramFormat(Format):
+    name = "pt2"
+    suffixes = (".pt2",)
+    holds = "an ExportedProgram: ATen graph, signature with dynamic dims, weights, constants"
+    priority = 30
+
+    def match(self, probe: Probe) -> str | None:
+        if not _is_pt2(probe):
+            return None
+        names = probe.zip.names if probe.zip else []
+        if any("/models/" in n and n.endswith(".json") for n in names):
+            return "archive"
+        return None
+
+    def info(self, path: Path, layout: str) -> FileInfo:
+        archive = open_zip(path)
+        root = archive.root()
+        models = [
+            m.name
+            for m in archive.members
+            if m.name.startswith(root + "models/") and m.name.endswith(".json")
+        ]
+        info = FileInfo(str(path), self.name, layout, path.stat().st_size, [file_entry(path)])
+        program = _read_json(archive, models[0], path)
+        gm = program.get("graph_module", {})
+        values = gm.get("graph", {}).get("tensor_values", {})
+        sig = gm.get("signature", {})
+        info.inputs = []
+        for spec in sig.get("input_specs", []):
+            if "user_input" in spec:
+                arg = spec["user_input"]["arg"]
+                info.inputs.append(_io(arg, values))
+        info.outputs = [
+            _io(spec["user_output"]["arg"], values)
+            for spec in sig.get("output_specs", [])
+            if "user_output" in spec
+        ]
+        info.opset = {k: int(v) for k, v in program.get("opset_version", {}).items()}
+        info.metadata["models"] = [m.rsplit("/", 1)[-1][:-5] for m in models]
+        info.metadata["range_constraints"] = program.get("range_constraints", {})
+        schema = program.get("schema_version", {})
+        info.metadata["schema_version"] = f"{schema.get('major')}.{schema.get('minor')}"
+        weights_cfg = next(
+            (m.name for m in archive.members if m.name.endswith("_weights_config.json")), None
+        )
+        if weights_cfg is not None:
+            cfg = _read_json(archive, weights_cfg, path).get("config", {})
+            entries = []
+            for pname, w in cfg.items():
+                meta = w.get("tensor_meta", {})
+                shape = [_dim(s) for s in meta.get("sizes", [])]
+                dtype = SCALAR_TYPES.get(int(meta.get("dtype", 0)), "unknown")
+                numel = math.prod(int(s) for s in shape if isinstance(s, int))
+                entries.append((pname, dtype, shape, numel))
+                if w.get("use_pickle"):
+                    info.notes.append(f"weight {pname!r} is stored as a pickle")
+            info.add_tensors(entries)
+        if any("sample_inputs/" in m.name for m in archive.members):
+            info.notes.append("holds sample inputs (a torch.save pickle)")
+        return info
+
+
+def _io(arg: dict[str, Any], values: dict[str, Any]) -> IOSpec:
+    if "as_tensor" in arg:
+        name = arg["as_tensor"]["name"]
+        meta = values.get(name, {})
+        return IOSpec(
+            name,
+            SCALAR_TYPES.get(int(meta.get("dtype", 0)), "unknown"),
+            [_dim(s) for s in meta.get("sizes", [])],
+        )
+    kind = next(iter(arg), "unknown")
+    value = arg.get(kind)
+    label = value.get("name", kind) if isinstance(value, dict) else kind
+    return IOSpec(str(label), kind, None)
+
+
+class AotiPackageFormat(Format):
+    name = "aoti"
+    suffixes = (".pt2",)
+    holds = "an AOTInductor package: compiled native code (.so) with embedded weights"
+    priority = 40
+
+    def match(self, probe: Probe) -> str | None:
+        if not _is_pt2(probe) or probe.zip is None:
+            return None
+        if any("/data/aotinductor/" in n for n in probe.zip.names):
+            return "package"
+        return None
+
+    def info(self, path: Path, layout: str) -> FileInfo:
+        archive = open_zip(path)
+        info = FileInfo(str(path), self.name, layout, path.stat().st_size, [file_entry(path)])
+        libs = [m.name for m in archive.members if m.name.endswith(".so")]
+        info.native_code = libs
+        info.notes.append("loading runs the compiled native code in these shared libraries")
+        models = sorted(
+            {
+                m.name.split("/data/aotinductor/", 1)[1].split("/", 1)[0]
+                for m in archive.members
+                if "/data/aotinductor/" in m.name
+            }
+        )
+        info.metadata["models"] = models
+        for m in archive.members:
+            if m.name.endswith("wrapper_metadata.json"):
+                info.metadata["target"] = json.loads(archive.read(m))
+        return info

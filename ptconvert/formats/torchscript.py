@@ -1,0 +1,89 @@
+"""TorchScript archives (torch.jit.save): ``code/`` with the module's TorchScript source,
+``data.pkl`` with its attributes and ``constants.pkl``.
+
+Weights and the forward signature are read without loading the module: the attribute pickle goes
+through the symbolic machine and the signature is parsed from the serialized TorchScript code.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ptconvert.archive import open_zip
+from ptconvert.errors import CorruptFileError
+from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
+from ptconvert.formats.checkpoint import describe_pickles
+from ptconvert.formats.torch_objects import TensorRef, flatten_tensors, interpret
+from ptconvert.scan.machine import run_pickle
+
+_DEF_FORWARD = re.compile(r"def forward\(self[^,)]*(?P<args>[^)]*)\)\s*->\s*(?P<ret>[^:]+):", re.S)
+
+
+class TorchScriptFormat(Format):
+    name = "torchscript"
+    suffixes = (".pt", ".pth", ".ts", ".jit")
+    holds = "a compiled module: TorchScript code, weights and constants; runs without Python source"
+    priority = 20
+
+    def match(self, probe: Probe) -> str | None:
+        z = probe.zip
+        if z is None or not probe.zip_has("data.pkl"):
+            return None
+        if probe.zip_has("constants.pkl") or any("/code/" in n for n in z.names):
+            return "zip"
+        return None
+
+    def info(self, path: Path, layout: str) -> FileInfo:
+        archive = open_zip(path)
+        root = archive.root()
+        data = archive.member(root + "data.pkl")
+        if data is None:
+            raise CorruptFileError("TorchScript archive has no data.pkl", path=path)
+        run = run_pickle(archive.read(data))
+        if run.error:
+            raise CorruptFileError(f"{data.name} cannot be parsed: {run.error}", path=path)
+        tree = interpret(run.root, root + "data/")
+        info = FileInfo(str(path), self.name, layout, path.stat().st_size, [file_entry(path)])
+        info.add_tensors(
+            (k, t.dtype, list(t.shape), t.numel)
+            for k, t in flatten_tensors(tree).items()
+            if isinstance(t, TensorRef)
+        )
+        describe_pickles(info, [run])
+        # classes under __torch__ are TorchScript's own: they need no Python code to load
+        info.needs_code = [n for n in info.needs_code if not n.startswith("__torch__.")]
+        root_cls = next((g for g in run.imports if (g.module or "").startswith("__torch__")), None)
+        if root_cls is not None:
+            info.metadata["module"] = f"{root_cls.module}.{root_cls.name}"
+            code_path = root + "code/" + (root_cls.module or "").replace(".", "/") + ".py"
+            member = archive.member(code_path)
+            if member is not None:
+                self._signature(info, archive.read(member).decode("utf-8", "replace"))
+        return info
+
+    @staticmethod
+    def _signature(info: FileInfo, code: str) -> None:
+        m = _DEF_FORWARD.search(code)
+        if m is None:
+            return
+        info.inputs = []
+        for part in _split_args(m.group("args")):
+            name, _, annotation = part.partition(":")
+            info.inputs.append(IOSpec(name.strip(), annotation.strip() or None, None))
+        info.outputs = [IOSpec("output", " ".join(m.group("ret").split()), None)]
+
+
+def _split_args(text: str) -> list[str]:
+    """Split ``a: Tensor, b: Tuple[Tensor, int]`` at top-level commas."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch in "[("
+        depth -= ch in "])"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return [p.strip() for p in parts if p.strip()]

@@ -1,0 +1,90 @@
+"""Human rendering of reports with rich (the CLI's default; ``--json`` bypasses this module)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ptconvert.formats.base import FileInfo, IOSpec
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _spec(s: IOSpec) -> str:
+    shape = "[" + ", ".join(str(d) for d in s.shape) + "]" if s.shape is not None else ""
+    return f"{s.name}: {s.dtype or '?'}{shape}"
+
+
+def render_info(info: FileInfo, console: Console | None = None) -> None:
+    console = console or Console()
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    add_row = t.add_row
+
+    def row(key: str, value: str) -> None:  # values are data, never rich markup
+        add_row(escape(key), escape(value))
+
+    t.add_row = row  # type: ignore[method-assign,assignment]
+    t.add_row("path", info.path)
+    t.add_row("format", f"{info.format} ({info.layout})")
+    t.add_row("size", f"{_size(info.size_bytes)} in {max(len(info.files), 1)} file(s)")
+    if info.tensors is not None:
+        t.add_row("tensors", f"{info.tensors:,}")
+        t.add_row("parameters", f"{info.parameters or 0:,}")
+    if info.dtypes:
+        t.add_row(
+            "dtypes",
+            ", ".join(
+                f"{d}: {h['tensors']} ({h['elements']:,} el.)" for d, h in info.dtypes.items()
+            ),
+        )
+    if info.largest:
+        t.add_row(
+            "largest",
+            "\n".join(f"{e.name} {e.dtype}{e.shape}" for e in info.largest),
+        )
+    if info.inputs is not None:
+        t.add_row("inputs", "\n".join(_spec(s) for s in info.inputs) or "-")
+    if info.outputs is not None:
+        t.add_row("outputs", "\n".join(_spec(s) for s in info.outputs) or "-")
+    if info.opset:
+        t.add_row("opset", ", ".join(f"{k} {v}" for k, v in info.opset.items()))
+    if info.shards:
+        t.add_row("shards", "\n".join(info.shards))
+    for key, value in info.metadata.items():
+        t.add_row(f"meta: {key}", _short(value))
+    if info.contents and set(info.contents) != {e.name for e in info.largest}:
+        t.add_row("contents", "\n".join(f"{k}: {v}" for k, v in list(info.contents.items())[:20]))
+    t.add_row(
+        "needs code",
+        ", ".join(info.needs_code) if info.needs_code else "no (loads without Python classes)",
+    )
+    if info.native_code:
+        t.add_row("native code", "\n".join(info.native_code))
+    for note in info.notes:
+        t.add_row("note", note)
+    console.print(t)
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def render_formats(rows: list[dict[str, Any]], console: Console | None = None) -> None:
+    console = console or Console()
+    t = Table("format", "suffixes", "holds")
+    for r in rows:
+        t.add_row(r["name"], " ".join(r["suffixes"]) or "(directory)", r["holds"])
+    console.print(t)

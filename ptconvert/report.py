@@ -1,0 +1,28 @@
+"""Result dataclasses share one JSON form: ``to_dict()`` (the CLI's ``--json``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+
+def to_jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+class Report:
+    """Mixin for result dataclasses."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = to_jsonable(self)
+        assert isinstance(out, dict)
+        return out

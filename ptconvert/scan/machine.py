@@ -1,0 +1,362 @@
+"""A symbolic pickle machine: it runs the opcodes on placeholders and never imports or calls.
+
+This is the one pickle reader of ptconvert. ``info`` and the weights fast path read tensor names,
+shapes, dtypes and storage keys from the tree it builds; the scanner classifies the imports and
+calls it records. Nothing here can execute a payload: a global is a ``Global`` record, a call is a
+``Call`` record holding its callee and arguments, and a value the machine cannot know (a memo slot
+never written, an extension code, an out-of-band buffer) is an ``Unknown`` with the reason.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import pickletools
+from dataclasses import dataclass, field
+from typing import Any
+
+# Resource caps: a hostile pickle must not make the reader allocate without bound.
+MAX_OPCODES = 20_000_000
+MAX_STACK = 1_000_000
+
+
+@dataclass(frozen=True)
+class Global:
+    """An import the pickle asks for (GLOBAL, STACK_GLOBAL, INST, or an unresolvable one)."""
+
+    module: str | None
+    name: str | None
+    opcode: str
+    offset: int
+    reason: str | None = None  # set when module/name are not constant strings
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.module or '?'}.{self.name or '?'}"
+
+
+@dataclass
+class Call:
+    """A call the pickle would make: REDUCE, NEWOBJ(_EX), OBJ or INST."""
+
+    func: Any
+    args: Any
+    opcode: str
+    offset: int
+    kwargs: Any = None
+    state: Any = None  # what BUILD would pass to __setstate__
+    items: list[tuple[Any, Any]] = field(default_factory=list)  # SETITEM(S) on the result
+    appends: list[Any] = field(default_factory=list)  # APPEND(S) on the result
+
+
+@dataclass(frozen=True)
+class PersistentRef:
+    pid: Any
+    offset: int
+
+
+@dataclass(frozen=True)
+class Unknown:
+    reason: str
+    offset: int
+
+
+@dataclass
+class Dict:
+    """A pickled dict; keys may be unhashable placeholders, so the items stay a list."""
+
+    items: list[tuple[Any, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something the scanner must judge: an import, a call, a BUILD, or an unknowable value."""
+
+    kind: str  # "import" | "call" | "build" | "unknown"
+    opcode: str
+    offset: int
+    target: Any = None
+    detail: str = ""
+
+
+@dataclass
+class PickleRun:
+    """The outcome of running one pickle stream."""
+
+    start: int
+    end: int  # offset just past STOP (or where parsing stopped)
+    root: Any
+    protocol: int
+    events: list[Event]
+    error: str | None = None
+    opcodes: int = 0
+    truncated: bool = False  # the error came from running out of bytes
+
+    @property
+    def imports(self) -> list[Global]:
+        return [e.target for e in self.events if e.kind == "import"]
+
+
+class _Mark:
+    pass
+
+
+_MARK = _Mark()
+
+
+def run_pickle(data: bytes | mmap.mmap, start: int = 0) -> PickleRun:
+    """Run the pickle that begins at ``data[start]`` symbolically, up to its STOP opcode.
+
+    ``data`` may be an mmap, so that a pickle followed by gigabytes of storage bytes (the legacy
+    torch layout) is read without copying the file into memory.
+    """
+    stream: Any = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
+    stream.seek(start)
+    stack: list[Any] = []
+    metastack: list[list[Any]] = []
+    memo: dict[int, Any] = {}
+    events: list[Event] = []
+    protocol = 0
+    root: Any = None
+    end = start
+    count = 0
+
+    def pop_mark() -> list[Any]:
+        nonlocal stack
+        items = stack
+        stack = metastack.pop()
+        return items
+
+    def unknown(op: str, pos: int, reason: str) -> Unknown:
+        value = Unknown(reason, pos)
+        events.append(Event("unknown", op, pos, value, reason))
+        return value
+
+    try:
+        for opcode, raw_arg, pos in pickletools.genops(stream):
+            arg: Any = raw_arg
+            pos = int(pos or 0)
+            count += 1
+            if count > MAX_OPCODES or len(stack) > MAX_STACK:
+                raise ValueError("pickle exceeds the reader's resource limits")
+            name = opcode.name
+            end = pos + 1
+            if name == "PROTO":
+                protocol = int(arg)
+            elif name == "FRAME":
+                pass
+            elif name == "STOP":
+                root = stack.pop() if stack else None
+                end = stream.tell()
+                break
+            elif name == "MARK":
+                metastack.append(stack)
+                stack = []
+            elif name in ("POP",):
+                if stack:
+                    stack.pop()
+                else:
+                    pop_mark()
+            elif name == "POP_MARK":
+                pop_mark()
+            elif name == "DUP":
+                stack.append(stack[-1])
+            elif name in ("NONE",):
+                stack.append(None)
+            elif name in ("NEWTRUE", "NEWFALSE"):
+                stack.append(name == "NEWTRUE")
+            elif name in (
+                "INT",
+                "BININT",
+                "BININT1",
+                "BININT2",
+                "LONG",
+                "LONG1",
+                "LONG4",
+                "FLOAT",
+                "BINFLOAT",
+                "STRING",
+                "BINSTRING",
+                "SHORT_BINSTRING",
+                "UNICODE",
+                "SHORT_BINUNICODE",
+                "BINUNICODE",
+                "BINUNICODE8",
+                "BINBYTES",
+                "SHORT_BINBYTES",
+                "BINBYTES8",
+                "BYTEARRAY8",
+            ):
+                stack.append(arg)
+            elif name in ("NEXT_BUFFER",):
+                stack.append(unknown(name, pos, "out-of-band buffer"))
+            elif name == "READONLY_BUFFER":
+                pass
+            elif name == "EMPTY_TUPLE":
+                stack.append(())
+            elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+                n = int(name[-1])
+                items = stack[-n:]
+                del stack[-n:]
+                stack.append(tuple(items))
+            elif name == "TUPLE":
+                items = pop_mark()  # rebinds ``stack``: pop before appending
+                stack.append(tuple(items))
+            elif name == "EMPTY_LIST":
+                stack.append([])
+            elif name == "LIST":
+                items = pop_mark()
+                stack.append(items)
+            elif name == "EMPTY_DICT":
+                stack.append(Dict())
+            elif name == "DICT":
+                items = pop_mark()
+                stack.append(Dict(list(zip(items[::2], items[1::2], strict=False))))
+            elif name in ("EMPTY_SET",):
+                stack.append([])
+            elif name == "FROZENSET":
+                items = pop_mark()
+                stack.append(items)
+            elif name == "ADDITEMS":
+                items = pop_mark()
+                _extend(stack[-1], items)
+            elif name == "APPEND":
+                value = stack.pop()
+                _extend(stack[-1], [value])
+            elif name == "APPENDS":
+                items = pop_mark()
+                _extend(stack[-1], items)
+            elif name == "SETITEM":
+                value = stack.pop()
+                key = stack.pop()
+                _setitems(stack[-1], [(key, value)], events, pos)
+            elif name == "SETITEMS":
+                items = pop_mark()
+                _setitems(stack[-1], list(zip(items[::2], items[1::2], strict=False)), events, pos)
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+                memo[int(arg)] = stack[-1]
+            elif name == "MEMOIZE":
+                memo[len(memo)] = stack[-1]
+            elif name in ("GET", "BINGET", "LONG_BINGET"):
+                key = int(arg)
+                if key in memo:
+                    stack.append(memo[key])
+                else:
+                    stack.append(unknown(name, pos, f"memo slot {key} was never written"))
+            elif name == "GLOBAL":
+                module, _, attr = str(arg).partition(" ")
+                stack.append(_import(events, module, attr, name, pos))
+            elif name == "STACK_GLOBAL":
+                attr_v = stack.pop()
+                module_v = stack.pop()
+                if isinstance(module_v, str) and isinstance(attr_v, str):
+                    stack.append(_import(events, module_v, attr_v, name, pos))
+                else:
+                    g = Global(
+                        module_v if isinstance(module_v, str) else None,
+                        attr_v if isinstance(attr_v, str) else None,
+                        name,
+                        pos,
+                        reason="module or name is not a constant string "
+                        f"({type(module_v).__name__}, {type(attr_v).__name__})",
+                    )
+                    events.append(Event("import", name, pos, g, g.reason or ""))
+                    stack.append(g)
+            elif name == "INST":
+                module, _, attr = str(arg).partition(" ")
+                cls = _import(events, module, attr, name, pos)
+                items = pop_mark()
+                stack.append(_call(events, cls, tuple(items), name, pos))
+            elif name == "OBJ":
+                items = pop_mark()
+                obj_cls = items[0] if items else unknown(name, pos, "OBJ without a class")
+                stack.append(_call(events, obj_cls, tuple(items[1:]), name, pos))
+            elif name == "REDUCE":
+                args = stack.pop()
+                func = stack.pop()
+                stack.append(_call(events, func, args, name, pos))
+            elif name == "NEWOBJ":
+                args = stack.pop()
+                cls = stack.pop()
+                stack.append(_call(events, cls, args, name, pos))
+            elif name == "NEWOBJ_EX":
+                kwargs = stack.pop()
+                args = stack.pop()
+                cls = stack.pop()
+                stack.append(_call(events, cls, args, name, pos, kwargs))
+            elif name == "BUILD":
+                state = stack.pop()
+                target = stack[-1]
+                events.append(Event("build", name, pos, target, ""))
+                if isinstance(target, Call):
+                    target.state = state
+            elif name in ("PERSID", "BINPERSID"):
+                pid = arg if name == "PERSID" else stack.pop()
+                stack.append(PersistentRef(pid, pos))
+            elif name in ("EXT1", "EXT2", "EXT4"):
+                value = unknown(name, pos, f"copyreg extension code {arg} (resolves to any global)")
+                events.append(
+                    Event("import", name, pos, Global(None, None, name, pos, value.reason))
+                )
+                stack.append(value)
+            else:  # an opcode pickletools knows but this machine does not model
+                raise ValueError(f"unsupported opcode {name}")
+        else:
+            raise ValueError("pickle ended without a STOP opcode")
+    except (ValueError, IndexError, KeyError, TypeError, EOFError) as exc:
+        truncated = stream.read(1) == b""
+        return PickleRun(start, end, None, protocol, events, _describe(exc), count, truncated)
+    return PickleRun(start, end, root, protocol, events, None, count)
+
+
+def run_all_pickles(data: bytes | mmap.mmap, start: int = 0) -> list[PickleRun]:
+    """Run every pickle concatenated from ``start`` on; stop at the first non-pickle bytes."""
+    runs: list[PickleRun] = []
+    pos = start
+    while pos < len(data):
+        run = run_pickle(data, pos)
+        runs.append(run)
+        if run.error or run.end <= pos:
+            break
+        pos = run.end
+        if pos < len(data) and data[pos] != 0x80:  # next stream must open with PROTO
+            break
+    return runs
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, IndexError):
+        return f"stack underflow ({text})"
+    return text
+
+
+def _import(events: list[Event], module: str, attr: str, opcode: str, pos: int) -> Global:
+    g = Global(module, attr, opcode, pos)
+    events.append(Event("import", opcode, pos, g, ""))
+    return g
+
+
+def _call(
+    events: list[Event], func: Any, args: Any, opcode: str, pos: int, kwargs: Any = None
+) -> Call:
+    call = Call(func, args, opcode, pos, kwargs)
+    events.append(Event("call", opcode, pos, call, ""))
+    return call
+
+
+def _extend(target: Any, items: list[Any]) -> None:
+    if isinstance(target, list):
+        target.extend(items)
+    elif isinstance(target, Call):
+        target.appends.extend(items)
+    else:
+        raise TypeError(f"APPEND to a {type(target).__name__}")
+
+
+def _setitems(target: Any, items: list[tuple[Any, Any]], events: list[Event], pos: int) -> None:
+    if isinstance(target, (Dict, Call)):
+        target.items.extend(items)
+    else:
+        # torch's own unpickler crashed on this once (CVE-2026-24747): never accept it.
+        raise TypeError(f"SETITEM on a {type(target).__name__} at offset {pos}")

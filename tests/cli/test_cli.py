@@ -1,0 +1,102 @@
+"""The command grammar, JSON mode, exit codes and the import-time promise."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ptconvert.cli import main
+from tests.conftest import run_cli
+
+
+def test_bare_conversion_grammar_reaches_convert(samples: dict[str, Path], capsys) -> None:
+    code, out, _ = run_cli([str(samples["mlp_zip"]), "--to", "safetensors"], capsys)
+    assert code == 7 == out["error"]["exit_code"]
+    assert out["error"]["kind"] == "not_implemented"
+    assert out["error"]["path"] == str(samples["mlp_zip"])
+
+
+def test_path_named_like_a_subcommand_stays_reachable(samples, tmp_path, capsys) -> None:
+    os.chdir(tmp_path)
+    Path("info").write_bytes(samples["mlp_zip"].read_bytes())
+    code, out, _ = run_cli(["convert", "info", "--to", "pt2"], capsys)
+    assert code == 7 and out["error"]["path"] == "info"
+    code, out, _ = run_cli(["info", "info"], capsys)
+    assert code == 0 and out["format"] == "pt"
+
+
+def test_info_json_is_only_json(samples: dict[str, Path], capsys) -> None:
+    code, out, err = run_cli(["info", str(samples["cnn_safetensors"])], capsys)
+    assert code == 0
+    assert out["format"] == "safetensors" and out["tensors"] == 9
+    assert err == ""
+
+
+def test_info_human_output(samples: dict[str, Path], capsys) -> None:
+    assert main(["info", str(samples["mlp_pt2"])]) == 0
+    out = capsys.readouterr().out
+    assert "pt2 (archive)" in out and "x: float32[" in out
+
+
+def test_formats_lists_every_format(capsys) -> None:
+    from ptconvert.formats import FORMATS
+
+    code, out, _ = run_cli(["formats"], capsys)
+    assert code == 0
+    assert [r["name"] for r in out] == [f.name for f in FORMATS]
+    assert {"pt", "safetensors", "torchscript", "pt2", "aoti", "onnx", "hf"} <= {
+        r["name"] for r in out
+    }
+
+
+def test_usage_error_exit_code(capsys) -> None:
+    code, out, _ = run_cli(["info"], capsys)
+    assert code == 2 and out["error"]["kind"] == "usage"
+
+
+@pytest.mark.parametrize("command", ["scan", "plan", "verify", "bench"])
+def test_pending_subcommands_have_their_final_grammar(samples, command: str, capsys) -> None:
+    args = {
+        "scan": ["scan", str(samples["mlp_zip"])],
+        "plan": ["plan", str(samples["mlp_zip"]), "--to", "pt2"],
+        "verify": ["verify", str(samples["mlp_zip"]), str(samples["cnn_safetensors"])],
+        "bench": ["bench", str(samples["mlp_pt2"])],
+    }[command]
+    code, out, _ = run_cli(args, capsys)
+    assert code == 7 and out["error"]["kind"] == "not_implemented"
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    p = tmp_path / "empty.bin"
+    p.write_bytes(b"")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ptconvert", "--debug", "info", str(p)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def _modules_after(code: str) -> set[str]:
+    probe = f"import sys\n{code}\nprint(' '.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def test_import_and_help_do_not_import_heavy_packages() -> None:
+    heavy = {"torch", "onnx", "transformers", "onnxruntime", "numpy"}
+    assert not heavy & _modules_after("import ptconvert")
+    help_code = (
+        "from ptconvert.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass"
+    )
+    assert not heavy & _modules_after(help_code)
+
+
+def test_info_on_safetensors_does_not_import_torch(samples: dict[str, Path]) -> None:
+    path = str(samples["cnn_safetensors"])
+    code = f"from ptconvert.cli import main\nmain(['info', {path!r}, '--json'])"
+    assert "torch" not in _modules_after(code)

@@ -1,0 +1,26 @@
+"""AOTInductor packages: detected as native code, and loadable by torch's own loader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fixtures.build import MLP_INPUT
+from fixtures.models import MLP, seeded
+from ptconvert import describe, detect
+
+
+@pytest.mark.slow
+def test_aoti_package_is_native_code(tmp_path: Path) -> None:
+    model = seeded(MLP())
+    ep = torch.export.export(model, MLP_INPUT)
+    path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "mlp.pt2"))
+    assert detect(path).format == "aoti"  # not "pt2", though it is a PT2 archive too
+    info = describe(path)
+    assert info.native_code and all(n.endswith(".so") for n in info.native_code)
+    assert info.metadata["models"] == ["model"]
+    assert info.metadata["target"]["AOTI_DEVICE_KEY"] == "cpu"
+    runner = torch._inductor.aoti_load_package(path)
+    torch.testing.assert_close(runner(*MLP_INPUT), model(*MLP_INPUT))

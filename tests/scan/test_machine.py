@@ -1,0 +1,85 @@
+"""The symbolic pickle machine: resolves imports like the real unpickler, never runs them."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import pickletools
+from pathlib import Path
+
+import pytest
+
+from ptconvert.scan.allowlist import classify
+from ptconvert.scan.machine import Call, Global, run_all_pickles, run_pickle
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_never_executes_a_payload(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    data = pickle.dumps({"x": _Payload(marker)}, protocol=2)
+    run = run_pickle(data)
+    assert run.error is None
+    call = run.root.items[0][1]
+    assert isinstance(call, Call) and isinstance(call.func, Global)
+    assert (call.func.module, call.func.name) == ("posix", "system")
+    assert classify("posix", "system") == "dangerous"
+    assert not marker.exists()
+
+
+def test_stack_global_through_the_memo() -> None:
+    # module and name memoised first, fetched back with BINGET before STACK_GLOBAL
+    body = (
+        b"\x80\x04\x8c\x02os\x94\x8c\x06system\x94"  # PROTO 4, 'os' MEMOIZE, 'system' MEMOIZE
+        b"0"  # POP ('system' stays in the memo)
+        b"0"  # POP
+        b"h\x00h\x01\x93\x8c\x04echo\x85R."  # BINGET 0, BINGET 1, STACK_GLOBAL, args, REDUCE
+    )
+    pickletools.dis(body)  # a valid pickle
+    run = run_pickle(body)
+    assert [(g.module, g.name) for g in run.imports] == [("os", "system")]
+
+
+def test_non_constant_stack_global_is_unresolved() -> None:
+    body = b"\x80\x04K\x01\x8c\x06system\x93."  # module is an int
+    run = run_pickle(body)
+    (g,) = run.imports
+    assert g.module is None and g.reason and "not a constant string" in g.reason
+
+
+def test_missing_memo_slot_is_unknown() -> None:
+    run = run_pickle(b"\x80\x02h\x07.")
+    assert any(e.kind == "unknown" and "memo slot 7" in e.detail for e in run.events)
+
+
+def test_every_concatenated_pickle_is_read() -> None:
+    data = pickle.dumps(1, protocol=2) + pickle.dumps({"a": 1}, protocol=4)
+    runs = run_all_pickles(data)
+    assert [r.root for r in runs][0] == 1 and len(runs) == 2
+
+
+@pytest.mark.parametrize("protocol", range(6))
+def test_all_protocols_parse(protocol: int) -> None:
+    import collections
+
+    data = pickle.dumps(collections.OrderedDict(a=[1, 2.5, "x", b"y", (None, True)]), protocol)
+    run = run_pickle(data)
+    assert run.error is None
+    assert classify(*next((g.module or "", g.name or "") for g in run.imports)) == "safe"
+
+
+def test_truncated_pickle_is_reported_not_raised() -> None:
+    run = run_pickle(pickle.dumps(list(range(50)), protocol=2)[:-5])
+    assert run.error and run.truncated
+
+
+def test_dotted_names_are_checked_per_component() -> None:
+    assert classify("pathlib", "os.system") == "dangerous"
+    assert classify("__builtin__", "eval") == "dangerous"
+    assert classify("mypkg.models", "Net") == "needs-code"
