@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from ptconvert import progress
-from ptconvert.errors import EXIT_CODES, NotImplementedYetError, PtconvertError
+from ptconvert.errors import EXIT_CODES, NotImplementedYetError, PtconvertError, UsageError
 
 _COMMANDS = ("convert", "info", "formats", "scan", "plan", "verify", "bench")
 
@@ -75,15 +75,49 @@ def _emit_json(payload: Any) -> None:
 @click.option("--method", type=click.Choice(["auto", "script", "trace"]), default="auto")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu")
 @click.option("--bench", is_flag=True, help="Time the result against eager and torch.compile.")
-def convert(src: str, to: str, as_json: bool, **_options: Any) -> None:
+@click.option("--skip-unsupported", is_flag=True, help="Leave out quantized/sparse/nested tensors.")
+def convert(src: str, to: str, as_json: bool, **options: Any) -> None:
     """Convert SRC to the format named by --to."""
     progress.set_quiet(as_json)
+    from ptconvert.convert.weights import WEIGHT_SOURCES, WEIGHT_TARGETS, convert_weights
+    from ptconvert.formats import detect
+
+    if to in WEIGHT_TARGETS and detect(src).format in WEIGHT_SOURCES:
+        report = convert_weights(
+            src,
+            to,
+            options["output"],
+            force=options["force"],
+            key=options["key"],
+            keep_prefix=options["keep_prefix"],
+            max_shard_size=options["max_shard_size"],
+            metadata=_key_values(options["metadata"], "--metadata"),
+            skip_unsupported=options["skip_unsupported"],
+            verify=not options["no_verify"],
+        )
+        if as_json:
+            _emit_json(report.to_dict())
+        else:
+            from ptconvert.render import render_weights
+
+            render_weights(report)
+        return
     raise NotImplementedYetError(
-        f"conversion to {to!r} is not implemented yet",
+        f"conversion to {to!r} from this format is not implemented yet",
         path=src,
-        hint="`ptconvert info` describes the file; conversions land with the weights and "
-        "converter-graph milestones",
+        hint="weights conversions (pt, safetensors, sharded sets, HF directories → safetensors "
+        "or pt) work today; program conversions land with the converter graph",
     )
+
+
+def _key_values(items: tuple[str, ...], option: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise UsageError(f"{option} expects key=value, got {item!r}")
+        out[k] = v
+    return out
 
 
 @cli.command()

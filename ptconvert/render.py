@@ -88,3 +88,39 @@ def render_formats(rows: list[dict[str, Any]], console: Console | None = None) -
     for r in rows:
         t.add_row(r["name"], " ".join(r["suffixes"]) or "(directory)", r["holds"])
     console.print(t)
+
+
+def render_weights(report: Any, console: Console | None = None) -> None:
+    """A weights conversion: what was written, how, and the verification verdict."""
+    console = console or Console()
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    rows = [
+        ("from", f"{report.source} ({report.source_format})"),
+        ("to", f"{report.output} ({report.target_format})"),
+        ("path", "fast: byte copies in the kernel" if report.path == "fast" else "torch.load"),
+        ("tensors", f"{report.tensors} ({report.stored} stored, {_size(report.bytes)})"),
+        ("time", f"{report.seconds:.2f} s"),
+    ]
+    if report.unwrapped:
+        rows.append(("unwrapped", f"took the weights from {report.unwrapped!r}"))
+    if report.stripped_prefix:
+        rows.append(("renamed", f"stripped the prefix {report.stripped_prefix!r} from every key"))
+    for k, v in report.other_contents.items():
+        rows.append(("left out", f"{k}: {v}"))
+    for alias, kept in report.aliases.items():
+        rows.append(("tied", f"{alias} → {kept} (stored once)"))
+    check = report.verification
+    rows.append(
+        (
+            "verified",
+            f"{check.status}: {check.tensors} tensors bitwise equal ({_size(check.bytes_compared)})"
+            if check
+            else "skipped (--no-verify)",
+        )
+    )
+    rows += [("note", n) for n in report.notes]
+    for k, v in rows:
+        t.add_row(escape(k), escape(v))
+    console.print(t)

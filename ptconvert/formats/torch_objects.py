@@ -164,6 +164,21 @@ def _interpret_call(call: Call, prefix: str) -> Any:
                 int(args[1]),
                 bool(args[4]) if len(args) > 4 and isinstance(args[4], bool) else False,
             )
+    if fname == "torch._utils._rebuild_tensor_v3" and len(args) >= 7:
+        # dtypes without a typed storage class: an untyped (byte) storage plus a dtype global
+        storage = _storage(args[0], prefix)
+        dtype = (global_name(args[6]) or "").removeprefix("torch.")
+        if storage is not None and dtype in DTYPE_SIZES:
+            storage = StorageRef(
+                storage.key, dtype, storage.numel // DTYPE_SIZES[dtype], storage.location
+            )
+            return TensorRef(
+                storage,
+                tuple(int(s) for s in args[2]),
+                tuple(int(s) for s in args[3]),
+                int(args[1]),
+                bool(args[4]) if isinstance(args[4], bool) else False,
+            )
     if fname in ("torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state"):
         return interpret(args[0], prefix) if args else Opaque(fname)
     if fname.startswith("torch._utils.") and short in _UNSUPPORTED_REBUILDS:

@@ -1,0 +1,55 @@
+"""Atomic outputs: write to a temporary path beside the target, rename into place on success.
+
+A failed or interrupted run leaves nothing half-written; an existing output is replaced only
+with ``force``; an input is never an output.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ptconvert.errors import OutputExistsError, UsageError
+
+
+def check_output(output: Path, inputs: list[Path], force: bool) -> None:
+    """Refuse to overwrite an input, or an existing output without ``force``."""
+    for src in inputs:
+        if output.exists() and src.exists() and os.path.samefile(output, src):
+            raise UsageError("the output would overwrite the input", path=output)
+    if output.exists() and not force:
+        raise OutputExistsError(
+            "the output already exists", path=output, hint="pass --force to replace it"
+        )
+
+
+@contextmanager
+def atomic_path(output: Path, *, directory: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside ``output``; rename it onto ``output`` if the block succeeds."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if directory:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    else:
+        fd, name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+        os.close(fd)
+        tmp = Path(name)
+    try:
+        yield tmp
+        if directory and output.exists():
+            # a directory cannot be renamed over a non-empty one: move the old one aside first
+            old = output.with_name(f".{output.name}.old")
+            os.replace(output, old)
+            os.replace(tmp, output)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, output)
+    except BaseException:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        raise

@@ -1,0 +1,1 @@
+"""Conversions. Today: weights between pickle checkpoints and safetensors (``weights.py``)."""

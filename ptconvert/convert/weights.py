@@ -1,0 +1,149 @@
+"""Weights conversion between pickle checkpoints, safetensors, sharded sets and HF directories.
+
+``convert_weights`` reads the source (byte ranges where exact, torch.load(weights_only=True)
+otherwise), writes the target atomically, then reads it back and compares every tensor bitwise.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ptconvert import progress
+from ptconvert.atomic import atomic_path, check_output
+from ptconvert.convert.weights_read import WeightSet, read_weights
+from ptconvert.convert.weights_write import parse_size, write_safetensors, write_torch_zip
+from ptconvert.errors import UnsupportedConversionError
+from ptconvert.formats import detect
+from ptconvert.formats.hf import WEIGHT_NAMES
+from ptconvert.formats.sharded import read_index
+from ptconvert.report import Report
+from ptconvert.verify.weights import WeightsCheck, verify_weights
+
+WEIGHT_TARGETS = ("safetensors", "pt")
+WEIGHT_SOURCES = ("pt", "safetensors", "sharded", "hf")
+
+
+@dataclass
+class WeightsReport(Report):
+    source: str
+    source_format: str
+    output: str
+    target_format: str
+    path: str  # "fast" (kernel byte copies) or "torch"
+    tensors: int
+    stored: int
+    bytes: int
+    files: list[str]
+    seconds: float
+    unwrapped: str | None = None
+    stripped_prefix: str | None = None
+    aliases: dict[str, str] = field(default_factory=dict)
+    other_contents: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    verification: WeightsCheck | None = None
+
+
+def default_output(src: Path, fmt: str, source_format: str, sharded: bool) -> Path:
+    if source_format == "hf" or sharded:
+        return src.parent / f"{src.name.split('.')[0]}-{fmt}"
+    if source_format == "sharded":
+        return src.parent.parent / f"{src.parent.name}-{fmt}"
+    return src.with_suffix(".safetensors" if fmt == "safetensors" else ".pt")
+
+
+def convert_weights(
+    src: str | Path,
+    to: str,
+    output: str | Path | None = None,
+    *,
+    force: bool = False,
+    key: str | None = None,
+    keep_prefix: bool = False,
+    max_shard_size: str | None = None,
+    metadata: dict[str, str] | None = None,
+    skip_unsupported: bool = False,
+    verify: bool = True,
+) -> WeightsReport:
+    """Convert the weights in ``src`` to ``to`` (``safetensors`` or ``pt``)."""
+    started = time.perf_counter()
+    src = Path(src)
+    if to not in WEIGHT_TARGETS:
+        raise UnsupportedConversionError(f"weights cannot be written as {to!r}", path=src)
+    d = detect(src)
+    if d.format not in WEIGHT_SOURCES:
+        raise UnsupportedConversionError(
+            f"{d.format} → {to} needs the converter graph (not landed yet)", path=src
+        )
+    shard_bytes = parse_size(max_shard_size) if max_shard_size else None
+    if shard_bytes is not None and to != "safetensors":
+        raise UnsupportedConversionError(
+            "--max-shard-size writes safetensors shards only", path=src
+        )
+    out = Path(output) if output else default_output(src, to, d.format, shard_bytes is not None)
+    check_output(out, [src], force)
+    with progress.step(f"reading {src.name}"):
+        ws = read_weights(src, key=key, keep_prefix=keep_prefix, skip_unsupported=skip_unsupported)
+    as_directory = d.format == "hf" or shard_bytes is not None
+    with atomic_path(out, directory=as_directory) as tmp:
+        with progress.step(f"writing {to}"):
+            files = _write(ws, src, d.format, to, tmp, shard_bytes, metadata or {})
+        check = None
+        if verify:
+            with progress.step("verifying every tensor bitwise"):
+                check = verify_weights(ws, _verify_target(tmp, files, as_directory, to))
+    return WeightsReport(
+        str(src),
+        f"{d.format}/{d.layout}",
+        str(out),
+        to,
+        ws.path,
+        len(ws.entries),
+        len(ws.stored),
+        sum(e.nbytes for e in ws.stored),
+        [str(out / f.name) if as_directory else str(out) for f in files],
+        round(time.perf_counter() - started, 3),
+        ws.unwrapped,
+        ws.stripped_prefix,
+        {e.name: e.alias_of for e in ws.entries if e.alias_of is not None},
+        ws.other_contents,
+        ws.notes,
+        check,
+    )
+
+
+def _write(
+    ws: WeightSet,
+    src: Path,
+    source_format: str,
+    to: str,
+    tmp: Path,
+    shard_bytes: int | None,
+    metadata: dict[str, str],
+) -> list[Path]:
+    if source_format != "hf":
+        if to == "pt":
+            return write_torch_zip(ws, tmp)
+        return write_safetensors(ws, tmp, max_shard_size=shard_bytes, metadata=metadata)
+    # a Hugging Face directory: copy everything but the weights, then write the weights
+    skip = set(WEIGHT_NAMES)
+    for name in WEIGHT_NAMES:
+        if name.endswith(".index.json") and (src / name).exists():
+            skip |= set(read_index(src / name)["weight_map"].values())
+    for item in sorted(src.iterdir()):
+        if item.name not in skip and item.is_file():
+            shutil.copy2(item, tmp / item.name)
+    if to == "pt":
+        return write_torch_zip(ws, tmp / "pytorch_model.bin")
+    if shard_bytes is None:
+        return write_safetensors(ws, tmp / "model.safetensors", metadata=metadata)
+    return write_safetensors(ws, tmp, max_shard_size=shard_bytes, metadata=metadata)
+
+
+def _verify_target(tmp: Path, files: list[Path], as_directory: bool, to: str) -> Path:
+    if not as_directory:
+        return tmp
+    index = next((f for f in files if f.name.endswith(".index.json")), None)
+    return index or files[0]

@@ -1,0 +1,165 @@
+"""Writing weight sets: safetensors (single or sharded, byte copies in the kernel) and torch zip.
+
+Byte ranges are copied file-to-file with ``os.copy_file_range`` (no pass through Python memory);
+tensors from the torch path are written from their own buffers. Tied entries are written once and
+recorded as aliases so that reading back restores them as shared tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ptconvert.convert.weights_read import ALIASES_KEY, WeightEntry, WeightSet
+from ptconvert.errors import UsageError
+from ptconvert.formats.safetensors import TORCH_TO_SAFETENSORS
+
+COPY_CHUNK = 1 << 30
+
+
+def parse_size(text: str) -> int:
+    """``5GB``, ``500MB``, ``1GiB`` or a byte count → bytes (decimal units as transformers)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", text.upper())
+    if m is None:
+        raise UsageError(f"cannot read size {text!r} (use e.g. 5GB, 500MB, 1GiB)")
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+    units |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 10**3, "M": 10**6}
+    units |= {"G": 10**9, "T": 10**12}
+    return int(float(m.group(1)) * units[m.group(2)])
+
+
+def copy_range(src_fd: int, offset: int, dst_fd: int, nbytes: int) -> None:
+    """Copy bytes from ``src_fd`` at ``offset`` to the current end of ``dst_fd`` in the kernel."""
+    while nbytes > 0:
+        n = os.copy_file_range(src_fd, dst_fd, min(nbytes, COPY_CHUNK), offset)
+        if n == 0:
+            raise OSError("source ended early while copying tensor bytes")
+        offset += n
+        nbytes -= n
+
+
+def _tensor_bytes(tensor: Any) -> memoryview:
+    import torch
+
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+
+
+def write_safetensors_file(
+    entries: list[WeightEntry], aliases: dict[str, str], metadata: dict[str, str], out: Path
+) -> None:
+    header: dict[str, Any] = {}
+    meta = {"format": "pt", **metadata}
+    if aliases:
+        meta[ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
+    header["__metadata__"] = meta
+    pos = 0
+    for e in entries:
+        header[e.name] = {
+            "dtype": TORCH_TO_SAFETENSORS[e.dtype],
+            "shape": list(e.shape),
+            "data_offsets": [pos, pos + e.nbytes],
+        }
+        pos += e.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
+    fds: dict[Path, int] = {}
+    try:
+        with open(out, "wb") as fh:
+            fh.write(len(raw).to_bytes(8, "little") + raw)
+            fh.flush()
+            for e in entries:
+                if e.source is not None:
+                    if e.source.path not in fds:
+                        fds[e.source.path] = os.open(e.source.path, os.O_RDONLY)
+                    copy_range(fds[e.source.path], e.source.offset, fh.fileno(), e.nbytes)
+                else:
+                    fh.write(_tensor_bytes(e.tensor))
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def shard_plan(ws: WeightSet, max_bytes: int | None) -> list[list[WeightEntry]]:
+    """Fill shards in key order up to ``max_bytes`` (a bigger tensor gets a shard of its own)."""
+    shards: list[list[WeightEntry]] = [[]]
+    size = 0
+    for e in ws.stored:
+        if max_bytes is not None and shards[-1] and size + e.nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(e)
+        size += e.nbytes
+    return shards
+
+
+def write_safetensors(
+    ws: WeightSet,
+    out: Path,
+    *,
+    max_shard_size: int | None = None,
+    metadata: dict[str, str] | None = None,
+    stem: str = "model",
+) -> list[Path]:
+    """Write ``ws`` to ``out``: one file, or (sharded) a directory of shards plus the index."""
+    meta = {**ws.metadata, **(metadata or {})}
+    aliases = {e.name: e.alias_of for e in ws.entries if e.alias_of is not None}
+    shards = shard_plan(ws, max_shard_size)
+    if max_shard_size is None:
+        write_safetensors_file(shards[0], aliases, meta, out)
+        return [out]
+    out.mkdir(parents=True, exist_ok=True)
+    written, weight_map = [], {}
+    for i, group in enumerate(shards, 1):
+        name = f"{stem}-{i:05d}-of-{len(shards):05d}.safetensors"
+        group_names = {e.name for e in group}
+        group_aliases = {a: t for a, t in aliases.items() if t in group_names}
+        write_safetensors_file(group, group_aliases, meta, out / name)
+        weight_map.update({e.name: name for e in group})
+        written.append(out / name)
+    total = sum(e.nbytes for e in ws.stored)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    index_path = out / f"{stem}.safetensors.index.json"
+    index_path.write_text(json.dumps(index, indent=2) + "\n")
+    return [*written, index_path]
+
+
+def as_state_dict(ws: WeightSet) -> dict[str, Any]:
+    """Torch tensors for every entry (mmap-backed for byte ranges); aliases share storage."""
+    import mmap
+
+    import torch
+
+    maps: dict[Path, mmap.mmap] = {}
+    out: dict[str, Any] = {}
+    for e in ws.stored:
+        if e.tensor is not None:
+            out[e.name] = e.tensor
+            continue
+        assert e.source is not None
+        if e.source.path not in maps:
+            with open(e.source.path, "rb") as fh:
+                maps[e.source.path] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+        dtype = getattr(torch, e.dtype)
+        if e.nbytes == 0:
+            out[e.name] = torch.empty(e.shape, dtype=dtype)
+            continue
+        flat = torch.frombuffer(
+            maps[e.source.path], dtype=torch.uint8, count=e.nbytes, offset=e.source.offset
+        )
+        out[e.name] = flat.view(dtype).reshape(e.shape)
+    for e in ws.entries:
+        if e.alias_of is not None:
+            out[e.name] = out[e.alias_of]
+    return out
+
+
+def write_torch_zip(ws: WeightSet, out: Path) -> list[Path]:
+    """A torch.save zip checkpoint (what ``torch.load`` reads); tied entries share storage."""
+    import torch
+
+    torch.save(as_state_dict(ws), out)
+    return [out]

@@ -1,0 +1,263 @@
+"""Weights conversion, read back with the reference loaders (safe_open, torch.load, HF)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from ptconvert.convert.weights import convert_weights
+from ptconvert.errors import OutputExistsError, TruncatedFileError, UnsupportedConversionError
+from tests.conftest import run_cli
+
+
+def _sft(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    with safe_open(path, "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()  # noqa: SIM118
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        assert torch.equal(
+            a[k].view(torch.uint8) if a[k].dtype != torch.bool else a[k],
+            b[k].view(torch.uint8) if b[k].dtype != torch.bool else b[k],
+        ), k
+
+
+def test_pt_to_safetensors_fast_path(samples: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "mlp.safetensors"
+    report = convert_weights(samples["mlp_zip"], "safetensors", out)
+    assert report.path == "fast" and report.verification and report.verification.status == "pass"
+    tensors, metadata = _sft(out)
+    _same(tensors, torch.load(samples["mlp_zip"], weights_only=True))
+    assert metadata["format"] == "pt"
+
+
+def test_training_checkpoint_is_unwrapped_and_prefix_stripped(samples, tmp_path, capsys) -> None:
+    out = tmp_path / "w.safetensors"
+    code, report, _ = run_cli(
+        [str(samples["training_ckpt"]), "--to", "safetensors", "-o", str(out)], capsys
+    )
+    assert code == 0
+    assert report["unwrapped"] == "model" and report["stripped_prefix"] == "_orig_mod."
+    assert set(report["other_contents"]) == {"optimizer", "epoch"}
+    ckpt = torch.load(samples["training_ckpt"], weights_only=True)["model"]
+    _same(_sft(out)[0], {k.removeprefix("_orig_mod."): v for k, v in ckpt.items()})
+
+
+def test_keep_prefix_and_key(samples: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "w.safetensors"
+    convert_weights(samples["training_ckpt"], "safetensors", out, key="model", keep_prefix=True)
+    assert all(k.startswith("_orig_mod.") for k in _sft(out)[0])
+    with pytest.raises(UnsupportedConversionError, match="--key 'nope'"):
+        convert_weights(samples["training_ckpt"], "safetensors", tmp_path / "x", key="nope")
+
+
+def test_ddp_prefix_is_stripped(tmp_path: Path) -> None:
+    src = tmp_path / "ddp.pt"
+    torch.save({"module.fc.weight": torch.ones(2, 2), "module.fc.bias": torch.zeros(2)}, src)
+    report = convert_weights(src, "safetensors", tmp_path / "o.safetensors")
+    assert report.stripped_prefix == "module."
+    assert set(_sft(tmp_path / "o.safetensors")[0]) == {"fc.weight", "fc.bias"}
+
+
+def test_tied_and_view_tensors_round_trip(tmp_path: Path) -> None:
+    base = torch.arange(64, dtype=torch.float32)
+    emb = torch.randn(10, 4)
+    sd = {"emb.weight": emb, "head.weight": emb, "view": base[8:24].view(4, 4)}
+    src = tmp_path / "tied.pt"
+    torch.save(sd, src)
+    report = convert_weights(src, "safetensors", tmp_path / "t.safetensors")
+    assert report.aliases == {"head.weight": "emb.weight"}
+    tensors, metadata = _sft(tmp_path / "t.safetensors")
+    assert set(tensors) == {"emb.weight", "view"}  # one copy of the tied pair
+    assert json.loads(metadata["ptconvert.aliases"]) == {"head.weight": "emb.weight"}
+    # the view is written as its own 64 bytes, not the whole 256-byte storage
+    assert tensors["view"].numel() == 16 and os.path.getsize(tmp_path / "t.safetensors") < 500
+    back = convert_weights(tmp_path / "t.safetensors", "pt", tmp_path / "back.pt")
+    assert back.verification and back.verification.status == "pass"
+    loaded = torch.load(tmp_path / "back.pt", weights_only=True)
+    assert loaded["head.weight"].data_ptr() == loaded["emb.weight"].data_ptr()  # shared again
+    _same({k: v for k, v in loaded.items()}, {k: v.contiguous() for k, v in sd.items()})
+
+
+DTYPES = [
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.complex64,
+]
+
+
+def test_every_safetensors_dtype_round_trips_exactly(tmp_path: Path) -> None:
+    gen = torch.Generator().manual_seed(0)
+    sd = {}
+    for dt in DTYPES:
+        raw = torch.randint(
+            0,
+            255,
+            (3, 5 * torch.empty(0, dtype=dt).element_size()),
+            generator=gen,
+            dtype=torch.uint8,
+        )
+        sd[str(dt)] = raw.view(dt) if dt != torch.bool else raw % 2 == 0
+    src = tmp_path / "all.pt"
+    torch.save(sd, src)
+    convert_weights(src, "safetensors", tmp_path / "all.safetensors")
+    tensors, _ = _sft(tmp_path / "all.safetensors")
+    _same(tensors, sd)
+    convert_weights(tmp_path / "all.safetensors", "pt", tmp_path / "all2.pt")
+    _same(torch.load(tmp_path / "all2.pt", weights_only=True), sd)
+
+
+def test_sharding_writes_the_transformers_layout(samples: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "shards"
+    report = convert_weights(samples["mlp_zip"], "safetensors", out, max_shard_size="300B")
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    loaded: dict[str, torch.Tensor] = {}
+    for s in shards:
+        loaded.update(load_file(out / s))
+    _same(loaded, torch.load(samples["mlp_zip"], weights_only=True))
+    assert index["metadata"]["total_size"] == report.bytes == sum(t.nbytes for t in loaded.values())
+    # and back from the sharded set to a single file
+    convert_weights(
+        out / "model.safetensors.index.json", "safetensors", tmp_path / "one.safetensors"
+    )
+    _same(_sft(tmp_path / "one.safetensors")[0], loaded)
+
+
+def test_sharded_bin_set_converts(samples: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "o.safetensors"
+    convert_weights(samples["block_sharded_bin"], "safetensors", out)
+    expected: dict[str, torch.Tensor] = {}
+    for shard in samples["block_sharded_bin"].parent.glob("*.bin"):
+        expected.update(torch.load(shard, weights_only=True))
+    _same(_sft(out)[0], expected)
+
+
+def test_legacy_layout_takes_the_torch_path(samples: dict[str, Path], tmp_path: Path) -> None:
+    report = convert_weights(samples["mlp_legacy"], "safetensors", tmp_path / "l.safetensors")
+    assert report.path == "torch"
+    _same(_sft(tmp_path / "l.safetensors")[0], torch.load(samples["mlp_legacy"], weights_only=True))
+
+
+@pytest.mark.parametrize("name", ["hf_gpt2_bin", "hf_bert"])
+def test_hf_directory_round_trip_computes_the_same(samples, name: str, tmp_path: Path) -> None:
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    cls = AutoModelForCausalLM if name == "hf_gpt2_bin" else AutoModel
+    target = "safetensors" if name == "hf_gpt2_bin" else "pt"
+    out = tmp_path / "out"
+    convert_weights(samples[name], target, out)
+    assert (out / "config.json").exists()
+    original, converted = cls.from_pretrained(samples[name]), cls.from_pretrained(out)
+    ids = torch.randint(0, 99, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = original(input_ids=ids), converted(input_ids=ids)
+    key = "logits" if name == "hf_gpt2_bin" else "last_hidden_state"
+    assert torch.equal(a[key], b[key])
+    if name == "hf_gpt2_bin":
+        assert converted.lm_head.weight.data_ptr() == converted.transformer.wte.weight.data_ptr()
+
+
+def test_existing_output_needs_force(samples: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "o.safetensors"
+    out.write_bytes(b"keep me")
+    with pytest.raises(OutputExistsError):
+        convert_weights(samples["mlp_zip"], "safetensors", out)
+    assert out.read_bytes() == b"keep me"
+    convert_weights(samples["mlp_zip"], "safetensors", out, force=True)
+    assert len(_sft(out)[0]) == 4
+
+
+def test_failed_run_leaves_nothing(tmp_path: Path) -> None:
+    src = tmp_path / "short.pt"
+    torch.save({"w": torch.arange(64, dtype=torch.float32)}, src)
+    data = bytearray(src.read_bytes())
+    # shrink the storage member's recorded size: the tensor now needs more than it holds
+    import zipfile
+
+    with zipfile.ZipFile(src) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("data/0"))
+    name = info.filename.encode()
+    pos = data.find(b"PK\x01\x02", 0)
+    while data[pos + 46 : pos + 46 + len(name)] != name:
+        pos = data.find(b"PK\x01\x02", pos + 4)
+    struct.pack_into("<II", data, pos + 20, 100, 100)
+    src.write_bytes(bytes(data))
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(TruncatedFileError, match="needs 256 bytes"):
+        convert_weights(src, "safetensors", tmp_path / "o.safetensors")
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_unsupported_tensor_is_named(tmp_path: Path) -> None:
+    src = tmp_path / "q.pt"
+    q = torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8)
+    torch.save({"ok": torch.ones(2), "q": q}, src)
+    with pytest.raises(UnsupportedConversionError, match="'q' is a quantized tensor"):
+        convert_weights(src, "safetensors", tmp_path / "o.safetensors")
+    report = convert_weights(src, "safetensors", tmp_path / "o.safetensors", skip_unsupported=True)
+    assert report.tensors == 1
+
+
+def test_verification_catches_a_corrupted_output(samples, tmp_path: Path, monkeypatch) -> None:
+    from ptconvert.convert import weights_write
+    from ptconvert.errors import VerificationError
+
+    real = weights_write.write_safetensors_file
+
+    def corrupt(entries, aliases, metadata, out):  # flip one byte after a correct write
+        real(entries, aliases, metadata, out)
+        with open(out, "r+b") as fh:
+            fh.seek(-1, 2)
+            last = fh.read(1)
+            fh.seek(-1, 2)
+            fh.write(bytes([last[0] ^ 0xFF]))
+
+    monkeypatch.setattr(weights_write, "write_safetensors_file", corrupt)
+    with pytest.raises(VerificationError, match="bytes differ"):
+        convert_weights(samples["mlp_zip"], "safetensors", tmp_path / "o.safetensors")
+    assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_metadata_passes_through(samples: dict[str, Path], tmp_path: Path, capsys) -> None:
+    out = tmp_path / "m.safetensors"
+    code, _, _ = run_cli(
+        [
+            str(samples["mlp_zip"]),
+            "--to",
+            "safetensors",
+            "-o",
+            str(out),
+            "--metadata",
+            "license=mit",
+        ],
+        capsys,
+    )
+    assert code == 0 and _sft(out)[1] == {"format": "pt", "license": "mit"}
+    save_file({"a": torch.ones(1)}, tmp_path / "src.safetensors", metadata={"origin": "x"})
+    convert_weights(tmp_path / "src.safetensors", "safetensors", tmp_path / "copy.safetensors")
+    assert _sft(tmp_path / "copy.safetensors")[1] == {"format": "pt", "origin": "x"}
