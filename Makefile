@@ -27,11 +27,16 @@ lint: setup
 	$(BIN)/mypy
 
 demo: setup
-	$(BIN)/python -m fixtures.build $(DEMO_DIR)
-	@for f in $(DEMO_DIR)/*; do echo "== $$f"; $(BIN)/ptconvert info "$$f" || exit 1; done
+	$(BIN)/python -m fixtures.build $(DEMO_DIR) > $(DEMO_DIR).list
+	@for f in $$(cat $(DEMO_DIR).list); do echo "== ptconvert info $$f"; $(BIN)/ptconvert info "$$f" || exit 1; done
+	@echo "== ptconvert $(DEMO_DIR)/training_checkpoint.ckpt --to safetensors"
+	$(BIN)/ptconvert $(DEMO_DIR)/training_checkpoint.ckpt --to safetensors --force
+	@echo "== ptconvert $(DEMO_DIR)/hf-gpt2-bin --to safetensors (a Hugging Face directory, tied weights)"
+	$(BIN)/ptconvert $(DEMO_DIR)/hf-gpt2-bin --to safetensors --force
 
 bench: setup
 	$(BIN)/python benchmarks/startup.py
+	$(BIN)/python benchmarks/weights.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(DEMO_DIR) $(DEMO_DIR).list .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -12,8 +12,22 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from ptconvert.errors import OutputExistsError, UsageError
+
+
+def open_output(path: Path) -> BinaryIO:
+    """Open a new (or just-created, empty) output for writing, without O_TRUNC.
+
+    ext4 flushes a file that was truncated when it is closed (auto_da_alloc), which would add a
+    synchronous write-back of the whole output to every conversion.
+    """
+    if path.exists():
+        if path.stat().st_size:
+            raise UsageError("refusing to write over a non-empty file", path=path)
+        return open(path, "r+b")
+    return open(path, "xb")
 
 
 def check_output(output: Path, inputs: list[Path], force: bool) -> None:

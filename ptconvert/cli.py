@@ -163,8 +163,24 @@ def _not_yet(command: str) -> None:
 @click.option("-j", "jobs", type=int, default=1, help="Scan with N processes.")
 @click.option("--allow", multiple=True, help="Extend the allowlist with module.Name.")
 def scan(paths: tuple[str, ...], as_json: bool, jobs: int, allow: tuple[str, ...]) -> None:
-    """Scan pickle-based files for code that would run when they are loaded."""
-    _not_yet("scan")
+    """Scan pickle-based files for code that would run when they are loaded.
+
+    Exit code 0 when every file is clean, 10 when any is dangerous, 3 when any cannot be read
+    completely, 11 when any needs user code (or runs native code) to load.
+    """
+    from ptconvert.scan.scanner import scan as run_scan
+
+    progress.set_quiet(as_json)
+    report = run_scan(paths, allow=allow, jobs=jobs)
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        from ptconvert.render import render_scan
+
+        render_scan(report)
+    code = {"clean": 0, "needs-code": 11, "error": 3, "dangerous": 10}[report.verdict]
+    if code:
+        raise click.exceptions.Exit(code)
 
 
 @cli.command()
@@ -198,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     as_json, debug = "--json" in args, "--debug" in args
     try:
-        cli.main(args, prog_name="ptconvert", standalone_mode=False)
+        code = cli.main(args, prog_name="ptconvert", standalone_mode=False)
+        if isinstance(code, int):  # a command's own exit code (click.exceptions.Exit)
+            return code
     except PtconvertError as exc:
         if debug:
             raise

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 _quiet = False
 
@@ -25,7 +26,24 @@ def step(name: str) -> Iterator[None]:
     if not enabled():
         yield
         return
+    with _console().status(f"[bold]{name}[/bold]…"):
+        yield
+
+
+@contextmanager
+def bar(name: str, total: int) -> Iterator[Callable[[], None]]:
+    """A progress bar named after the step; yields the function that advances it by one."""
+    if not enabled() or total < 2:
+        yield lambda: None
+        return
+    from rich.progress import Progress
+
+    with Progress(transient=True, console=_console()) as prog:
+        task = prog.add_task(name, total=total)
+        yield lambda: prog.advance(task)
+
+
+def _console() -> Any:
     from rich.console import Console
 
-    with Console(stderr=True).status(f"[bold]{name}[/bold]…"):
-        yield
+    return Console(stderr=True)

@@ -124,3 +124,37 @@ def render_weights(report: Any, console: Console | None = None) -> None:
     for k, v in rows:
         t.add_row(escape(k), escape(v))
     console.print(t)
+
+
+_VERDICT_STYLE = {
+    "clean": "green",
+    "needs-code": "yellow",
+    "error": "magenta",
+    "dangerous": "bold red",
+}
+
+
+def render_scan(report: Any, console: Console | None = None) -> None:
+    """One row per file, then one row per finding of the files that are not clean."""
+    console = console or Console()
+    t = Table("file", "verdict", "pickles", "findings")
+    for f in report.files:
+        style = _VERDICT_STYLE[f.verdict]
+        t.add_row(
+            escape(f.path), f"[{style}]{f.verdict}[/{style}]", str(f.pickles), str(len(f.findings))
+        )
+    console.print(t)
+    details = [(f, x) for f in report.files for x in f.findings]
+    if details:
+        d = Table("severity", "global", "opcode @ offset", "where", "why")
+        for _, x in details[:200]:
+            d.add_row(
+                x.severity,
+                escape(x.global_name or "-"),
+                f"{x.opcode} @ {x.offset}",
+                escape(x.member),
+                escape(x.reason),
+            )
+        console.print(d)
+    counts = ", ".join(f"{n} {k}" for k, n in report.counts.items() if n)
+    console.print(f"verdict: {report.verdict} ({counts or 'no files'})")

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from ptconvert import progress
 from ptconvert.atomic import atomic_path, check_output
+from ptconvert.convert.torch_zip import write_torch_zip
 from ptconvert.convert.weights_read import WeightSet, read_weights
-from ptconvert.convert.weights_write import parse_size, write_safetensors, write_torch_zip
+from ptconvert.convert.weights_write import parse_size, write_safetensors
 from ptconvert.errors import UnsupportedConversionError
 from ptconvert.formats import detect
 from ptconvert.formats.hf import WEIGHT_NAMES

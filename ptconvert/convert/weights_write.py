@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ptconvert.atomic import open_output
 from ptconvert.convert.weights_read import ALIASES_KEY, WeightEntry, WeightSet
 from ptconvert.errors import UsageError
 from ptconvert.formats.safetensors import TORCH_TO_SAFETENSORS
@@ -41,7 +42,7 @@ def copy_range(src_fd: int, offset: int, dst_fd: int, nbytes: int) -> None:
         nbytes -= n
 
 
-def _tensor_bytes(tensor: Any) -> memoryview:
+def tensor_bytes(tensor: Any) -> memoryview:
     import torch
 
     flat = tensor.detach().cpu().contiguous().reshape(-1)
@@ -68,7 +69,7 @@ def write_safetensors_file(
     raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
     fds: dict[Path, int] = {}
     try:
-        with open(out, "wb") as fh:
+        with open_output(out) as fh:
             fh.write(len(raw).to_bytes(8, "little") + raw)
             fh.flush()
             for e in entries:
@@ -77,7 +78,7 @@ def write_safetensors_file(
                         fds[e.source.path] = os.open(e.source.path, os.O_RDONLY)
                     copy_range(fds[e.source.path], e.source.offset, fh.fileno(), e.nbytes)
                 else:
-                    fh.write(_tensor_bytes(e.tensor))
+                    fh.write(tensor_bytes(e.tensor))
     finally:
         for fd in fds.values():
             os.close(fd)
@@ -125,41 +126,3 @@ def write_safetensors(
     index_path = out / f"{stem}.safetensors.index.json"
     index_path.write_text(json.dumps(index, indent=2) + "\n")
     return [*written, index_path]
-
-
-def as_state_dict(ws: WeightSet) -> dict[str, Any]:
-    """Torch tensors for every entry (mmap-backed for byte ranges); aliases share storage."""
-    import mmap
-
-    import torch
-
-    maps: dict[Path, mmap.mmap] = {}
-    out: dict[str, Any] = {}
-    for e in ws.stored:
-        if e.tensor is not None:
-            out[e.name] = e.tensor
-            continue
-        assert e.source is not None
-        if e.source.path not in maps:
-            with open(e.source.path, "rb") as fh:
-                maps[e.source.path] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
-        dtype = getattr(torch, e.dtype)
-        if e.nbytes == 0:
-            out[e.name] = torch.empty(e.shape, dtype=dtype)
-            continue
-        flat = torch.frombuffer(
-            maps[e.source.path], dtype=torch.uint8, count=e.nbytes, offset=e.source.offset
-        )
-        out[e.name] = flat.view(dtype).reshape(e.shape)
-    for e in ws.entries:
-        if e.alias_of is not None:
-            out[e.name] = out[e.alias_of]
-    return out
-
-
-def write_torch_zip(ws: WeightSet, out: Path) -> list[Path]:
-    """A torch.save zip checkpoint (what ``torch.load`` reads); tied entries share storage."""
-    import torch
-
-    torch.save(as_state_dict(ws), out)
-    return [out]

@@ -107,8 +107,8 @@ def _read_tar(path: Path) -> PickledCheckpoint:
                 raise CorruptFileError(f"legacy tar member {name!r} is not a file", path=path)
             return f.read()
 
-        storages, runs = _tar_storages(read("storages"), path)
-        tensors, truns = _tar_tensors(read("tensors"), storages, path)
+        storages, runs = tar_storages(read("storages"), path)
+        tensors, truns = tar_tensors(read("tensors"), storages, path)
         main = _check(run_pickle(read("pickle")), path, "legacy tar pickle")
     runs += [*truns, main]
 
@@ -124,7 +124,7 @@ def _read_tar(path: Path) -> PickledCheckpoint:
     return PickledCheckpoint("tar", resolve(interpret(main.root)), runs)
 
 
-def _tar_storages(data: bytes, path: Path) -> tuple[dict[str, tuple[str, int]], list[PickleRun]]:
+def tar_storages(data: bytes, path: Path) -> tuple[dict[str, tuple[str, int]], list[PickleRun]]:
     from ptconvert.formats.torch_objects import STORAGE_DTYPES
 
     runs = [_check(run_pickle(data), path, "legacy tar storage count")]
@@ -141,7 +141,7 @@ def _tar_storages(data: bytes, path: Path) -> tuple[dict[str, tuple[str, int]], 
     return out, runs
 
 
-def _tar_tensors(
+def tar_tensors(
     data: bytes, storages: dict[str, tuple[str, int]], path: Path
 ) -> tuple[dict[str, TensorRef], list[PickleRun]]:
     from ptconvert.formats.torch_objects import StorageRef

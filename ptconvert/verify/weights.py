@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ptconvert.convert.weights_read import ByteRange, WeightEntry, WeightSet, read_weights
-from ptconvert.convert.weights_write import _tensor_bytes
+from ptconvert.convert.weights_write import tensor_bytes
 from ptconvert.errors import VerificationError
 from ptconvert.report import Report
 
@@ -39,21 +39,30 @@ class _RangeReader:
             fds[source.path] = os.open(source.path, os.O_RDONLY)
         self.fd, self.offset, self.nbytes = fds[source.path], source.offset, nbytes
 
-    def read(self, pos: int, n: int) -> bytes:
-        return os.pread(self.fd, n, self.offset + pos)
+    def read(self, pos: int, n: int, buf: bytearray) -> int:
+        return os.preadv(self.fd, [memoryview(buf)[:n]], self.offset + pos)
 
 
 def _chunks(entry: WeightEntry, fds: dict[Path, int]) -> _RangeReader | memoryview:
     if entry.source is None:
-        return _tensor_bytes(entry.tensor)
+        return tensor_bytes(entry.tensor)
     return _RangeReader(entry.source, entry.nbytes, fds)
 
 
-def _read(obj: object, pos: int, n: int) -> bytes:
+def _fill(obj: object, pos: int, n: int, buf: bytearray) -> int:
+    """Put bytes [pos, pos+n) of a range or tensor into the reused ``buf``; return the count."""
     if isinstance(obj, _RangeReader):
-        return obj.read(pos, n)
+        return obj.read(pos, n, buf)
     assert isinstance(obj, memoryview)
-    return bytes(obj[pos : pos + n])
+    buf[:n] = obj.cast("B")[pos : pos + n]
+    return n
+
+
+def _same_chunk(a: object, b: object, pos: int, n: int, bufs: tuple[bytearray, bytearray]) -> bool:
+    if _fill(a, pos, n, bufs[0]) != n or _fill(b, pos, n, bufs[1]) != n:
+        return False
+    # whole buffers compare with memcmp; only the last, partial chunk is sliced
+    return bufs[0] == bufs[1] if n == CHUNK else bufs[0][:n] == bufs[1][:n]
 
 
 def verify_weights(source: WeightSet, output: Path) -> WeightsCheck:
@@ -68,6 +77,7 @@ def verify_weights(source: WeightSet, output: Path) -> WeightsCheck:
     if extra:
         problems.append(f"not in source: {extra[:10]}")
     fds: dict[Path, int] = {}
+    bufs = (bytearray(CHUNK), bytearray(CHUNK))
     compared: set[tuple[str, str]] = set()
     total = 0
     try:
@@ -82,7 +92,7 @@ def verify_weights(source: WeightSet, output: Path) -> WeightsCheck:
             ra, rb = _chunks(a, fds), _chunks(b, fds)
             for pos in range(0, a.nbytes, CHUNK):
                 n = min(CHUNK, a.nbytes - pos)
-                if _read(ra, pos, n) != _read(rb, pos, n):
+                if not _same_chunk(ra, rb, pos, n, bufs):
                     problems.append(f"{name}: bytes differ within [{pos}, {pos + n})")
                     break
             total += a.nbytes

@@ -64,10 +64,9 @@ def test_usage_error_exit_code(capsys) -> None:
     assert code == 2 and out["error"]["kind"] == "usage"
 
 
-@pytest.mark.parametrize("command", ["scan", "plan", "verify", "bench"])
+@pytest.mark.parametrize("command", ["plan", "verify", "bench"])
 def test_pending_subcommands_have_their_final_grammar(samples, command: str, capsys) -> None:
     args = {
-        "scan": ["scan", str(samples["mlp_zip"])],
         "plan": ["plan", str(samples["mlp_zip"]), "--to", "pt2"],
         "verify": ["verify", str(samples["mlp_zip"]), str(samples["cnn_safetensors"])],
         "bench": ["bench", str(samples["mlp_pt2"])],

@@ -1,0 +1,120 @@
+"""Weights conversion speed and memory against `cp` and the naive torch reference.
+
+Generates a checkpoint of --size-gb (default 2; fp32/bf16/fp16 tensors, a tied pair, a view of a
+larger storage) and measures, side by side in one run, wall time and peak RSS of each command:
+
+- cp (the floor), and reading the file once (cat > /dev/null)
+- ptconvert pickle → safetensors (with and without its bitwise verification)
+- the naive reference: torch.load + safetensors.torch.save_file
+- ptconvert safetensors → pickle, and pickle → sharded safetensors (--max-shard-size 500MB)
+
+Run: `.venv/bin/python benchmarks/weights.py [--size-gb 2] [--dir DIR]`. Warm page cache: every
+command runs once untimed first, then REPEATS times (median wall time); outputs are removed and
+the disk synced before each run, so that freeing or flushing the previous output is not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+REPEATS = 3  # median wall time of these runs; the highest peak RSS
+
+
+def make_checkpoint(path: Path, size_gb: float) -> None:
+    code = f"""
+import torch
+n = int({size_gb} * 2**30)
+sd = {{}}
+gen = torch.Generator().manual_seed(0)
+per = 64 * 2**20  # 64 MiB tensors
+i = 0
+left = n
+while left > 0:
+    dt = (torch.float32, torch.bfloat16, torch.float16)[i % 3]
+    numel = min(per, left) // torch.empty(0, dtype=dt).element_size()
+    sd[f"layer{{i}}.weight"] = torch.empty(numel // 1024, 1024, dtype=dt).uniform_(generator=gen)
+    left -= numel * torch.empty(0, dtype=dt).element_size()
+    i += 1
+emb = torch.randn(1000, 256)
+sd["embed.weight"] = emb
+sd["lm_head.weight"] = emb  # tied
+sd["view"] = torch.arange(4096, dtype=torch.float32)[1024:3072].view(32, 64)
+torch.save(sd, {str(path)!r})
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def measure(cmd: list[str], outputs: list[Path]) -> tuple[float, float]:
+    """(seconds, peak RSS in MiB) of one command, its outputs removed and the disk synced first."""
+    for out in outputs:
+        shutil.rmtree(out) if out.is_dir() else out.unlink(missing_ok=True)
+    os.sync()
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}")
+    return elapsed, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size-gb", type=float, default=2.0)
+    ap.add_argument("--dir", type=Path, default=None)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="ptconvert-bench-", dir=args.dir))
+    try:
+        ckpt = work / "model.pt"
+        make_checkpoint(ckpt, args.size_gb)
+        sft, back, shards = work / "model.safetensors", work / "back.pt", work / "shards"
+        ptc = str(BIN / "ptconvert")
+        naive = (
+            "import torch, sys; from safetensors.torch import save_file;"
+            "sd = torch.load(sys.argv[1], weights_only=True);"
+            "sd.pop('lm_head.weight');"
+            "save_file({k: v.contiguous() for k, v in sd.items()}, sys.argv[2])"
+        )
+        pt_to_sft = [ptc, str(ckpt), "--to", "safetensors", "-o", str(sft)]
+        naive_cmd = [sys.executable, "-c", naive, str(ckpt), str(work / "naive.sft")]
+        shard_cmd = [ptc, str(ckpt), "--to", "safetensors", "--max-shard-size", "500MB"]
+        cases = [  # (name, command, outputs removed before each run)
+            ("cp", ["cp", str(ckpt), str(work / "copy.pt")], [work / "copy.pt"]),
+            ("read once (cat)", ["sh", "-c", f"cat {ckpt} > /dev/null"], []),
+            ("ptconvert pt→safetensors", pt_to_sft, [sft]),
+            ("pt→safetensors --no-verify", [*pt_to_sft, "--no-verify"], [sft]),
+            ("naive torch.load+save_file", naive_cmd, [work / "naive.sft"]),
+            ("ptconvert safetensors→pt", [ptc, str(sft), "--to", "pt", "-o", str(back)], [back]),
+            (
+                "safetensors→pt --no-verify",
+                [ptc, str(sft), "--to", "pt", "-o", str(back), "--no-verify"],
+                [back],
+            ),
+            ("ptconvert pt→sharded 500MB", [*shard_cmd, "-o", str(shards)], [shards]),
+        ]
+        results = {}
+        for name, cmd, outputs in cases:
+            measure(cmd, outputs)  # warm the page cache and the imports
+            runs = [measure(cmd, outputs) for _ in range(REPEATS)]
+            results[name] = (statistics.median(r[0] for r in runs), max(r[1] for r in runs))
+        size = ckpt.stat().st_size
+        cp_time = results["cp"][0]
+        print(f"checkpoint: {size / 2**30:.2f} GiB, {os.cpu_count()} cores")
+        print(f"{'command':32} {'seconds':>8} {'× cp':>7} {'peak RSS':>10}")
+        for name, (secs, rss) in results.items():
+            print(f"{name:32} {secs:8.2f} {secs / cp_time:7.2f} {rss:8.0f} MiB")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
