@@ -94,6 +94,7 @@ def convert(src: str, to: str, as_json: bool, **options: Any) -> None:
             metadata=_key_values(options["metadata"], "--metadata"),
             skip_unsupported=options["skip_unsupported"],
             verify=not options["no_verify"],
+            trust=options["trust"],
         )
         if as_json:
             _emit_json(report.to_dict())

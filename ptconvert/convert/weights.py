@@ -21,6 +21,7 @@ from ptconvert.formats import detect
 from ptconvert.formats.hf import WEIGHT_NAMES
 from ptconvert.formats.sharded import read_index
 from ptconvert.report import Report
+from ptconvert.scan.guard import guard
 from ptconvert.verify.weights import WeightsCheck, verify_weights
 
 WEIGHT_TARGETS = ("safetensors", "pt")
@@ -67,8 +68,13 @@ def convert_weights(
     metadata: dict[str, str] | None = None,
     skip_unsupported: bool = False,
     verify: bool = True,
+    trust: bool = False,
 ) -> WeightsReport:
-    """Convert the weights in ``src`` to ``to`` (``safetensors`` or ``pt``)."""
+    """Convert the weights in ``src`` to ``to`` (``safetensors`` or ``pt``).
+
+    The source is scanned first (``ptconvert.scan.guard``): a dangerous file is refused, and a
+    file whose loading needs user code is refused unless ``trust``.
+    """
     started = time.perf_counter()
     src = Path(src)
     if to not in WEIGHT_TARGETS:
@@ -85,6 +91,8 @@ def convert_weights(
         )
     out = Path(output) if output else default_output(src, to, d.format, shard_bytes is not None)
     check_output(out, [src], force)
+    with progress.step(f"scanning {src.name}"):
+        guard(src.parent if d.format == "sharded" else src, trust=trust)
     with progress.step(f"reading {src.name}"):
         ws = read_weights(src, key=key, keep_prefix=keep_prefix, skip_unsupported=skip_unsupported)
     as_directory = d.format == "hf" or shard_bytes is not None

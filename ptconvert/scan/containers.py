@@ -20,8 +20,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ptconvert.archive import looks_like_zip, open_zip
+from ptconvert.archive import ZipArchive, looks_like_zip, open_zip
 from ptconvert.errors import InputError
+from ptconvert.scan.machine import run_pickle
 
 MAX_DEPTH = 4
 MAX_INFLATED = 4 << 30  # bytes a compressed member may expand to before we refuse it
@@ -114,6 +115,7 @@ def _walk_zip(
             return
         names = [m.name for m in archive.members]
         torchscript = any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
+        storages = _referenced_storages(archive)
         for anomaly in archive.anomalies:
             ambiguous = "appears more than once" in anomaly
             # torch and other readers may pick different copies: refuse rather than guess
@@ -133,7 +135,7 @@ def _walk_zip(
             except InputError as exc:
                 yield Problem(member_label, "error", exc.message)
                 continue
-            if not _interesting(head, m.name):
+            if not _interesting(head, m.name, storages):
                 continue
             try:
                 body = archive.read(m)
@@ -148,10 +150,11 @@ def _walk_zip(
             tmp.unlink(missing_ok=True)
 
 
-# Members torch reads as raw bytes, never as a pickle: storages of a torch zip, weights and
-# tensor constants of a pt2 archive. Scanning their bytes as pickles would only raise false
-# alarms; a pickled weight (pt2 ``use_pickle``) is a torch.save zip and is still scanned.
-_RAW_DATA = re.compile(r"(^|/)(data/\d+|data/weights/weight_\d+|data/constants/tensor_\d+)$")
+# Members torch reads as raw bytes, never as a pickle: the storages data.pkl references, and the
+# weights and tensor constants of a pt2 archive. Scanning their bytes as pickles would only raise
+# false alarms; a pickled pt2 weight (``use_pickle``) is a torch.save zip and is still scanned,
+# and so is any storage-named member that data.pkl does not reference.
+_RAW_DATA = re.compile(r"(^|/)(data/weights/weight_\d+|data/constants/tensor_\d+)$")
 _PROTO0_GLOBAL = re.compile(rb"^c[A-Za-z_][\w.]*\n[A-Za-z_][\w.]*\n")
 _PROTO0_START = re.compile(rb"^[(}\]][(dltSIVFcpgqh.NK}\])]")
 
@@ -163,17 +166,35 @@ def looks_like_pickle(head: bytes) -> bool:
     return bool(_PROTO0_GLOBAL.match(head) or _PROTO0_START.match(head))
 
 
-def _interesting(head: bytes, name: str) -> bool:
+def _interesting(head: bytes, name: str, storages: set[str]) -> bool:
     """Whether a member could hold a pickle or a nested archive (by content; .pkl by name)."""
     if name.endswith((".pkl", ".pickle", ".debug_pkl")):
         return True
-    if _RAW_DATA.search(name):
+    if name in storages or _RAW_DATA.search(name):
         return head.startswith(b"PK\x03\x04")
     if looks_like_pickle(head):
         return True
     return head.startswith((b"PK\x03\x04", b"\x1f\x8b", b"\x93NUMPY", b"7z\xbc\xaf")) or (
         len(head) > 262 and head[257:262] == b"ustar"
     )
+
+
+def _referenced_storages(archive: ZipArchive) -> set[str]:
+    """The ``<root>/data/<key>`` members that data.pkl's persistent ids point at."""
+    root = archive.root()
+    member = archive.member(root + "data.pkl")
+    if member is None or member.size > MAX_INFLATED:
+        return set()
+    try:
+        run = run_pickle(archive.read(member))
+    except InputError:
+        return set()
+    out = set()
+    for e in run.events:
+        pid = e.target.pid if e.kind == "persid" else None
+        if isinstance(pid, tuple) and len(pid) >= 3 and pid[0] == "storage":
+            out.add(f"{root}data/{pid[2]}")
+    return out
 
 
 def _walk_tar(label: str, data: bytes | mmap.mmap, depth: int) -> Iterator[Stream | Problem]:

@@ -72,7 +72,7 @@ class Dict:
 class Event:
     """Something the scanner must judge: an import, a call, a BUILD, or an unknowable value."""
 
-    kind: str  # "import" | "call" | "build" | "unknown"
+    kind: str  # "import" | "call" | "build" | "unknown" | "persid"
     opcode: str
     offset: int
     target: Any = None
@@ -292,7 +292,9 @@ def run_pickle(data: bytes | mmap.mmap, start: int = 0) -> PickleRun:
                     target.state = state
             elif name in ("PERSID", "BINPERSID"):
                 pid = arg if name == "PERSID" else stack.pop()
-                stack.append(PersistentRef(pid, pos))
+                ref = PersistentRef(pid, pos)
+                events.append(Event("persid", name, pos, ref))
+                stack.append(ref)
             elif name in ("EXT1", "EXT2", "EXT4"):
                 value = unknown(name, pos, f"copyreg extension code {arg} (resolves to any global)")
                 events.append(
