@@ -79,10 +79,12 @@ class ZipArchive:
                 f"({member.data_offset + want} > {self.file_size} bytes)",
                 path=self.path,
             )
+        if member.compress_type == STORED and limit is not None:
+            want = min(want, limit)  # a peek at a stored member reads only what it needs
         with open(self.path, "rb") as fh:
             raw = os.pread(fh.fileno(), want, member.data_offset)
         if member.compress_type == STORED:
-            return raw[:limit] if limit is not None else raw
+            return raw
         if member.compress_type == DEFLATED:
             d = zlib.decompressobj(-15)
             try:

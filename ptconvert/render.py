@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ptconvert.formats.base import FileInfo, IOSpec
+if TYPE_CHECKING:  # the format registry is not needed to render a scan
+    from ptconvert.formats.base import FileInfo, IOSpec
 
 
 def _size(n: int) -> str:

@@ -126,6 +126,16 @@ def _walk_zip(
             if m.is_dir:
                 continue
             member_label = f"{label}:{m.name}"
+            if m.name in storages:
+                continue  # a storage data.pkl references: torch reads it as raw bytes
+            if m.name.endswith(".so") or archive.read(m, 4) == b"\x7fELF":
+                # AOTInductor packages: loading dlopens this library and runs its code
+                yield Problem(
+                    member_label,
+                    "needs-code",
+                    "native code: a shared library that runs when loaded",
+                )
+                continue
             if m.size > MAX_INFLATED:
                 if m.name.endswith(".pkl"):
                     yield Problem(member_label, "error", "pickle member larger than the limit")
@@ -135,7 +145,7 @@ def _walk_zip(
             except InputError as exc:
                 yield Problem(member_label, "error", exc.message)
                 continue
-            if not _interesting(head, m.name, storages):
+            if not _interesting(head, m.name):
                 continue
             try:
                 body = archive.read(m)
@@ -166,11 +176,11 @@ def looks_like_pickle(head: bytes) -> bool:
     return bool(_PROTO0_GLOBAL.match(head) or _PROTO0_START.match(head))
 
 
-def _interesting(head: bytes, name: str, storages: set[str]) -> bool:
+def _interesting(head: bytes, name: str) -> bool:
     """Whether a member could hold a pickle or a nested archive (by content; .pkl by name)."""
     if name.endswith((".pkl", ".pickle", ".debug_pkl")):
         return True
-    if name in storages or _RAW_DATA.search(name):
+    if _RAW_DATA.search(name):
         return head.startswith(b"PK\x03\x04")
     if looks_like_pickle(head):
         return True

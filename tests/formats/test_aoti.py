@@ -1,4 +1,4 @@
-"""AOTInductor packages: detected as native code, and loadable by torch's own loader."""
+"""AOTInductor packages: detected and scanned as native code, loadable by torch's own loader."""
 
 from __future__ import annotations
 
@@ -22,5 +22,10 @@ def test_aoti_package_is_native_code(tmp_path: Path) -> None:
     assert info.native_code and all(n.endswith(".so") for n in info.native_code)
     assert info.metadata["models"] == ["model"]
     assert info.metadata["target"]["AOTI_DEVICE_KEY"] == "cpu"
+    from ptconvert.scan.scanner import scan_file
+
+    scan = scan_file(path)  # the scanner reports the library as native code
+    assert scan.verdict == "needs-code"
+    assert any(f.member.endswith(".so") and "native code" in f.reason for f in scan.findings)
     runner = torch._inductor.aoti_load_package(path)
     torch.testing.assert_close(runner(*MLP_INPUT), model(*MLP_INPUT))
