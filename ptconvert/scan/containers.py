@@ -34,7 +34,7 @@ class Stream:
 
     label: str
     data: bytes | mmap.mmap
-    kind: str  # "pickle" | "npy-object" | "tar-storages" | "tar-tensors"
+    kind: str  # "pickle" | "maybe-pickle" | "npy-object" | "tar-storages" | "tar-tensors"
     start: int = 0
     torchscript: bool = False  # inside a TorchScript archive (``__torch__`` classes are its own)
 
@@ -86,6 +86,19 @@ def _walk_bytes(
         return
     if looks_like_pickle(head):
         yield Stream(label, data, "pickle", torchscript=torchscript)
+    elif depth == 0 and not _known_data_file(head, path):
+        # torch.load unpickles any file that is not a zip: a pickle may open with any opcode
+        yield Stream(label, data, "maybe-pickle")
+
+
+def _known_data_file(head: bytes, path: Path | None) -> bool:
+    """safetensors (header validated) or ONNX: formats that hold no pickle."""
+    if len(head) >= 9 and head[5:8] == b"\0\0\0" and head[8:9] == b"{" and path is not None:
+        from ptconvert.formats.safetensors import read_header
+
+        read_header(path)  # raises InputError for a broken header: reported as unreadable
+        return True
+    return len(head) >= 3 and head[0] == 0x08 and head[1] < 0x20 and head[2] in (0x12, 0x1A, 0x3A)
 
 
 def _inflate_gzip(data: bytes | mmap.mmap) -> bytes:

@@ -52,11 +52,19 @@ def scan_file(path: str | Path, allowed: frozenset[str] = frozenset()) -> FileSc
                 findings.append(Finding(item.severity, item.label, 0, "-", None, item.reason))
                 continue
             for run in _runs(item):
+                if item.kind == "maybe-pickle" and run.error and not _acts(run):
+                    break  # not a pickle: it fails before any opcode could have acted
                 pickles += 1
                 findings += analyse(run, item.label, allowed, torchscript=item.torchscript)
     except (OSError, InputError, ValueError) as exc:
         findings.append(Finding("error", str(path), 0, "-", None, f"cannot be read: {exc}"))
     return FileScan(str(path), verdict(findings), findings, pickles)
+
+
+def _acts(run: PickleRun) -> bool:
+    """Whether the run reached an opcode that imports, calls or builds (an unpickler that failed
+    before any of these ran nothing; a missing memo slot makes it fail on the spot)."""
+    return any(e.kind in ("import", "call", "build") for e in run.events)
 
 
 def _runs(stream: Stream) -> Iterable[PickleRun]:

@@ -292,3 +292,26 @@ def test_torch_zip_writer_zip64_records(samples, tmp_path: Path, monkeypatch) ->
     with zipfile.ZipFile(out) as z:
         assert z.testzip() is None
     _same(torch.load(out, weights_only=True), load_file(samples["cnn_safetensors"]))
+
+
+def test_inputs_are_never_modified(samples: dict[str, Path], tmp_path: Path) -> None:
+    import hashlib
+
+    def state(p: Path) -> list[tuple[str, str, int]]:
+        files = sorted(p.rglob("*")) if p.is_dir() else [p]
+        return [
+            (str(f), hashlib.sha256(f.read_bytes()).hexdigest(), f.stat().st_mtime_ns)
+            for f in files
+            if f.is_file()
+        ]
+
+    for name, to in (
+        ("mlp_zip", "safetensors"),
+        ("hf_gpt2_bin", "safetensors"),
+        ("cnn_safetensors", "pt"),
+    ):
+        before = state(samples[name])
+        convert_weights(samples[name], to, tmp_path / f"{name}-{to}")
+        assert state(samples[name]) == before
+    with pytest.raises(Exception, match="overwrite the input"):
+        convert_weights(samples["mlp_zip"], "pt", samples["mlp_zip"], force=True)
