@@ -9,8 +9,9 @@ larger storage) and measures, side by side in one run, wall time and peak RSS of
 - ptconvert safetensors → pickle, and pickle → sharded safetensors (--max-shard-size 500MB)
 
 Run: `.venv/bin/python benchmarks/weights.py [--size-gb 2] [--dir DIR]`. Warm page cache: every
-command runs once untimed first, then REPEATS times (median wall time); outputs are removed and
-the disk synced before each run, so that freeing or flushing the previous output is not timed.
+command runs once untimed first, then REPEATS rounds interleave all commands (median wall time,
+highest peak RSS); outputs are removed and the disk synced before each run, so that freeing or
+flushing the previous output is not timed.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-REPEATS = 3  # median wall time of these runs; the highest peak RSS
+REPEATS = 5  # median wall time of these runs; the highest peak RSS
 
 
 def make_checkpoint(path: Path, size_gb: float) -> None:
@@ -101,11 +102,16 @@ def main() -> None:
             ),
             ("ptconvert pt→sharded 500MB", [*shard_cmd, "-o", str(shards)], [shards]),
         ]
-        results = {}
-        for name, cmd, outputs in cases:
-            measure(cmd, outputs)  # warm the page cache and the imports
-            runs = [measure(cmd, outputs) for _ in range(REPEATS)]
-            results[name] = (statistics.median(r[0] for r in runs), max(r[1] for r in runs))
+        for _, cmd, outputs in cases:  # warm the page cache and the imports
+            measure(cmd, outputs)
+        runs: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in cases}
+        for _ in range(REPEATS):  # interleaved, so that disk and cache state hit all alike
+            for name, cmd, outputs in cases:
+                runs[name].append(measure(cmd, outputs))
+        results = {
+            name: (statistics.median(r[0] for r in rs), max(r[1] for r in rs))
+            for name, rs in runs.items()
+        }
         size = ckpt.stat().st_size
         cp_time = results["cp"][0]
         print(f"checkpoint: {size / 2**30:.2f} GiB, {os.cpu_count()} cores")
