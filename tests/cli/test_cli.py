@@ -105,3 +105,20 @@ def test_info_on_safetensors_does_not_import_torch(samples: dict[str, Path]) -> 
     path = str(samples["cnn_safetensors"])
     code = f"from ptconvert.cli import main\nmain(['info', {path!r}, '--json'])"
     assert "torch" not in _modules_after(code)
+
+
+def test_missing_optional_dependency_names_the_extra(samples, monkeypatch, capsys) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_onnx(name: str, *args, **kwargs):  # the onnx extra is not installed
+        if name == "onnx" or name.startswith("onnx."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "onnx", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_onnx)
+    code, out, _ = run_cli(["info", str(samples["mlp_onnx"])], capsys)
+    assert code == 5 and out["error"]["kind"] == "missing_requirement"
+    assert "'onnx'" in out["error"]["message"] and "ptconvert[onnx]" in out["error"]["hint"]
