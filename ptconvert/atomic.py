@@ -48,7 +48,10 @@ def atomic_path(output: Path, *, directory: bool = False) -> Iterator[Path]:
     if directory:
         tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     else:
-        fd, name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+        # keep the suffix: some writers (torch.export.save) insist on it
+        fd, name = tempfile.mkstemp(
+            prefix=f".{output.name}.", suffix=f".tmp{output.suffix}", dir=output.parent
+        )
         os.close(fd)
         tmp = Path(name)
     try:

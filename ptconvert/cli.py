@@ -72,7 +72,19 @@ def _emit_json(payload: Any) -> None:
 @click.option("--example-inputs", type=click.Path(), help="Example inputs file (.pt/.safetensors).")
 @click.option("--dynamic-batch", is_flag=True, help="Make dimension 0 of batched inputs dynamic.")
 @click.option("--dynamic", multiple=True, help="NAME:AXIS[:MIN:MAX] dynamic dimension.")
-@click.option("--method", type=click.Choice(["auto", "script", "trace"]), default="auto")
+@click.option(
+    "--method",
+    type=click.Choice(["auto", "script", "trace"]),
+    default="auto",
+    help="TorchScript: script, trace, or auto (script, falling back to trace).",
+)
+@click.option(
+    "--export-mode",
+    type=click.Choice(["auto", "strict", "non-strict"]),
+    default="auto",
+    help="torch.export: auto tries non-strict, then strict.",
+)
+@click.option("--task", help="transformers class for a Hugging Face directory (e.g. AutoModel).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu")
 @click.option("--bench", is_flag=True, help="Time the result against eager and torch.compile.")
 @click.option("--skip-unsupported", is_flag=True, help="Leave out quantized/sparse/nested tensors.")
@@ -82,33 +94,65 @@ def convert(src: str, to: str, as_json: bool, **options: Any) -> None:
     from ptconvert.convert.weights import WEIGHT_SOURCES, WEIGHT_TARGETS, convert_weights
     from ptconvert.formats import detect
 
-    if to in WEIGHT_TARGETS and detect(src).format in WEIGHT_SOURCES:
-        report = convert_weights(
-            src,
-            to,
-            options["output"],
-            force=options["force"],
-            key=options["key"],
-            keep_prefix=options["keep_prefix"],
-            max_shard_size=options["max_shard_size"],
-            metadata=_key_values(options["metadata"], "--metadata"),
-            skip_unsupported=options["skip_unsupported"],
-            verify=not options["no_verify"],
-            trust=options["trust"],
-        )
-        if as_json:
-            _emit_json(report.to_dict())
-        else:
-            from ptconvert.render import render_weights
-
-            render_weights(report)
+    if to not in WEIGHT_TARGETS or detect(src).format not in WEIGHT_SOURCES:
+        _convert_program(src, to, as_json, options)
         return
-    raise NotImplementedYetError(
-        f"conversion to {to!r} from this format is not implemented yet",
-        path=src,
-        hint="weights conversions (pt, safetensors, sharded sets, HF directories → safetensors "
-        "or pt) work today; program conversions land with the converter graph",
+    report = convert_weights(
+        src,
+        to,
+        options["output"],
+        force=options["force"],
+        key=options["key"],
+        keep_prefix=options["keep_prefix"],
+        max_shard_size=options["max_shard_size"],
+        metadata=_key_values(options["metadata"], "--metadata"),
+        skip_unsupported=options["skip_unsupported"],
+        verify=not options["no_verify"],
+        trust=options["trust"],
     )
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        from ptconvert.render import render_weights
+
+        render_weights(report)
+
+
+def _options(options: dict[str, Any]) -> Any:
+    from pathlib import Path
+
+    from ptconvert.convert.modelspec import parse_model_args
+    from ptconvert.convert.state import Options
+
+    return Options(
+        model=options["model"],
+        model_args=parse_model_args(options["model_arg"]),
+        task=options["task"],
+        inputs=list(options["inputs"]),
+        example_inputs=Path(options["example_inputs"]) if options["example_inputs"] else None,
+        dynamic_batch=options["dynamic_batch"],
+        dynamic=list(options["dynamic"]),
+        method=options["method"],
+        strict=options["export_mode"],
+        trust=options["trust"],
+        key=options["key"],
+        keep_prefix=options["keep_prefix"],
+        skip_unsupported=options["skip_unsupported"],
+        verify=not options["no_verify"],
+        force=options["force"],
+    )
+
+
+def _convert_program(src: str, to: str, as_json: bool, options: dict[str, Any]) -> None:
+    from ptconvert.convert.engine import convert_program
+
+    report = convert_program(src, to, options["output"], _options(options))
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        from ptconvert.render import render_conversion
+
+        render_conversion(report)
 
 
 def _key_values(items: tuple[str, ...], option: str) -> dict[str, str]:
@@ -141,9 +185,29 @@ def info(path: str, as_json: bool) -> None:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-def formats(as_json: bool) -> None:
+@click.option(
+    "--graph", type=click.Choice(["table", "mermaid", "dot"]), help="Print the converter graph."
+)
+def formats(as_json: bool, graph: str | None) -> None:
     """List the formats ptconvert recognises, their usual suffixes and what each can hold."""
     from ptconvert.formats import FORMATS
+
+    if graph:
+        from ptconvert.convert.graph import EDGES, graph_text
+
+        edges = [
+            {"from": e.src, "to": e.dst, "step": e.step, "cost": e.cost, "needs": list(e.needs)}
+            for e in EDGES
+        ]
+        if as_json:
+            _emit_json(edges)
+        elif graph == "table":
+            from ptconvert.render import render_edges
+
+            render_edges(edges)
+        else:
+            click.echo(graph_text(graph))
+        return
 
     rows = [{"name": f.name, "suffixes": list(f.suffixes), "holds": f.holds} for f in FORMATS]
     if as_json:
@@ -188,9 +252,51 @@ def scan(paths: tuple[str, ...], as_json: bool, jobs: int, allow: tuple[str, ...
 @click.argument("src", type=click.Path(path_type=str))
 @click.option("--to", "to", required=True, help="Target format.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-def plan(src: str, to: str, as_json: bool) -> None:
-    """Show the route from SRC to a format and what each step needs."""
-    _not_yet("plan")
+@click.option("--model", help="Model spec: pkg.module:factory or file.py:factory.")
+@click.option("--input", "inputs", multiple=True, help="NAME:SHAPE:DTYPE example input.")
+@click.option("--example-inputs", type=click.Path(), help="Example inputs file.")
+@click.option("--trust", is_flag=True, help="Allow loading whole-module pickles.")
+def plan(
+    src: str,
+    to: str,
+    as_json: bool,
+    model: str | None,
+    inputs: tuple[str, ...],
+    example_inputs: str | None,
+    trust: bool,
+) -> None:
+    """Show the route from SRC to a format, each step, and what is missing."""
+    from pathlib import Path
+
+    from ptconvert.convert.engine import plan_for
+    from ptconvert.convert.state import Options
+
+    opts = Options(
+        model=model,
+        inputs=list(inputs),
+        trust=trust,
+        example_inputs=Path(example_inputs) if example_inputs else None,
+    )
+    result = plan_for(src, to, opts)
+    payload = {
+        "source": src,
+        "from": result.src,
+        "to": result.dst,
+        "runnable": result.runnable,
+        "steps": [
+            {"from": e.src, "to": e.dst, "step": e.step, "needs": list(e.needs), "what": e.label}
+            for e in result.edges
+        ],
+        "missing": result.missing,
+    }
+    if as_json:
+        _emit_json(payload)
+    else:
+        from ptconvert.render import render_plan
+
+        render_plan(payload)
+    if not result.runnable:
+        raise click.exceptions.Exit(5)
 
 
 @cli.command()

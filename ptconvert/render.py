@@ -159,3 +159,52 @@ def render_scan(report: Any, console: Console | None = None) -> None:
         console.print(d)
     counts = ", ".join(f"{n} {k}" for k, n in report.counts.items() if n)
     console.print(f"verdict: {report.verdict} ({counts or 'no files'})")
+
+
+def render_conversion(report: Any, console: Console | None = None) -> None:
+    """A program conversion: the route, each step, the notes and the parity per batch size."""
+    console = console or Console()
+    console.print(
+        f"[bold]{escape(report.source)}[/bold] ({report.source_format}) → "
+        f"[bold]{escape(report.output)}[/bold] ({report.target_format}) in {report.seconds:.1f} s"
+    )
+    t = Table("step", "route", "status", "seconds", "notes")
+    for s in report.steps:
+        notes = "\n".join([*(s.notes or []), *([s.error] if s.error else [])])
+        t.add_row(s.step, s.route, s.status, f"{s.seconds:.2f}", escape(notes))
+    console.print(t)
+    if report.dynamic_range:
+        console.print(
+            "dynamic dims: " + ", ".join(f"{k} in {v}" for k, v in report.dynamic_range.items())
+        )
+    for note in report.notes:
+        console.print(f"note: {escape(note)}")
+    if report.parity is not None:
+        p = Table("batch", "parity", "max abs error", "worst output")
+        for s in report.parity.sizes:
+            p.add_row(
+                str(s.batch), s.status, f"{s.max_abs_error:.3g}", escape(s.worst_output or "-")
+            )
+        console.print(p)
+
+
+def render_plan(payload: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    t = Table("#", "from", "to", "step", "needs")
+    for i, s in enumerate(payload["steps"], 1):
+        t.add_row(
+            str(i), s["from"], s["to"], escape(s["what"] or s["step"]), ", ".join(s["needs"]) or "-"
+        )
+    console.print(t)
+    for need, hint in payload["missing"].items():
+        console.print(f"[bold red]missing[/bold red] {need}: {escape(hint)}")
+    if payload["runnable"]:
+        console.print("runnable: every need is met")
+
+
+def render_edges(edges: list[dict[str, Any]], console: Console | None = None) -> None:
+    console = console or Console()
+    t = Table("from", "to", "converter", "cost", "needs")
+    for e in edges:
+        t.add_row(e["from"], e["to"], e["step"], str(e["cost"]), ", ".join(e["needs"]) or "-")
+    console.print(t)

@@ -262,3 +262,51 @@ def _strip_prefix(ws: WeightSet) -> None:
         if e.alias_of is not None:
             e.alias_of = e.alias_of[cut:]
     ws.stripped_prefix = stripped
+
+
+def as_tensors(ws: WeightSet) -> dict[str, Any]:
+    """Torch tensors for every entry, backed by a private mmap of the source (copy-on-write,
+    nothing read until used); tied entries are the same tensor."""
+    import mmap
+
+    import torch
+
+    maps: dict[Path, mmap.mmap] = {}
+    out: dict[str, Any] = {}
+    for e in ws.stored:
+        if e.tensor is not None:
+            out[e.name] = e.tensor
+            continue
+        assert e.source is not None
+        dtype = getattr(torch, e.dtype)
+        if e.nbytes == 0:
+            out[e.name] = torch.empty(e.shape, dtype=dtype)
+            continue
+        if e.source.path not in maps:
+            with open(e.source.path, "rb") as fh:
+                maps[e.source.path] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+        flat = torch.frombuffer(
+            maps[e.source.path], dtype=torch.uint8, count=e.nbytes, offset=e.source.offset
+        )
+        out[e.name] = flat.view(dtype).reshape(e.shape)
+    for e in ws.entries:
+        if e.alias_of is not None:
+            out[e.name] = out[e.alias_of]
+    return out
+
+
+def weights_from_tensors(tensors: dict[str, Any]) -> WeightSet:
+    """A weight set over in-memory tensors (from a loaded program); tied tensors become aliases."""
+    entries: list[WeightEntry] = []
+    seen: dict[tuple[object, ...], str] = {}
+    for name, t in tensors.items():
+        t = t.detach()
+        ident = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+        dtype = str(t.dtype).removeprefix("torch.")
+        nbytes = t.numel() * t.element_size()
+        if ident in seen:
+            entries.append(WeightEntry(name, dtype, tuple(t.shape), nbytes, alias_of=seen[ident]))
+            continue
+        seen[ident] = name
+        entries.append(WeightEntry(name, dtype, tuple(t.shape), nbytes, tensor=t))
+    return WeightSet(entries, "torch")

@@ -1,0 +1,123 @@
+"""module → ExportedProgram with torch.export, routing around the known traps.
+
+- Non-strict first, strict as the fallback (``--strict strict`` / ``non-strict`` pin one).
+- ``--dynamic-batch``: dim 0 of every batched input is ``Dim.DYNAMIC``; an example at batch 1 is
+  re-traced at batch 2, because tracing specialises sizes 0 and 1 (the program still accepts
+  batch 1 at run time). ``--dynamic NAME:AXIS[:MIN:MAX]`` adds other dims.
+- A Hugging Face model exports with ``use_cache=False`` (cache objects are not pytrees).
+Each repair is written to the run's notes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ptconvert.convert.inputs import ExampleInputs
+from ptconvert.convert.quiet import quiet_torch
+from ptconvert.convert.state import Options, RunState
+from ptconvert.errors import UnsupportedConversionError, UsageError
+
+_DYNAMIC = re.compile(r"^(?P<name>\w+):(?P<axis>\d+)(?::(?P<min>\d+):(?P<max>\d+))?$")
+
+
+def dynamic_shapes(opts: Options, sample: dict[str, Any]) -> dict[str, Any] | None:
+    from torch.export import Dim
+
+    if not opts.dynamic_batch and not opts.dynamic:
+        return None
+    shapes: dict[str, Any] = {name: None for name in sample}
+    if opts.dynamic_batch:
+        for name, t in sample.items():
+            if getattr(t, "dim", lambda: 0)() > 0:
+                shapes[name] = {0: Dim.DYNAMIC}
+    for spec in opts.dynamic:
+        m = _DYNAMIC.match(spec)
+        if m is None or m["name"] not in sample:
+            raise UsageError(f"--dynamic {spec!r} is not NAME:AXIS[:MIN:MAX] of a known input")
+        axis = int(m["axis"])
+        dim = (
+            Dim(f"{m['name']}_{axis}", min=int(m["min"]), max=int(m["max"]))
+            if m["min"]
+            else Dim.DYNAMIC
+        )
+        shapes[m["name"]] = {**(shapes[m["name"]] or {}), axis: dim}
+    return shapes
+
+
+def positional_names(module: Any, names: list[str]) -> list[str] | None:
+    """``names`` in forward's order when they are its leading positional parameters."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    leading = [
+        p.name
+        for p in params[: len(names)]
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    return leading if sorted(leading) == sorted(names) else None
+
+
+def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
+    import torch
+
+    module = state.module
+    if getattr(getattr(module, "config", None), "use_cache", False):
+        module.config.use_cache = False
+        state.notes.append(
+            "exported with use_cache=False: Hugging Face cache objects are not pytrees"
+        )
+    batch = inputs.batch
+    if opts.dynamic_batch and batch < 2:
+        batch = 2
+        state.notes.append(
+            "the example has batch 1, which torch.export specialises: traced at batch 2 with a "
+            "dynamic batch dimension (batch 1 still runs)"
+        )
+    sample = inputs.at(batch)
+    shapes: Any = dynamic_shapes(opts, sample)
+    names = positional_names(module, list(sample))
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] | None = sample
+    if names is not None:  # forward(x, …): export positionally, as users will call it
+        args, kwargs = tuple(sample[n] for n in names), None
+        shapes = tuple(shapes[n] for n in names) if shapes is not None else None
+        state.positional = names
+    modes = {"auto": (False, True), "strict": (True,), "non-strict": (False,)}[opts.strict]
+    errors: list[str] = []
+    for strict in modes:
+        try:
+            with quiet_torch():
+                ep = torch.export.export(module, args, kwargs, dynamic_shapes=shapes, strict=strict)
+        except Exception as exc:  # torch raises many kinds here; each is reported
+            errors.append(f"{'strict' if strict else 'non-strict'}: {_first_line(exc)}")
+            continue
+        if errors:
+            state.notes.append(f"non-strict export failed, strict export succeeded ({errors[0]})")
+        state.dynamic_range = {str(k): str(v) for k, v in ep.range_constraints.items()}
+        return ep
+    raise UnsupportedConversionError(
+        "torch.export failed: " + "; ".join(errors),
+        path=state.src,
+        hint=_fix_for(errors),
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _fix_for(errors: list[str]) -> str:
+    joined = " ".join(errors)
+    if "data-dependent" in joined or "GuardOnDataDependent" in joined:
+        return (
+            "data-dependent control flow: rewrite the branch with torch.cond, or convert through "
+            "TorchScript (--to torchscript keeps both branches)"
+        )
+    if "Constraints violated" in joined or "specialized" in joined:
+        return "a dimension marked dynamic is fixed by the model: drop --dynamic-batch/--dynamic"
+    return "see the error above; torch.export.draft_export can list every issue at once"

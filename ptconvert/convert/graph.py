@@ -1,0 +1,134 @@
+"""The converter graph: formats and in-memory stages are nodes, converters are edges.
+
+Each edge declares its cost and what it needs (a model spec, example inputs, trust, …). ``plan``
+finds the cheapest route whose needs are met; when none is, it finds the cheapest route if the
+needs were met and says which are missing and which option provides each. Adding a converter is
+one ``Edge`` line in ``EDGES`` and one function in ``steps.py``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from ptconvert.errors import NotImplementedYetError, UnsupportedConversionError
+
+STAGES = ("weights", "module", "exported")
+FILE_NODES = ("pt", "safetensors", "sharded", "hf", "torchscript", "pt2", "aoti", "onnx")
+
+# what provides each need, for the message when it is missing
+NEED_HINTS: dict[str, str] = {
+    "model_spec": "pass --model pkg.module:factory (or file.py:factory), or give a directory "
+    "with config.json",
+    "example_inputs": "pass --input NAME:SHAPE:DTYPE (repeatable) or --example-inputs FILE",
+    "trust": "pass --trust (the file is a whole pickled module: loading it imports its classes)",
+}
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: str
+    dst: str
+    step: str  # function name in ptconvert.convert.steps
+    cost: int
+    needs: tuple[str, ...] = ()
+    label: str = ""
+
+
+EDGES: tuple[Edge, ...] = (
+    Edge("pt", "weights", "read_weights", 1, label="read tensors (opcode-level, no unpickling)"),
+    Edge("safetensors", "weights", "read_weights", 1, label="read tensors"),
+    Edge("sharded", "weights", "read_weights", 1, label="read every shard"),
+    Edge("hf", "weights", "read_weights", 1, label="read the directory's weights"),
+    Edge("weights", "safetensors", "write_safetensors", 1, label="write safetensors"),
+    Edge("weights", "pt", "write_pt", 1, label="write a torch zip checkpoint"),
+    Edge("weights", "module", "build_module", 2, ("model_spec",), "build the model, load strictly"),
+    Edge("pt", "module", "unpickle_module", 2, ("trust",), "load a whole pickled module"),
+    Edge("module", "exported", "export", 3, ("example_inputs",), "torch.export"),
+    Edge("module", "torchscript", "script", 4, (), "torch.jit.script (or trace)"),
+    Edge("torchscript", "exported", "ts_to_exported", 4, ("example_inputs",), "TS2EPConverter"),
+    Edge("torchscript", "weights", "program_weights", 1, label="extract the weights"),
+    Edge("pt2", "exported", "load_pt2", 1, label="torch.export.load (after the scan)"),
+    Edge("pt2", "weights", "program_weights", 1, label="extract the weights"),
+    Edge("exported", "pt2", "save_pt2", 1, label="torch.export.save"),
+    Edge("exported", "weights", "program_weights", 1, label="the program's state dict"),
+)
+
+
+@dataclass
+class Plan:
+    src: str
+    dst: str
+    edges: list[Edge]
+    missing: dict[str, str] = field(default_factory=dict)  # need → how to provide it
+
+    @property
+    def runnable(self) -> bool:
+        return not self.missing
+
+    def describe(self) -> list[str]:
+        return [f"{e.src} → {e.dst}: {e.label or e.step}" for e in self.edges]
+
+
+def _search(
+    src: str, dst: str, have: frozenset[str], banned: frozenset[Edge], relax: bool
+) -> list[Edge] | None:
+    queue: list[tuple[int, int, str, list[Edge]]] = [(0, 0, src, [])]
+    best: dict[str, int] = {}
+    counter = 0
+    while queue:
+        cost, _, node, path = heapq.heappop(queue)
+        if node == dst and path:
+            return path
+        if best.get(node, 1 << 30) <= cost:
+            continue
+        best[node] = cost
+        for e in EDGES:
+            if e.src != node or e in banned or e in path:
+                continue
+            lacking = [n for n in e.needs if n not in have]
+            if lacking and not relax:
+                continue
+            counter += 1
+            penalty = 100 * len(lacking)
+            heapq.heappush(queue, (cost + e.cost + penalty, counter, e.dst, [*path, e]))
+    return None
+
+
+def plan(
+    src: str, dst: str, have: frozenset[str] = frozenset(), banned: frozenset[Edge] = frozenset()
+) -> Plan:
+    """The cheapest route from ``src`` to ``dst`` given the needs that are met."""
+    if dst not in FILE_NODES:
+        raise UnsupportedConversionError(
+            f"unknown target format {dst!r} (known: {', '.join(FILE_NODES)})"
+        )
+    if dst in ("aoti", "onnx"):
+        raise NotImplementedYetError(
+            f"conversion to {dst} is not implemented yet (it lands with its own milestone)"
+        )
+    path = _search(src, dst, have, banned, relax=False)
+    if path is not None:
+        return Plan(src, dst, path)
+    path = _search(src, dst, have, banned, relax=True)
+    if path is None:
+        raise UnsupportedConversionError(f"no converter route leads from {src} to {dst}")
+    missing = {n: NEED_HINTS.get(n, n) for e in path for n in e.needs if n not in have}
+    return Plan(src, dst, path, missing)
+
+
+def graph_text(kind: str) -> str:
+    """The graph as Mermaid or DOT text."""
+    if kind == "mermaid":
+        lines = ["graph LR"]
+        for e in EDGES:
+            needs = f"|needs {', '.join(e.needs)}|" if e.needs else ""
+            lines.append(f"  {e.src} -->{needs} {e.dst}")
+        return "\n".join(lines)
+    lines = ["digraph ptconvert {", "  rankdir=LR;"]
+    lines += [f"  {s} [shape=ellipse, style=dashed];" for s in STAGES]
+    for e in EDGES:
+        label = e.step + (f"\\nneeds {', '.join(e.needs)}" if e.needs else "")
+        lines.append(f'  {e.src} -> {e.dst} [label="{label}"];')
+    lines.append("}")
+    return "\n".join(lines)

@@ -1,0 +1,145 @@
+"""Getting an ``nn.Module`` from weights: a model spec says which module the weights belong to.
+
+- a Hugging Face directory: the transformers class named in ``config.json`` ``architectures``,
+  built from the config (random init, no hub access) and loaded strictly;
+- ``--model pkg.module:factory`` or ``--model path/to/file.py:factory`` (with ``--model-arg k=v``);
+  the factory's module may define ``example_inputs(batch_size)`` returning a dict of tensors;
+- a whole-module pickle, only with ``--trust`` after the scanner reported needs-code at most.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ptconvert.convert.inputs import ExampleInputs, from_hf_config
+from ptconvert.errors import MissingRequirementError, UnsupportedConversionError, UsageError
+
+
+@dataclass
+class ModelSpec:
+    factory: str  # "pkg.module:factory" or "path/file.py:factory"
+    args: dict[str, Any]
+
+
+def parse_model_args(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--model-arg expects key=value, got {item!r}")
+        try:
+            out[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            out[key] = raw
+    return out
+
+
+def _import_factory(spec: str) -> tuple[Callable[..., Any], Any]:
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name:
+        raise UsageError(f"--model {spec!r} is not pkg.module:factory or file.py:factory")
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise UsageError("model file not found", path=path)
+        mod_name = f"_ptconvert_model_{abs(hash(path.resolve()))}"
+        loader = importlib.util.spec_from_file_location(mod_name, path)
+        assert loader is not None and loader.loader is not None
+        module = importlib.util.module_from_spec(loader)
+        sys.modules[mod_name] = module
+        loader.loader.exec_module(module)
+    else:
+        if "" not in sys.path and str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))  # as `python -m` does: the current directory
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise MissingRequirementError(
+                f"cannot import the model module {target!r} ({exc})",
+                hint="make it importable (PYTHONPATH) or pass --model path/to/file.py:factory",
+            ) from None
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise UsageError(f"{target} has no callable {name!r}")
+    return factory, module
+
+
+def module_from_factory(spec: ModelSpec) -> tuple[Any, ExampleInputs | None]:
+    """Call the factory; also return the inputs its module defines, if any."""
+    import torch
+
+    factory, module = _import_factory(spec.factory)
+    model = factory(**spec.args)
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"{spec.factory} returned a {type(model).__name__}, not an nn.Module")
+    inputs = None
+    make = getattr(module, "example_inputs", None)
+    if callable(make):
+        inputs = ExampleInputs(lambda b: dict(make(b)), 2, f"{spec.factory} example_inputs")
+    return model.eval(), inputs
+
+
+def module_from_hf(directory: Path, task: str | None = None) -> tuple[Any, ExampleInputs]:
+    """The transformers model class of ``config.json``, built from the config (no hub)."""
+    from ptconvert.deps import require
+
+    transformers = require("transformers")
+    config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    names = list(getattr(config, "architectures", None) or [])
+    if task:
+        cls = getattr(transformers, task, None)
+        if cls is None:
+            raise UsageError(f"--task {task!r} is not a transformers Auto class or model class")
+    elif names and hasattr(transformers, names[0]):
+        cls = getattr(transformers, names[0])
+    else:
+        cls = transformers.AutoModel
+    build = getattr(cls, "from_config", None) or cls._from_config  # Auto classes / model classes
+    model = build(config)
+    return model.eval(), from_hf_config(config)
+
+
+def load_strict(model: Any, tensors: dict[str, Any], where: Path) -> list[str]:
+    """Load ``tensors`` into ``model``; error on any mismatch that is not a tied weight.
+
+    Returns the keys that were absent but tied to a loaded tensor (reported as notes)."""
+    own = model.state_dict()
+    tensors = _match_base_prefix(model, own, tensors)
+    result = model.load_state_dict(tensors, strict=False)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    loaded_ptrs = {own[k].data_ptr() for k in tensors if k in own}
+    tied = [k for k in result.missing_keys if model.state_dict()[k].data_ptr() in loaded_ptrs]
+    missing = [k for k in result.missing_keys if k not in tied]
+    unexpected = list(result.unexpected_keys)
+    if missing or unexpected:
+        raise UnsupportedConversionError(
+            "the weights do not fit the model: "
+            + (f"missing {missing[:10]}" if missing else "")
+            + ("; " if missing and unexpected else "")
+            + (f"unexpected {unexpected[:10]}" if unexpected else ""),
+            path=where,
+            hint="check --model / config.json, or --key and --keep-prefix for the checkpoint",
+        )
+    return tied
+
+
+def _match_base_prefix(model: Any, own: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
+    """transformers checkpoints of a head model load into the base model and back: add or strip
+    the ``base_model_prefix`` (``transformer.``, ``bert.``) as from_pretrained does."""
+    prefix = getattr(model, "base_model_prefix", "")
+    if not prefix or set(tensors) & set(own):
+        return tensors
+    dotted = prefix + "."
+    if all(k.startswith(dotted) for k in tensors):
+        return {k[len(dotted) :]: v for k, v in tensors.items()}
+    if any(k.startswith(dotted) for k in own):
+        return {dotted + k: v for k, v in tensors.items()}
+    return tensors

@@ -1,0 +1,176 @@
+"""The converters: one function per edge of the graph, each reading and filling a RunState."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ptconvert.convert.inputs import ExampleInputs, from_file, from_specs, parse_input
+from ptconvert.convert.modelspec import (
+    ModelSpec,
+    load_strict,
+    module_from_factory,
+    module_from_hf,
+)
+from ptconvert.convert.quiet import quiet_torch
+from ptconvert.convert.state import Options, RunState
+from ptconvert.convert.weights_read import as_tensors, read_weights
+from ptconvert.errors import MissingRequirementError, UsageError
+from ptconvert.scan.guard import guard
+
+
+def read_weights_step(state: RunState, opts: Options) -> None:
+    guard(state.src, trust=opts.trust)
+    state.weights = read_weights(
+        state.src,
+        key=opts.key,
+        keep_prefix=opts.keep_prefix,
+        skip_unsupported=opts.skip_unsupported,
+    )
+
+
+def write_safetensors(state: RunState, opts: Options) -> None:
+    from ptconvert.convert.weights_write import write_safetensors as write
+
+    assert state.weights is not None and state.output is not None
+    write(state.weights, state.output)
+
+
+def write_pt(state: RunState, opts: Options) -> None:
+    from ptconvert.convert.torch_zip import write_torch_zip
+
+    assert state.weights is not None and state.output is not None
+    write_torch_zip(state.weights, state.output)
+
+
+def user_inputs(opts: Options) -> ExampleInputs | None:
+    if opts.example_inputs is not None:
+        return from_file(opts.example_inputs)
+    if opts.inputs:
+        return from_specs([parse_input(s) for s in opts.inputs])
+    return None
+
+
+def build_module(state: RunState, opts: Options) -> None:
+    assert state.weights is not None
+    if opts.model:
+        model, inputs = module_from_factory(ModelSpec(opts.model, opts.model_args))
+    elif state.src_format == "hf":
+        model, inputs = module_from_hf(state.src, opts.task)
+    else:
+        raise MissingRequirementError("weights → module needs a model spec", path=state.src)
+    tied = load_strict(model, as_tensors(state.weights), state.src)
+    if tied:
+        state.notes.append(f"tied weights restored from their source: {tied}")
+    state.module = state.reference = model
+    state.inputs = user_inputs(opts) or inputs
+
+
+def unpickle_module(state: RunState, opts: Options) -> None:
+    import torch
+
+    scans = guard(state.src, trust=True)  # dangerous is refused even with --trust
+    classes = sorted({c for s in scans for c in s.classes})
+    state.notes.append(f"loaded a whole pickled module with --trust (imports {classes})")
+    model = torch.load(state.src, map_location="cpu", weights_only=False)
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(
+            f"the pickle holds a {type(model).__name__}, not an nn.Module", path=state.src
+        )
+    state.module = state.reference = model.eval()
+    state.inputs = user_inputs(opts)
+
+
+def _require_inputs(state: RunState) -> ExampleInputs:
+    if state.inputs is None:
+        raise MissingRequirementError(
+            "this step needs example inputs",
+            path=state.src,
+            hint="pass --input NAME:SHAPE:DTYPE (repeatable) or --example-inputs FILE",
+        )
+    return state.inputs
+
+
+def export(state: RunState, opts: Options) -> None:
+    from ptconvert.convert.exporting import export_module
+
+    state.exported = export_module(state, opts, _require_inputs(state))
+
+
+def script(state: RunState, opts: Options) -> None:
+    from ptconvert.convert.scripting import to_torchscript
+
+    state.scripted = to_torchscript(state, opts)
+
+
+def ts_to_exported(state: RunState, opts: Options) -> None:
+    from torch._export.converter import TS2EPConverter
+
+    inputs = _require_inputs(state)
+    module = state.scripted if state.scripted is not None else _load_torchscript(state)
+    sample = inputs.at(max(inputs.batch, 2))  # batch ≥ 2: dodge the 0/1 specialisation
+    names = [a.name for a in module.forward.schema.arguments[1:]]
+    args = tuple(sample[n] for n in names)
+    with quiet_torch():
+        state.exported = TS2EPConverter(module, args).convert()
+    state.positional = names
+    state.dynamic_range = {str(k): str(v) for k, v in state.exported.range_constraints.items()}
+    state.notes.append(
+        "TorchScript converted with torch's TS2EPConverter (branches → torch.cond); "
+        f"the program takes its inputs positionally: {names}"
+    )
+
+
+def _load_torchscript(state: RunState) -> Any:
+    import torch
+
+    guard(state.src)
+    module = torch.jit.load(str(state.src), map_location="cpu")
+    if state.reference is None:
+        state.reference = module
+    return module
+
+
+def program_weights(state: RunState, opts: Options) -> None:
+    """The state dict of a program (TorchScript or ExportedProgram) as a weight set."""
+    from ptconvert.convert.weights_read import weights_from_tensors
+
+    if state.exported is not None:
+        tensors = dict(state.exported.state_dict)
+    elif state.src_format == "torchscript":
+        tensors = dict(_load_torchscript(state).state_dict())
+    else:
+        load_pt2(state, opts)
+        assert state.exported is not None
+        tensors = dict(state.exported.state_dict)
+    state.weights = weights_from_tensors(tensors)
+
+
+def load_pt2(state: RunState, opts: Options) -> None:
+    import torch
+
+    guard(state.src)
+    state.exported = torch.export.load(state.src)
+    if state.reference is None:
+        state.reference = state.exported.module()
+
+
+def save_pt2(state: RunState, opts: Options) -> None:
+    import torch
+
+    assert state.exported is not None and state.output is not None
+    torch.export.save(state.exported, state.output)
+
+
+STEPS = {
+    "read_weights": read_weights_step,
+    "write_safetensors": write_safetensors,
+    "write_pt": write_pt,
+    "build_module": build_module,
+    "unpickle_module": unpickle_module,
+    "export": export,
+    "script": script,
+    "ts_to_exported": ts_to_exported,
+    "program_weights": program_weights,
+    "load_pt2": load_pt2,
+    "save_pt2": save_pt2,
+}

@@ -1,0 +1,149 @@
+"""The converter graph: routes, missing needs, fallbacks, and programs that match eager."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fixtures.models import MLP, ControlFlow, SmallCNN, seeded
+from ptconvert.convert.engine import convert_program
+from ptconvert.convert.graph import EDGES, plan
+from ptconvert.convert.state import Options
+from ptconvert.errors import MissingRequirementError, VerificationError
+from tests.conftest import run_cli
+
+
+def test_plan_routes_and_missing_needs(samples: dict[str, Path], capsys) -> None:
+    p = plan("pt", "pt2", frozenset({"model_spec", "example_inputs"}))
+    assert [e.dst for e in p.edges] == ["weights", "module", "exported", "pt2"] and p.runnable
+    code, out, _ = run_cli(["plan", str(samples["mlp_zip"]), "--to", "pt2"], capsys)
+    assert code == 5 and not out["runnable"]
+    assert "--model" in out["missing"]["model_spec"]
+    assert "safetensors → module" not in out["missing"]["model_spec"]
+    code, out, _ = run_cli(["plan", str(samples["hf_bert"]), "--to", "pt2"], capsys)
+    assert code == 0 and out["runnable"]
+    code, out, _ = run_cli(["plan", str(samples["cnn_module"]), "--to", "torchscript"], capsys)
+    assert code == 5 and "trust" in out["missing"]
+
+
+def test_formats_graph_outputs(capsys) -> None:
+    from ptconvert.cli import main
+
+    assert main(["formats", "--graph", "mermaid"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("graph LR") and text.count("-->") == len(EDGES)
+    assert main(["formats", "--graph", "dot"]) == 0
+    assert "digraph ptconvert" in capsys.readouterr().out
+
+
+def _fresh_process_check(path: Path, kind: str, batches: tuple[int, ...], width: int) -> None:
+    """Load the artifact in a new interpreter and run it at several batch sizes."""
+    load = "torch.export.load(p).module()" if kind == "pt2" else "torch.jit.load(p)"
+    code = (
+        "import sys, torch; p = sys.argv[1]; m = " + load + "\n"
+        f"for b in {batches!r}:\n"
+        f"    y = m(torch.randn(b, {width}))\n"
+        "    assert y.shape[0] == b, y.shape\n"
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_state_dict_to_pt2_with_dynamic_batch(tmp_path: Path) -> None:
+    src = tmp_path / "mlp.pt"
+    model = seeded(MLP())
+    torch.save({f"_orig_mod.{k}": v for k, v in model.state_dict().items()}, src)  # torch.compile
+    opts = Options(model="fixtures.models:MLP", inputs=["x:1x8:float32"], dynamic_batch=True)
+    report = convert_program(src, "pt2", tmp_path / "mlp.pt2", opts)
+    assert report.route == [
+        "pt → weights",
+        "weights → module",
+        "module → exported",
+        "exported → pt2",
+    ]
+    assert any("batch 1" in n for n in report.notes)  # the batch-1 example was re-traced at 2
+    assert report.parity is not None and [s.batch for s in report.parity.sizes] == [1, 2, 3, 5, 7]
+    _fresh_process_check(tmp_path / "mlp.pt2", "pt2", (1, 2, 9), 8)
+    ep = torch.export.load(tmp_path / "mlp.pt2")
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(ep.module()(x), model(x))
+
+
+def test_control_flow_reaches_pt2_through_torchscript(tmp_path: Path) -> None:
+    src = tmp_path / "cf.pt"
+    model = seeded(ControlFlow())
+    torch.save(model.state_dict(), src)
+    opts = Options(
+        model="fixtures.models:ControlFlow", inputs=["x:2x6:float32"], dynamic_batch=True
+    )
+    report = convert_program(src, "pt2", tmp_path / "cf.pt2", opts)
+    failed = [s for s in report.steps if s.status == "failed"]
+    assert (
+        failed
+        and failed[0].step == "export"
+        and "data-dependent" in (failed[0].error or "").lower()
+    )
+    assert "module → torchscript" in report.route and "torchscript → exported" in report.route
+    program = torch.export.load(tmp_path / "cf.pt2").module()
+    for b in (1, 3, 5, 7):
+        for sign in (1.0, -1.0):  # both branches
+            x = sign * (torch.rand(b, 6) + 0.1)
+            torch.testing.assert_close(program(x), model(x))
+
+
+def test_frozen_trace_is_never_a_success(tmp_path: Path) -> None:
+    src = tmp_path / "cf.pt"
+    torch.save(seeded(ControlFlow()).state_dict(), src)
+    opts = Options(model="fixtures.models:ControlFlow", inputs=["x:2x6:float32"], method="trace")
+    with pytest.raises(VerificationError, match="differs from eager"):
+        convert_program(src, "torchscript", tmp_path / "cf.ts", opts)
+    assert not (tmp_path / "cf.ts").exists()
+
+
+def test_torchscript_script_and_weights_back(tmp_path: Path) -> None:
+    src = tmp_path / "cnn.pt"
+    model = seeded(SmallCNN())
+    torch.save(model.state_dict(), src)
+    opts = Options(model="fixtures.models:SmallCNN", inputs=["x:2x3x8x8:float32"])
+    report = convert_program(src, "torchscript", tmp_path / "cnn.ts", opts)
+    assert report.parity is not None and report.parity.status == "pass"
+    loaded = torch.jit.load(str(tmp_path / "cnn.ts"))
+    x = torch.randn(3, 3, 8, 8)
+    torch.testing.assert_close(loaded(x), model(x))
+    # weights back out of the TorchScript archive, without the Python source
+    back = convert_program(tmp_path / "cnn.ts", "safetensors", tmp_path / "cnn.safetensors")
+    assert back.route[0] == "torchscript → weights"
+    from safetensors.torch import load_file
+
+    sd = load_file(tmp_path / "cnn.safetensors")
+    assert sd.keys() == model.state_dict().keys()
+    assert all(torch.equal(sd[k], v) for k, v in model.state_dict().items())
+
+
+def test_pt2_weights_back_to_safetensors(samples: dict[str, Path], tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    convert_program(samples["mlp_pt2"], "safetensors", tmp_path / "w.safetensors")
+    ep = torch.export.load(samples["mlp_pt2"])
+    sd = load_file(tmp_path / "w.safetensors")
+    assert sd.keys() == ep.state_dict.keys()
+    assert all(torch.equal(sd[k], v) for k, v in ep.state_dict.items())
+
+
+def test_missing_model_spec_names_the_option(samples: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(MissingRequirementError) as err:
+        convert_program(samples["mlp_zip"], "pt2", tmp_path / "x.pt2")
+    assert "model_spec" in err.value.message and "--model" in (err.value.hint or "")
+
+
+@pytest.mark.parametrize("name", ["hf_bert", "hf_gpt2_bin"])
+def test_hf_directory_to_pt2(samples: dict[str, Path], name: str, tmp_path: Path) -> None:
+    report = convert_program(samples[name], "pt2", tmp_path / "m.pt2", Options(dynamic_batch=True))
+    assert report.parity is not None and report.parity.status == "pass"
+    assert [s.batch for s in report.parity.sizes] == [1, 2, 3, 5, 7]
+    assert report.dynamic_range
