@@ -164,6 +164,7 @@ def _verify(state: RunState, to: str, artifact: Path, opts: Options) -> ParityRe
         if to in ("pt2", "torchscript"):
             state.notes.append("parity not checked: no eager reference or example inputs")
         return None
+    _loads_in_fresh_process(artifact, to, state)
     # reload from disk: the check is on what was written, not on the object in memory
     load = (lambda p: torch.export.load(p).module()) if to == "pt2" else torch.jit.load
     program = load(str(artifact))
@@ -185,3 +186,23 @@ def _verify(state: RunState, to: str, artifact: Path, opts: Options) -> ParityRe
             hint="a trace may have frozen a branch or a shape: try --method script, or export",
         )
     return report
+
+
+def _loads_in_fresh_process(artifact: Path, to: str, state: RunState) -> None:
+    """Load the artifact in a new interpreter with only torch imported: what a user does. A
+    program whose output spec needs another package's pytree registrations fails here."""
+    import subprocess
+    import sys
+
+    load = "torch.export.load(p)" if to == "pt2" else "torch.jit.load(p)"
+    code = f"import sys, torch\np = sys.argv[1]\n{load}\n"
+    with progress.step("loading the result in a fresh process"):
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(artifact)], capture_output=True, text=True
+        )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        raise VerificationError(
+            f"the written {to} does not load in a fresh Python process: {last[:300]}",
+            path=state.src,
+        )

@@ -16,6 +16,7 @@ from typing import Any
 from ptconvert.convert.inputs import ExampleInputs
 from ptconvert.convert.quiet import quiet_torch
 from ptconvert.convert.state import Options, RunState
+from ptconvert.convert.wrappers import named_outputs
 from ptconvert.errors import UnsupportedConversionError, UsageError
 
 _DYNAMIC = re.compile(r"^(?P<name>\w+):(?P<axis>\d+)(?::(?P<min>\d+):(?P<max>\d+))?$")
@@ -45,14 +46,18 @@ def dynamic_shapes(opts: Options, sample: dict[str, Any]) -> dict[str, Any] | No
     return shapes
 
 
-def positional_names(module: Any, names: list[str]) -> list[str] | None:
-    """``names`` in forward's order when they are its leading positional parameters."""
+def _parameters(module: Any) -> list[Any]:
     import inspect
 
     try:
-        params = list(inspect.signature(module.forward).parameters.values())
+        return list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):
-        return None
+        return []
+
+
+def positional_names(module: Any, names: list[str]) -> list[str] | None:
+    """``names`` in forward's order when they are its leading positional parameters."""
+    params = _parameters(module)
     leading = [
         p.name
         for p in params[: len(names)]
@@ -64,11 +69,12 @@ def positional_names(module: Any, names: list[str]) -> list[str] | None:
 def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
     import torch
 
-    module = state.module
-    if getattr(getattr(module, "config", None), "use_cache", False):
-        module.config.use_cache = False
+    module, wrapped = state.module, hasattr(state.module, "config")
+    if wrapped:  # transformers: plain dict outputs, no cache objects
+        module = named_outputs(module, list(inputs.at(1)))
         state.notes.append(
-            "exported with use_cache=False: Hugging Face cache objects are not pytrees"
+            "exported a wrapper whose outputs are a plain dict of named tensors (loads without "
+            "transformers), with use_cache=False: cache objects are not pytrees"
         )
     batch = inputs.batch
     if opts.dynamic_batch and batch < 2:
@@ -79,7 +85,7 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
         )
     sample = inputs.at(batch)
     shapes: Any = dynamic_shapes(opts, sample)
-    names = positional_names(module, list(sample))
+    names = None if wrapped else positional_names(module, list(sample))
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] | None = sample
     if names is not None:  # forward(x, …): export positionally, as users will call it

@@ -87,7 +87,8 @@ def module_from_factory(spec: ModelSpec) -> tuple[Any, ExampleInputs | None]:
 
 
 def module_from_hf(directory: Path, task: str | None = None) -> tuple[Any, ExampleInputs]:
-    """The transformers model class of ``config.json``, built from the config (no hub)."""
+    """The transformers model class of ``config.json``, loaded by transformers itself from the
+    local directory (its key renames and weight tying apply; never the hub), strictly."""
     from ptconvert.deps import require
 
     transformers = require("transformers")
@@ -101,8 +102,21 @@ def module_from_hf(directory: Path, task: str | None = None) -> tuple[Any, Examp
         cls = getattr(transformers, names[0])
     else:
         cls = transformers.AutoModel
-    build = getattr(cls, "from_config", None) or cls._from_config  # Auto classes / model classes
-    model = build(config)
+    model, info = cls.from_pretrained(directory, local_files_only=True, output_loading_info=True)
+    bad = {
+        k: v
+        for k, v in info.items()
+        if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v
+    }
+    if bad:
+        raise UnsupportedConversionError(
+            "the weights do not fit the model: "
+            + "; ".join(
+                f"{k.replace('_', ' ')} {sorted(map(str, v))[:10]}" for k, v in bad.items()
+            ),
+            path=directory,
+            hint="check config.json's architectures, or pass --task with the right class",
+        )
     return model.eval(), from_hf_config(config)
 
 

@@ -11,6 +11,7 @@ import warnings
 from typing import Any
 
 from ptconvert.convert.state import Options, RunState
+from ptconvert.convert.wrappers import positional_tensors
 from ptconvert.errors import MissingRequirementError, UnsupportedConversionError
 
 
@@ -34,9 +35,29 @@ def to_torchscript(state: RunState, opts: Options) -> Any:
             hint="pass --input NAME:SHAPE:DTYPE or --example-inputs FILE",
         )
     sample = state.inputs.at(max(state.inputs.batch, 2))
+    module, names = state.module, list(sample)
+    if hasattr(module, "config"):  # transformers: the tracer cannot type ModelOutput or caches
+        module = positional_tensors(module, names)
+        state.positional = names
+        state.notes.append(
+            "traced a wrapper that takes the inputs positionally "
+            f"{names} and returns the output tensors as a flat tuple (use_cache=False)"
+        )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        traced = torch.jit.trace(state.module, example_kwarg_inputs=sample, strict=False)
+        try:
+            if state.positional:
+                args = tuple(sample[n] for n in names)
+                traced = torch.jit.trace(module, args, strict=False)
+            else:
+                traced = torch.jit.trace(module, example_kwarg_inputs=sample, strict=False)
+        except Exception as exc:  # the tracer fails in many ways; report the first line
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            raise UnsupportedConversionError(
+                f"tracing failed: {type(exc).__name__}: {first}"
+                + (f" (after {errors[0]})" if errors else ""),
+                path=state.src,
+            ) from None
     tracer = sorted(
         {str(w.message).splitlines()[0] for w in caught if "Tracer" in type(w.message).__name__}
     )

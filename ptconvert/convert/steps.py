@@ -14,6 +14,7 @@ from ptconvert.convert.modelspec import (
 from ptconvert.convert.quiet import quiet_torch
 from ptconvert.convert.state import Options, RunState
 from ptconvert.convert.weights_read import as_tensors, read_weights
+from ptconvert.convert.wrappers import named_outputs
 from ptconvert.errors import MissingRequirementError, UsageError
 from ptconvert.scan.guard import guard
 
@@ -54,13 +55,19 @@ def build_module(state: RunState, opts: Options) -> None:
     assert state.weights is not None
     if opts.model:
         model, inputs = module_from_factory(ModelSpec(opts.model, opts.model_args))
+        tied = load_strict(model, as_tensors(state.weights), state.src)
+        if tied:
+            state.notes.append(f"tied weights restored from their source: {tied}")
     elif state.src_format == "hf":
+        # the directory was scanned when its weights were read; transformers loads them
         model, inputs = module_from_hf(state.src, opts.task)
+        inputs = user_inputs(opts) or inputs
+        state.module, state.inputs = model, inputs
+        # the reference: the same model with use_cache=False and its outputs as named tensors
+        state.reference = named_outputs(model, list(inputs.at(1)))
+        return
     else:
         raise MissingRequirementError("weights → module needs a model spec", path=state.src)
-    tied = load_strict(model, as_tensors(state.weights), state.src)
-    if tied:
-        state.notes.append(f"tied weights restored from their source: {tied}")
     state.module = state.reference = model
     state.inputs = user_inputs(opts) or inputs
 

@@ -41,7 +41,8 @@ class ParityReport(Report):
         return [s for s in self.sizes if s.status != "pass"]
 
 
-def _leaves(out: Any) -> dict[str, Any]:
+def output_leaves(out: Any) -> dict[str, Any]:
+    """Every tensor of a model output by its pytree path (ModelOutput as a dict)."""
     import torch
     from torch.utils._pytree import keystr, tree_flatten_with_path
 
@@ -59,9 +60,9 @@ def compare(reference: Any, candidate: Any, make_inputs: Any, batches: list[int]
     for b in batches:
         inputs = make_inputs(b)
         with torch.no_grad():
-            ref = _leaves(reference(**copy.deepcopy(inputs)))
+            ref = output_leaves(reference(**copy.deepcopy(inputs)))
             try:
-                got = _leaves(candidate(**copy.deepcopy(inputs)))
+                got = output_leaves(candidate(**copy.deepcopy(inputs)))
             except Exception as exc:  # the artifact may reject a size: that is the finding
                 sizes.append(
                     SizeResult(b, "fail_to_run", detail=f"{type(exc).__name__}: {exc}"[:300])

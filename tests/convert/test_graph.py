@@ -141,9 +141,37 @@ def test_missing_model_spec_names_the_option(samples: dict[str, Path], tmp_path:
     assert "model_spec" in err.value.message and "--model" in (err.value.hint or "")
 
 
-@pytest.mark.parametrize("name", ["hf_bert", "hf_gpt2_bin"])
+HF_MODELS = ["hf_bert", "hf_gpt2_bin", "hf_llama", "hf_vit", "hf_t5", "hf_whisper"]
+
+
+@pytest.mark.parametrize("name", HF_MODELS)
 def test_hf_directory_to_pt2(samples: dict[str, Path], name: str, tmp_path: Path) -> None:
     report = convert_program(samples[name], "pt2", tmp_path / "m.pt2", Options(dynamic_batch=True))
+    assert report.route[-2:] == ["module → exported", "exported → pt2"]
     assert report.parity is not None and report.parity.status == "pass"
     assert [s.batch for s in report.parity.sizes] == [1, 2, 3, 5, 7]
     assert report.dynamic_range
+
+
+@pytest.mark.parametrize("name", HF_MODELS)
+def test_hf_directory_to_torchscript(samples: dict[str, Path], name: str, tmp_path: Path) -> None:
+    report = convert_program(samples[name], "torchscript", tmp_path / "m.ts", Options())
+    assert report.parity is not None and report.parity.status == "pass"
+    assert torch.jit.load(str(tmp_path / "m.ts")) is not None
+
+
+def test_hf_program_runs_in_a_fresh_process(samples: dict[str, Path], tmp_path: Path) -> None:
+    convert_program(samples["hf_llama"], "pt2", tmp_path / "l.pt2", Options(dynamic_batch=True))
+    code = (
+        "import sys, torch\n"
+        "m = torch.export.load(sys.argv[1]).module()\n"
+        "for b in (1, 2, 6):\n"
+        "    ids = torch.randint(0, 99, (b, 16))\n"
+        "    out = m(input_ids=ids, attention_mask=torch.ones_like(ids))\n"
+        "    assert out['logits'].shape == (b, 16, 99), out['logits'].shape\n"
+        "print('ok')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "l.pt2")], capture_output=True, text=True
+    )
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
