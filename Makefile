@@ -33,6 +33,10 @@ demo: setup
 	$(BIN)/ptconvert $(DEMO_DIR)/training_checkpoint.ckpt --to safetensors --force
 	@echo "== ptconvert $(DEMO_DIR)/hf-gpt2-bin --to safetensors (a Hugging Face directory, tied weights)"
 	$(BIN)/ptconvert $(DEMO_DIR)/hf-gpt2-bin --to safetensors --force
+	@echo "== ptconvert $(DEMO_DIR)/hf-llama --to pt2 --dynamic-batch (export, verified at batch 1-7)"
+	$(BIN)/ptconvert $(DEMO_DIR)/hf-llama --to pt2 --dynamic-batch --force
+	@echo "== ptconvert plan $(DEMO_DIR)/mlp.pt --to pt2 (what is missing, and how to provide it)"
+	-$(BIN)/ptconvert plan $(DEMO_DIR)/mlp.pt --to pt2
 
 bench: setup
 	$(BIN)/python benchmarks/startup.py

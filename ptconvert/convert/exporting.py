@@ -37,11 +37,9 @@ def dynamic_shapes(opts: Options, sample: dict[str, Any]) -> dict[str, Any] | No
         if m is None or m["name"] not in sample:
             raise UsageError(f"--dynamic {spec!r} is not NAME:AXIS[:MIN:MAX] of a known input")
         axis = int(m["axis"])
-        dim = (
-            Dim(f"{m['name']}_{axis}", min=int(m["min"]), max=int(m["max"]))
-            if m["min"]
-            else Dim.DYNAMIC
-        )
+        # DYNAMIC (not a named Dim): torch works out which dims must be equal (a sequence
+        # length shared by input_ids and attention_mask) and fails if one gets specialised
+        dim = Dim.DYNAMIC(min=int(m["min"]), max=int(m["max"])) if m["min"] else Dim.DYNAMIC
         shapes[m["name"]] = {**(shapes[m["name"]] or {}), axis: dim}
     return shapes
 
@@ -94,22 +92,57 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
         state.positional = names
     modes = {"auto": (False, True), "strict": (True,), "non-strict": (False,)}[opts.strict]
     errors: list[str] = []
+    where: str | None = None
     for strict in modes:
         try:
             with quiet_torch():
                 ep = torch.export.export(module, args, kwargs, dynamic_shapes=shapes, strict=strict)
         except Exception as exc:  # torch raises many kinds here; each is reported
             errors.append(f"{'strict' if strict else 'non-strict'}: {_first_line(exc)}")
+            where = where or _source_line(str(exc))
             continue
         if errors:
             state.notes.append(f"non-strict export failed, strict export succeeded ({errors[0]})")
         state.dynamic_range = {str(k): str(v) for k, v in ep.range_constraints.items()}
         return ep
+    draft = _draft_report(module, args, kwargs, shapes)
     raise UnsupportedConversionError(
-        "torch.export failed: " + "; ".join(errors),
+        "torch.export failed"
+        + (f" at {where}" if where else "")
+        + ": "
+        + "; ".join(errors)
+        + (f"; draft_export: {draft}" if draft else ""),
         path=state.src,
         hint=_fix_for(errors),
     )
+
+
+_SOURCE = re.compile(
+    r"File:? \"?(?P<file>[^\s\",]+)\"?(?::|, line )(?P<line>\d+)[^\n]*?code: (?P<code>[^\n]+)"
+)
+
+
+def _source_line(text: str) -> str | None:
+    """The user's source line torch blames (``file.py:56 (if x.mean() > 0:)``), if it says."""
+    m = _SOURCE.search(text)
+    return f"{m['file']}:{m['line']} ({m['code'].strip()})" if m else None
+
+
+def _draft_report(module: Any, args: Any, kwargs: Any, shapes: Any) -> str | None:
+    """torch.export.draft_export lists every issue at once: the first lines of its report."""
+    import torch
+
+    try:
+        with quiet_torch():
+            ep = torch.export.draft_export(module, args, kwargs, dynamic_shapes=shapes)
+    except Exception as exc:  # draft export can fail too; then there is no report to attach
+        return _first_line(exc)
+    report = getattr(ep, "_report", None)
+    if report is None or not getattr(report, "failures", None):
+        return None
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(report))  # drop terminal colours
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().strip("#")]
+    return " | ".join(lines[:6])[:600]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -78,7 +78,11 @@ def module_from_factory(spec: ModelSpec) -> tuple[Any, ExampleInputs | None]:
     factory, module = _import_factory(spec.factory)
     model = factory(**spec.args)
     if not isinstance(model, torch.nn.Module):
-        raise UsageError(f"{spec.factory} returned a {type(model).__name__}, not an nn.Module")
+        if not callable(model):
+            raise UsageError(f"{spec.factory} returned a {type(model).__name__}, not a model")
+        from ptconvert.convert.wrappers import callable_module
+
+        model = callable_module(model)  # e.g. a predictor's bound method: wrapped as a module
     inputs = None
     make = getattr(module, "example_inputs", None)
     if callable(make):

@@ -1,12 +1,16 @@
 """Keep torch's own logging and warnings off the terminal while a converter tries a route.
 
 A failing torch.export attempt logs whole graphs; ptconvert reports the failure itself (the
-first line of the error, in the step record) and moves on to the next route.
+first line of the error and the user's source line, in the step record) and moves on to the
+next route. File descriptor 2 itself is silenced: torch configures handlers on loggers it
+creates while exporting, and draft_export collects its report from those log records, so muting
+loggers would either miss some or empty the report. Progress on the terminal pauses meanwhile.
 """
 
 from __future__ import annotations
 
-import logging
+import os
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,16 +18,16 @@ from contextlib import contextmanager
 
 @contextmanager
 def quiet_torch() -> Iterator[None]:
-    loggers = [
-        logging.getLogger(n) for n in ("torch", "torch._dynamo", "torch.export", "torch._export")
-    ]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.CRITICAL)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
     try:
+        os.dup2(devnull, 2)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)

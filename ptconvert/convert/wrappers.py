@@ -61,8 +61,11 @@ def _classes() -> dict[str, type]:
             super().__init__()
             self.fn = fn
             owner = getattr(fn, "__self__", None)
-            if isinstance(owner, torch.nn.Module):
-                self.owner = owner  # its parameters become this module's
+            # the modules the method's object holds become this module's: their weights load
+            # and export as ``<attribute>.<name>``
+            for attr, value in vars(owner).items() if owner is not None else ():
+                if isinstance(value, torch.nn.Module):
+                    self.add_module(attr, value)
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             return self.fn(*args, **kwargs)
@@ -95,4 +98,15 @@ def positional_tensors(model: Any, names: list[str]) -> Any:
 
 
 def callable_module(fn: Any) -> Any:
-    return _classes()["CallableModule"](fn)
+    """``fn`` as an ``nn.Module`` whose forward has ``fn``'s signature."""
+    import inspect
+
+    base: Any = _classes()["CallableModule"]
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return base.forward(self, *args, **kwargs)
+
+    params = list(inspect.signature(fn).parameters.values())
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    forward.__signature__ = inspect.Signature([self_param, *params])  # type: ignore[attr-defined]
+    return type("CallableModule", (base,), {"forward": forward})(fn)

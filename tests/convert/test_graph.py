@@ -175,3 +175,60 @@ def test_hf_program_runs_in_a_fresh_process(samples: dict[str, Path], tmp_path: 
         [sys.executable, "-c", code, str(tmp_path / "l.pt2")], capture_output=True, text=True
     )
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_bound_method_factory_is_wrapped(tmp_path: Path) -> None:
+    (tmp_path / "predictor.py").write_text(
+        "import torch\n"
+        "from fixtures.models import MLP, seeded\n"
+        "class Predictor:\n"
+        "    def __init__(self):\n"
+        "        self.model = seeded(MLP())\n"
+        "    def _predict(self, x):\n"
+        "        return self.model(x).softmax(-1)\n"
+        "def make():\n"
+        "    return Predictor()._predict\n"
+    )
+    model = seeded(MLP(), seed=5)
+    src = tmp_path / "w.pt"
+    torch.save({f"model.{k}": v for k, v in model.state_dict().items()}, src)
+    opts = Options(model=f"{tmp_path / 'predictor.py'}:make", inputs=["x:2x8:float32"])
+    report = convert_program(
+        src,
+        "pt2",
+        tmp_path / "p.pt2",
+        opts,
+    )
+    assert report.parity is not None and report.parity.status == "pass"
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(
+        torch.export.load(tmp_path / "p.pt2").module()(x), model(x).softmax(-1)
+    )
+
+
+def test_whole_module_pickle_with_trust(samples: dict[str, Path], tmp_path: Path) -> None:
+    opts = Options(inputs=["x:2x3x8x8:float32"], trust=True, dynamic_batch=True)
+    report = convert_program(samples["cnn_module"], "pt2", tmp_path / "cnn.pt2", opts)
+    assert report.route[0] == "pt → module" and report.parity and report.parity.status == "pass"
+    assert any("--trust" in n for n in report.notes)
+
+
+def test_example_inputs_file_and_dynamic_sequence(samples: dict[str, Path], tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    ids = torch.randint(0, 99, (2, 12))
+    save_file(
+        {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, tmp_path / "in.safetensors"
+    )
+    opts = Options(
+        example_inputs=tmp_path / "in.safetensors",
+        dynamic_batch=True,
+        dynamic=["input_ids:1:4:64", "attention_mask:1:4:64"],
+    )
+    report = convert_program(samples["hf_bert"], "pt2", tmp_path / "b.pt2", opts)
+    assert report.parity is not None and report.parity.status == "pass"
+    program = torch.export.load(tmp_path / "b.pt2").module()
+    for seq in (5, 30):
+        x = torch.randint(0, 99, (3, seq))
+        out = program(input_ids=x, attention_mask=torch.ones_like(x))
+        assert out["last_hidden_state"].shape == (3, seq, 32)
