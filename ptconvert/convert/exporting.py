@@ -93,15 +93,34 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
     modes = {"auto": (False, True), "strict": (True,), "non-strict": (False,)}[opts.strict]
     errors: list[str] = []
     where: str | None = None
-    for strict in modes:
+    attempts = [(strict, False) for strict in modes]
+    while attempts:
+        strict, cloned = attempts.pop(0)
         try:
             with quiet_torch():
                 ep = torch.export.export(module, args, kwargs, dynamic_shapes=shapes, strict=strict)
         except Exception as exc:  # torch raises many kinds here; each is reported
             errors.append(f"{'strict' if strict else 'non-strict'}: {_first_line(exc)}")
             where = where or _source_line(str(exc))
+            if not cloned and _FROZEN.search(str(exc)):
+                # the model writes into an input whose storage is frozen (an inference tensor,
+                # an expanded view): retry with the inputs cloned, for eager as well
+                inputs = _cloned(inputs)
+                state.inputs = inputs
+                sample = inputs.at(batch)
+                if names is not None:
+                    args = tuple(sample[n] for n in names)
+                else:
+                    kwargs = sample
+                state.notes.append(
+                    "the model writes into an input in place"
+                    + (f" (at {where})" if where else "")
+                    + " and the example inputs were frozen (inference tensors or shared "
+                    "storage): retried with the inputs cloned"
+                )
+                attempts = [(s, True) for s in modes]
             continue
-        if errors:
+        if errors and strict and not cloned:
             state.notes.append(f"non-strict export failed, strict export succeeded ({errors[0]})")
         state.dynamic_range = {str(k): str(v) for k, v in ep.range_constraints.items()}
         return ep
@@ -115,6 +134,16 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
         path=state.src,
         hint=_fix_for(errors),
     )
+
+
+_FROZEN = re.compile(r"[Ii]nference tensor|single memory location|refers to a single memory")
+
+
+def _cloned(inputs: ExampleInputs) -> ExampleInputs:
+    def make(b: int) -> dict[str, Any]:
+        return {k: v.clone() if hasattr(v, "clone") else v for k, v in inputs.make(b).items()}
+
+    return ExampleInputs(make, inputs.batch, f"{inputs.source} (cloned)")
 
 
 _SOURCE = re.compile(

@@ -232,3 +232,19 @@ def test_example_inputs_file_and_dynamic_sequence(samples: dict[str, Path], tmp_
         x = torch.randint(0, 99, (3, seq))
         out = program(input_ids=x, attention_mask=torch.ones_like(x))
         assert out["last_hidden_state"].shape == (3, seq, 32)
+
+
+def test_frozen_inputs_written_in_place_are_cloned(tmp_path: Path) -> None:
+    from fixtures.models import WritesInput
+
+    src = tmp_path / "w.pt"
+    model = seeded(WritesInput())
+    torch.save(model.state_dict(), src)
+    opts = Options(model="fixtures.models:WritesInput", dynamic_batch=True)  # its example_inputs
+    report = convert_program(src, "pt2", tmp_path / "w.pt2", opts)
+    assert any("retried with the inputs cloned" in n for n in report.notes)
+    assert report.parity is not None and report.parity.status == "pass"
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(
+        torch.export.load(tmp_path / "w.pt2").module()(x.clone()), model(x.clone())
+    )
