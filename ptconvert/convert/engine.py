@@ -17,7 +17,7 @@ from ptconvert import progress
 from ptconvert.atomic import atomic_path, check_output
 from ptconvert.convert.graph import EDGES, Edge, Plan, plan
 from ptconvert.convert.state import Options, RunState, StepRecord
-from ptconvert.convert.steps import STEPS
+from ptconvert.convert.steps import STEPS, user_inputs
 from ptconvert.errors import PtconvertError, UnsupportedConversionError, VerificationError
 from ptconvert.formats import Detection, detect
 from ptconvert.report import Report
@@ -92,7 +92,7 @@ def convert_program(
         )
     out = Path(output) if output else src.with_name(src.name.split(".")[0] + SUFFIXES[to])
     check_output(out, [src], opts.force)
-    state = RunState(src, d.format)
+    state = RunState(src, d.format, inputs=user_inputs(opts))
     records: list[StepRecord] = []
     route: list[str] = []
     with atomic_path(out) as tmp:

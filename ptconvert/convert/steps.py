@@ -15,7 +15,7 @@ from ptconvert.convert.quiet import quiet_torch
 from ptconvert.convert.state import Options, RunState
 from ptconvert.convert.weights_read import as_tensors, read_weights
 from ptconvert.convert.wrappers import named_outputs
-from ptconvert.errors import MissingRequirementError, UsageError
+from ptconvert.errors import MissingRequirementError, UnsupportedConversionError, UsageError
 from ptconvert.scan.guard import guard
 
 
@@ -117,8 +117,17 @@ def ts_to_exported(state: RunState, opts: Options) -> None:
     sample = inputs.at(max(inputs.batch, 2))  # batch ≥ 2: dodge the 0/1 specialisation
     names = [a.name for a in module.forward.schema.arguments[1:]]
     args = tuple(sample[n] for n in names)
-    with quiet_torch():
-        state.exported = TS2EPConverter(module, args).convert()
+    try:
+        with quiet_torch():
+            state.exported = TS2EPConverter(module, args).convert()
+    except Exception as exc:  # the converter covers a subset of TorchScript; say so plainly
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise UnsupportedConversionError(
+            f"torch's TorchScript converter (TS2EPConverter) cannot convert this program: "
+            f"{type(exc).__name__}: {first}",
+            path=state.src,
+            hint="export the original nn.Module instead (--model), if its source is available",
+        ) from None
     state.positional = names
     state.dynamic_range = {str(k): str(v) for k, v in state.exported.range_constraints.items()}
     state.notes.append(

@@ -248,3 +248,14 @@ def test_frozen_inputs_written_in_place_are_cloned(tmp_path: Path) -> None:
     torch.testing.assert_close(
         torch.export.load(tmp_path / "w.pt2").module()(x.clone()), model(x.clone())
     )
+
+
+def test_torchscript_to_pt2_without_source(samples: dict[str, Path], tmp_path: Path) -> None:
+    """A legacy TorchScript model reaches pt2 with only its archive and an input spec."""
+    opts = Options(inputs=["x:2x8:float32"], dynamic_batch=True)
+    report = convert_program(samples["mlp_scripted"], "pt2", tmp_path / "m.pt2", opts)
+    assert report.route == ["torchscript → exported", "exported → pt2"]
+    assert report.parity is not None and report.parity.status == "pass"
+    ts = torch.jit.load(str(samples["mlp_scripted"]))
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(torch.export.load(tmp_path / "m.pt2").module()(x), ts(x))
