@@ -20,7 +20,12 @@ from ptconvert.formats.checkpoint import describe_contents, read_checkpoint
 from ptconvert.formats.hf import weights_file
 from ptconvert.formats.safetensors import read_header
 from ptconvert.formats.sharded import read_index
-from ptconvert.formats.torch_objects import DTYPE_SIZES, TensorRef, UnsupportedTensor
+from ptconvert.formats.torch_objects import (
+    DTYPE_SIZES,
+    TensorRef,
+    UnsupportedTensor,
+    flatten_tensors,
+)
 
 WRAPPER_KEYS = ("state_dict", "model_state_dict", "model", "module", "ema", "ema_state_dict")
 STRIPPED_PREFIXES = ("_orig_mod.", "module.")
@@ -196,8 +201,6 @@ def _is_tensor(value: Any) -> bool:
 
 
 def _tensor_leaves(tree: Any, path: Path, skip_unsupported: bool) -> dict[str, TensorRef]:
-    from ptconvert.formats.torch_objects import flatten_tensors
-
     out: dict[str, TensorRef] = {}
     for name, t in flatten_tensors(tree).items():
         if isinstance(t, UnsupportedTensor):
@@ -226,19 +229,7 @@ def _load_with_torch(ws: WeightSet, d: Detection, key: str | None) -> None:
             path=d.path,
         ) from None
     tree = loaded[ws.unwrapped] if ws.unwrapped else loaded
-    flat: dict[str, Any] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, torch.Tensor):
-            flat[prefix.rstrip(".")] = node
-        elif isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, f"{prefix}{k}.")
-        elif isinstance(node, (list, tuple)):
-            for i, v in enumerate(node):
-                walk(v, f"{prefix}{i}.")
-
-    walk(tree, "")
+    flat = flatten_tensors(tree, is_tensor=lambda v: isinstance(v, torch.Tensor))
     for e in ws.entries:
         e.tensor = flat[e.name]
         e.source = None

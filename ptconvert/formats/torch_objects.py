@@ -8,6 +8,7 @@ checkpoint or copy its bytes, without importing torch or running any pickled cal
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,17 +211,26 @@ def _storage(ref: Any, prefix: str) -> StorageRef | None:
 _MODULE_SLOTS = frozenset({"_parameters", "_buffers", "_modules"})
 
 
-def flatten_tensors(tree: Any, prefix: str = "") -> dict[str, TensorRef | UnsupportedTensor]:
-    """Every tensor leaf of a nested dict/list tree, named by its dotted path."""
-    out: dict[str, TensorRef | UnsupportedTensor] = {}
-    if isinstance(tree, (TensorRef, UnsupportedTensor)):
+def _is_ref(value: Any) -> bool:
+    return isinstance(value, (TensorRef, UnsupportedTensor))
+
+
+def flatten_tensors(
+    tree: Any, prefix: str = "", is_tensor: Callable[[Any], bool] = _is_ref
+) -> dict[str, Any]:
+    """Every tensor leaf of a nested dict/list tree, named by its dotted path.
+
+    The same naming serves the symbolic tree (TensorRef leaves, the default) and a tree that
+    torch.load returned (``is_tensor`` = isinstance of torch.Tensor), so both paths agree."""
+    out: dict[str, Any] = {}
+    if is_tensor(tree):
         out[prefix.rstrip(".") or "tensor"] = tree
     elif isinstance(tree, dict):
         for k, v in tree.items():
             # nn.Module state keeps tensors under these attributes; state_dict() names skip them
             part = "" if k in _MODULE_SLOTS else f"{k}."
-            out.update(flatten_tensors(v, f"{prefix}{part}"))
+            out.update(flatten_tensors(v, f"{prefix}{part}", is_tensor))
     elif isinstance(tree, (list, tuple)):
         for i, v in enumerate(tree):
-            out.update(flatten_tensors(v, f"{prefix}{i}."))
+            out.update(flatten_tensors(v, f"{prefix}{i}.", is_tensor))
     return out
