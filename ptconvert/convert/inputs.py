@@ -121,12 +121,13 @@ def from_file(path: Path) -> ExampleInputs:
     def make(b: int) -> dict[str, Any]:
         if b == batch:
             return dict(tensors)
-        return {k: _resize_batch(v, b) for k, v in tensors.items()}
+        return {k: resize_batch(v, b) for k, v in tensors.items()}
 
     return ExampleInputs(make, batch, str(path))
 
 
-def _resize_batch(t: Any, batch: int) -> Any:
+def resize_batch(t: Any, batch: int) -> Any:
+    """``t`` with ``batch`` rows: its rows repeated (or cut), for checks at other batch sizes."""
     import torch
 
     if t.dim() == 0:

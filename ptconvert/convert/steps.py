@@ -168,6 +168,25 @@ def load_pt2(state: RunState, opts: Options) -> None:
     state.exported = torch.export.load(state.src)
     if state.reference is None:
         state.reference = state.exported.module()
+    if state.inputs is None and state.exported.example_inputs is not None:
+        state.inputs = _program_sample_inputs(state.exported)
+
+
+def _program_sample_inputs(ep: Any) -> ExampleInputs | None:
+    """A .pt2's own sample inputs (saved by torch.export.save), named by the signature."""
+    from ptconvert.convert.inputs import resize_batch
+
+    args, kwargs = ep.example_inputs
+    names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    if len(names) != len(args) or not all(hasattr(a, "shape") for a in args):
+        return None
+    sample = {**dict(zip(names, args, strict=True)), **kwargs}
+    batch = next((t.shape[0] for t in sample.values() if t.dim() > 0), 1)
+    return ExampleInputs(
+        lambda b: {k: resize_batch(v, b) for k, v in sample.items()},
+        batch,
+        "the .pt2's sample inputs",
+    )
 
 
 def save_pt2(state: RunState, opts: Options) -> None:
