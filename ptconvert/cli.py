@@ -303,9 +303,57 @@ def plan(
 @click.argument("reference", type=click.Path(path_type=str))
 @click.argument("candidate", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-def verify(reference: str, candidate: str, as_json: bool) -> None:
+@click.option(
+    "--model", help="Model spec for a weights file: pkg.module:factory or file.py:factory."
+)
+@click.option("--model-arg", multiple=True, help="k=v argument for the factory (repeatable).")
+@click.option("--input", "inputs", multiple=True, help="NAME:SHAPE:DTYPE example input.")
+@click.option("--example-inputs", type=click.Path(), help="Example inputs file.")
+@click.option("--batch-sizes", help="Comma-separated batch sizes (default: 1,2,3,5,7 if dynamic).")
+@click.option("--atol", type=float, help="Absolute tolerance (default: by dtype).")
+@click.option("--rtol", type=float, help="Relative tolerance (default: by dtype).")
+@click.option("--warn-only", is_flag=True, help="Report a mismatch without failing.")
+@click.option("--trust", is_flag=True, help="Allow whole-module pickles and AOTI native code.")
+def verify(
+    reference: str,
+    candidate: str,
+    as_json: bool,
+    model: str | None,
+    model_arg: tuple[str, ...],
+    inputs: tuple[str, ...],
+    example_inputs: str | None,
+    batch_sizes: str | None,
+    atol: float | None,
+    rtol: float | None,
+    warn_only: bool,
+    trust: bool,
+) -> None:
     """Check that CANDIDATE computes (or holds) the same numbers as REFERENCE."""
-    _not_yet("verify")
+    from pathlib import Path
+
+    from ptconvert.convert.modelspec import parse_model_args
+    from ptconvert.convert.state import Options
+    from ptconvert.verify.check import verify as run_verify
+
+    progress.set_quiet(as_json)
+    opts = Options(
+        model=model,
+        model_args=parse_model_args(model_arg),
+        inputs=list(inputs),
+        trust=trust,
+        example_inputs=Path(example_inputs) if example_inputs else None,
+    )
+    sizes = [int(b) for b in batch_sizes.split(",")] if batch_sizes else None
+    with progress.step("verifying"):
+        report = run_verify(
+            reference, candidate, opts, batch_sizes=sizes, atol=atol, rtol=rtol, warn_only=warn_only
+        )
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        from ptconvert.render import render_verify
+
+        render_verify(report)
 
 
 @cli.command()

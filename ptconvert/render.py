@@ -208,3 +208,44 @@ def render_edges(edges: list[dict[str, Any]], console: Console | None = None) ->
     for e in edges:
         t.add_row(e["from"], e["to"], e["step"], str(e["cost"]), ", ".join(e["needs"]) or "-")
     console.print(t)
+
+
+def render_verify(report: Any, console: Console | None = None) -> None:
+    """Verdict, then per batch size and output: errors against eager and against fp64."""
+    console = console or Console()
+    console.print(
+        f"[bold]{report.status}[/bold]: {escape(report.candidate)} vs {escape(report.reference)}"
+    )
+    if report.weights is not None:
+        w = report.weights
+        console.print(f"{w.tensors} tensors bitwise equal ({_size(w.bytes_compared)})")
+        return
+    t = Table(
+        "batch",
+        "output",
+        "status",
+        "max abs",
+        "max rel",
+        "RMSE vs fp64",
+        "eager RMSE",
+        "outside tol",
+    )
+    for s in report.parity.sizes:
+        if not s.outputs:
+            t.add_row(str(s.batch), "-", s.status, "", "", "", "", escape(s.detail))
+        for o in s.outputs:
+            rm = "-" if o.rmse_vs_fp64 is None else f"{o.rmse_vs_fp64:.2e}"
+            em = "-" if o.eager_rmse_vs_fp64 is None else f"{o.eager_rmse_vs_fp64:.2e}"
+            t.add_row(
+                str(s.batch),
+                escape(o.name),
+                o.status,
+                f"{o.max_abs_error:.2e}",
+                f"{o.max_rel_error:.2e}",
+                rm,
+                em,
+                f"{o.outside_tolerance:.1%}",
+            )
+    console.print(t)
+    env = report.environment
+    console.print(f"torch {env.get('torch')}, {env.get('threads')} threads, CUDA {env.get('cuda')}")

@@ -64,10 +64,9 @@ def test_usage_error_exit_code(capsys) -> None:
     assert code == 2 and out["error"]["kind"] == "usage"
 
 
-@pytest.mark.parametrize("command", ["verify", "bench"])
+@pytest.mark.parametrize("command", ["bench"])
 def test_pending_subcommands_have_their_final_grammar(samples, command: str, capsys) -> None:
     args = {
-        "verify": ["verify", str(samples["mlp_zip"]), str(samples["cnn_safetensors"])],
         "bench": ["bench", str(samples["mlp_pt2"])],
     }[command]
     code, out, _ = run_cli(args, capsys)

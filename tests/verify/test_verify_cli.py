@@ -1,0 +1,82 @@
+"""`ptconvert verify REFERENCE CANDIDATE` through the CLI, with every runtime it offers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from fixtures.models import MLP, seeded
+from ptconvert.convert.engine import convert_program
+from ptconvert.convert.state import Options
+from tests.conftest import run_cli
+
+MLP_ARGS = ["--model", "fixtures.models:MLP", "--input", "x:2x8:float32"]
+
+
+def _pt2(src: Path, out: Path) -> Path:
+    convert_program(
+        src,
+        "pt2",
+        out,
+        Options(model="fixtures.models:MLP", inputs=["x:2x8:float32"], dynamic_batch=True),
+    )
+    return out
+
+
+def test_verify_passes_and_reports_every_measure(samples, tmp_path, capsys) -> None:
+    program = _pt2(samples["mlp_zip"], tmp_path / "m.pt2")
+    code, report, _ = run_cli(["verify", str(samples["mlp_zip"]), str(program), *MLP_ARGS], capsys)
+    assert code == 0 and report["status"] == "pass" and report["kind"] == "program"
+    assert report["batches"] == [1, 2, 3, 5, 7]
+    out = report["parity"]["sizes"][0]["outputs"][0]
+    for key in (
+        "max_abs_error",
+        "max_rel_error",
+        "rmse_vs_fp64",
+        "eager_rmse_vs_fp64",
+        "outside_tolerance",
+        "cosine",
+    ):
+        assert key in out
+    assert report["parity"]["fp64_reference"] is True
+    assert report["environment"]["torch"].startswith("2.13")
+
+
+def test_verify_fails_on_different_weights(samples, tmp_path, capsys) -> None:
+    program = _pt2(samples["mlp_zip"], tmp_path / "m.pt2")
+    other = tmp_path / "other.pt"
+    torch.save(seeded(MLP(), seed=9).state_dict(), other)
+    code, report, _ = run_cli(["verify", str(other), str(program), *MLP_ARGS], capsys)
+    assert code == 6 and "fail_accuracy" in report["error"]["message"]
+    code, report, _ = run_cli(
+        ["verify", str(other), str(program), *MLP_ARGS, "--warn-only"], capsys
+    )
+    assert code == 0 and report["status"] == "fail_accuracy"
+
+
+def test_verify_weights_bitwise(samples, tmp_path, capsys) -> None:
+    from ptconvert.convert.weights import convert_weights
+
+    convert_weights(samples["mlp_zip"], "safetensors", tmp_path / "w.safetensors")
+    code, report, _ = run_cli(
+        ["verify", str(samples["mlp_zip"]), str(tmp_path / "w.safetensors")], capsys
+    )
+    assert code == 0 and report["kind"] == "weights" and report["weights"]["tensors"] == 4
+    other = tmp_path / "other.pt"
+    torch.save(seeded(MLP(), seed=9).state_dict(), other)
+    code, report, _ = run_cli(["verify", str(samples["mlp_zip"]), str(other)], capsys)
+    assert code == 6 and "bytes differ" in report["error"]["message"]
+
+
+def test_verify_torchscript_and_onnx_runtimes(samples, capsys) -> None:
+    for candidate in ("mlp_scripted", "mlp_onnx", "mlp_pt2"):
+        code, report, _ = run_cli(
+            ["verify", str(samples["mlp_zip"]), str(samples[candidate]), *MLP_ARGS], capsys
+        )
+        assert code == 0 and report["status"] == "pass", (candidate, report)
+
+
+def test_verify_needs_a_model_for_weights_against_a_program(samples, capsys) -> None:
+    code, report, _ = run_cli(["verify", str(samples["mlp_zip"]), str(samples["mlp_pt2"])], capsys)
+    assert code == 5 and "--model" in report["error"]["hint"]
