@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from ptconvert import progress
-from ptconvert.errors import EXIT_CODES, NotImplementedYetError, PtconvertError, UsageError
+from ptconvert.errors import EXIT_CODES, PtconvertError, UsageError
 
 _COMMANDS = ("convert", "info", "formats", "scan", "plan", "verify", "bench")
 
@@ -88,6 +88,7 @@ def _emit_json(payload: Any) -> None:
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu")
 @click.option("--bench", is_flag=True, help="Time the result against eager and torch.compile.")
 @click.option("--skip-unsupported", is_flag=True, help="Leave out quantized/sparse/nested tensors.")
+@click.option("--batch-sizes", help="With --bench: batch sizes to time (e.g. 1,8,32).")
 def convert(src: str, to: str, as_json: bool, **options: Any) -> None:
     """Convert SRC to the format named by --to."""
     progress.set_quiet(as_json)
@@ -146,13 +147,27 @@ def _options(options: dict[str, Any]) -> Any:
 def _convert_program(src: str, to: str, as_json: bool, options: dict[str, Any]) -> None:
     from ptconvert.convert.engine import convert_program
 
-    report = convert_program(src, to, options["output"], _options(options))
+    opts = _options(options)
+    report = convert_program(src, to, options["output"], opts)
+    if options["bench"]:
+        from ptconvert.verify.bench import bench_artifact
+
+        sizes = options["batch_sizes"]
+        with progress.step("timing eager, torch.compile and the result"):
+            report.bench = bench_artifact(
+                report.output,
+                opts,
+                reference=src,
+                batch_sizes=[int(b) for b in sizes.split(",")] if sizes else None,
+            )
     if as_json:
         _emit_json(report.to_dict())
     else:
-        from ptconvert.render import render_conversion
+        from ptconvert.render import render_bench, render_conversion
 
         render_conversion(report)
+        if report.bench is not None:
+            render_bench(report.bench)
 
 
 def _key_values(items: tuple[str, ...], option: str) -> dict[str, str]:
@@ -216,10 +231,6 @@ def formats(as_json: bool, graph: str | None) -> None:
         from ptconvert.render import render_formats
 
         render_formats(rows)
-
-
-def _not_yet(command: str) -> None:
-    raise NotImplementedYetError(f"`ptconvert {command}` is not implemented yet")
 
 
 @cli.command()
@@ -359,9 +370,71 @@ def verify(
 @cli.command()
 @click.argument("artifact", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-def bench(artifact: str, as_json: bool) -> None:
-    """Time ARTIFACT against eager and torch.compile."""
-    _not_yet("bench")
+@click.option(
+    "--reference", type=click.Path(), help="The eager source (weights + --model, HF dir)."
+)
+@click.option("--model", help="Model spec: pkg.module:factory or file.py:factory.")
+@click.option("--model-arg", multiple=True, help="k=v argument for the factory (repeatable).")
+@click.option("--input", "inputs", multiple=True, help="NAME:SHAPE:DTYPE example input.")
+@click.option("--example-inputs", type=click.Path(), help="Example inputs file.")
+@click.option("--batch-sizes", help="Comma-separated batch sizes to time (e.g. 1,8,32).")
+@click.option(
+    "--compile-mode",
+    default="default",
+    type=click.Choice(["default", "reduce-overhead", "max-autotune", "none"]),
+)
+@click.option("--repeats", type=int, default=30, help="Timed rounds (interleaved).")
+@click.option("--warmup", type=int, default=5, help="Warm-up calls before timing.")
+@click.option("--threads", type=int, help="torch threads for every contender.")
+@click.option("--trust", is_flag=True, help="Allow whole-module pickles and AOTI native code.")
+def bench(
+    artifact: str,
+    as_json: bool,
+    reference: str | None,
+    model: str | None,
+    model_arg: tuple[str, ...],
+    inputs: tuple[str, ...],
+    example_inputs: str | None,
+    batch_sizes: str | None,
+    compile_mode: str,
+    repeats: int,
+    warmup: int,
+    threads: int | None,
+    trust: bool,
+) -> None:
+    """Time ARTIFACT against eager and torch.compile on the same inputs."""
+    from pathlib import Path
+
+    from ptconvert.convert.modelspec import parse_model_args
+    from ptconvert.convert.state import Options
+    from ptconvert.verify.bench import bench_artifact
+
+    progress.set_quiet(as_json)
+    opts = Options(
+        model=model,
+        model_args=parse_model_args(model_arg),
+        inputs=list(inputs),
+        trust=trust,
+        example_inputs=Path(example_inputs) if example_inputs else None,
+    )
+    sizes = [int(b) for b in batch_sizes.split(",")] if batch_sizes else None
+    with progress.step("timing eager, torch.compile and the artifact"):
+        report = bench_artifact(
+            artifact,
+            opts,
+            reference=reference,
+            batch_sizes=sizes,
+            compile_mode=compile_mode,
+            repeats=repeats,
+            warmup=warmup,
+            threads=threads,
+        )
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        from ptconvert.render import render_bench
+
+        render_bench(report)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -249,3 +249,30 @@ def render_verify(report: Any, console: Console | None = None) -> None:
     console.print(t)
     env = report.environment
     console.print(f"torch {env.get('torch')}, {env.get('threads')} threads, CUDA {env.get('cuda')}")
+
+
+def render_bench(report: Any, console: Console | None = None) -> None:
+    """Latency per runtime and batch size (median, p25–p75, first call), then the speedups."""
+    console = console or Console()
+    t = Table("batch", "runtime", "median ms", "p25–p75 ms", "first call s")
+    for x in report.timings:
+        t.add_row(
+            str(x.batch),
+            x.runtime,
+            f"{x.median_ms:.3f}",
+            f"{x.p25_ms:.3f}–{x.p75_ms:.3f}",
+            f"{x.first_call_s:.3f}",
+        )
+    console.print(t)
+    for row in report.speedups:
+        parts = [
+            f"{k.removeprefix('artifact_vs_')} {v:.2f}×" for k, v in row.items() if k != "batch"
+        ]
+        if parts:
+            console.print(f"batch {row['batch']}: artifact speedup vs " + ", ".join(parts))
+    for name, why in report.skipped.items():
+        console.print(f"not timed: {name} ({escape(why)})")
+    console.print(
+        f"{report.threads} threads, {report.repeats} interleaved rounds, "
+        f"peak RSS {report.peak_rss_mib:.0f} MiB"
+    )

@@ -38,6 +38,7 @@ class ConversionReport(Report):
     notes: list[str] = field(default_factory=list)
     dynamic_range: dict[str, str] = field(default_factory=dict)
     parity: ParityReport | None = None
+    bench: Any = None  # a verify.bench.BenchReport when --bench was given
 
 
 def available_needs(src_format: str, opts: Options) -> frozenset[str]:

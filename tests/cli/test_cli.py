@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from ptconvert.cli import main
 from tests.conftest import run_cli
 
@@ -62,15 +60,6 @@ def test_formats_lists_every_format(capsys) -> None:
 def test_usage_error_exit_code(capsys) -> None:
     code, out, _ = run_cli(["info"], capsys)
     assert code == 2 and out["error"]["kind"] == "usage"
-
-
-@pytest.mark.parametrize("command", ["bench"])
-def test_pending_subcommands_have_their_final_grammar(samples, command: str, capsys) -> None:
-    args = {
-        "bench": ["bench", str(samples["mlp_pt2"])],
-    }[command]
-    code, out, _ = run_cli(args, capsys)
-    assert code == 7 and out["error"]["kind"] == "not_implemented"
 
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:

@@ -1,0 +1,169 @@
+"""``ptconvert bench``: latency of eager, torch.compile and the converted artifact, side by side.
+
+Same inputs for every contender; warm-up runs first (the first call is timed on its own: for
+torch.compile it is the compile time), then repeats interleaved across contenders so frequency
+scaling and load hit all alike; medians with p25/p75; speedups from the medians. Threads are set
+once for all and recorded. CUDA runs are synchronised around each call.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ptconvert.report import Report
+
+
+@dataclass
+class Timing(Report):
+    runtime: str
+    batch: int
+    first_call_s: float
+    median_ms: float
+    p25_ms: float
+    p75_ms: float
+    samples: int
+
+
+@dataclass
+class BenchReport(Report):
+    artifact: str
+    threads: int
+    device: str
+    repeats: int
+    timings: list[Timing] = field(default_factory=list)
+    speedups: list[dict[str, Any]] = field(default_factory=list)  # per batch: artifact vs others
+    peak_rss_mib: float = 0.0
+    skipped: dict[str, str] = field(default_factory=dict)  # runtime → why it was not timed
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _quantiles(values: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
+    return statistics.median(values), q[0], q[-1]
+
+
+def bench(
+    artifact: str,
+    contenders: dict[str, Callable[..., Any]],
+    make_inputs: Callable[[int], dict[str, Any]],
+    batch_sizes: list[int],
+    *,
+    repeats: int = 30,
+    warmup: int = 5,
+    threads: int | None = None,
+    device: str = "cpu",
+    skipped: dict[str, str] | None = None,
+) -> BenchReport:
+    """Time every contender on the same inputs at every batch size."""
+    import resource
+
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    report = BenchReport(
+        artifact, torch.get_num_threads(), device, repeats, skipped=dict(skipped or {})
+    )
+    for b in batch_sizes:
+        inputs = make_inputs(b)
+        first: dict[str, float] = {}
+        live = dict(contenders)
+        with torch.no_grad():
+            for name, fn in list(live.items()):
+                try:
+                    t = time.perf_counter()
+                    fn(**inputs)
+                    _sync(device)
+                    first[name] = time.perf_counter() - t
+                    for _ in range(warmup - 1):
+                        fn(**inputs)
+                    _sync(device)
+                except Exception as exc:  # a contender that cannot run is reported, not fatal
+                    report.skipped[name] = f"batch {b}: {type(exc).__name__}: {exc}"[:200]
+                    del live[name]
+            samples: dict[str, list[float]] = {name: [] for name in live}
+            for _ in range(repeats):  # interleaved: every round runs every contender once
+                for name, fn in live.items():
+                    t = time.perf_counter()
+                    fn(**inputs)
+                    _sync(device)
+                    samples[name].append((time.perf_counter() - t) * 1000)
+        for name, values in samples.items():
+            med, p25, p75 = _quantiles(values)
+            report.timings.append(
+                Timing(name, b, round(first[name], 4), med, p25, p75, len(values))
+            )
+        medians = {t.runtime: t.median_ms for t in report.timings if t.batch == b}
+        row: dict[str, Any] = {"batch": b}
+        if "artifact" in medians:
+            for other in ("eager", "torch.compile"):
+                if other in medians:
+                    row[f"artifact_vs_{other}"] = round(medians[other] / medians["artifact"], 3)
+        report.speedups.append(row)
+    report.peak_rss_mib = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return report
+
+
+def bench_artifact(
+    artifact: str,
+    opts: Any,
+    *,
+    reference: str | None = None,
+    batch_sizes: list[int] | None = None,
+    compile_mode: str = "default",
+    repeats: int = 30,
+    warmup: int = 5,
+    threads: int | None = None,
+) -> BenchReport:
+    """Eager (the reference's module, or the artifact's own), torch.compile of it, and the
+    artifact's runtime, on the artifact's (or the reference's) example inputs."""
+    import torch
+
+    from ptconvert.errors import MissingRequirementError
+    from ptconvert.verify.runtime import open_runtime
+
+    cand = open_runtime(artifact, opts)
+    ref = open_runtime(reference, opts) if reference else cand
+    if cand.call is None:
+        raise MissingRequirementError(
+            "a weights file has no runtime to time", path=artifact, hint="pass --model"
+        )
+    inputs = ref.inputs or cand.inputs
+    if inputs is None:
+        raise MissingRequirementError(
+            "no example inputs to time with", path=artifact, hint="pass --input NAME:SHAPE:DTYPE"
+        )
+    contenders: dict[str, Callable[..., Any]] = {}
+    skipped: dict[str, str] = {}
+    eager = ref.call if reference else ref.module
+    if eager is not None:
+        contenders["eager"] = eager
+    if compile_mode == "none":
+        skipped["torch.compile"] = "--compile-mode none"
+    elif isinstance(eager, torch.nn.Module):
+        mode = None if compile_mode == "default" else compile_mode
+        contenders["torch.compile"] = torch.compile(eager, mode=mode)
+    else:
+        skipped["torch.compile"] = "no eager nn.Module to compile (pass --reference SRC)"
+    contenders["artifact"] = cand.call
+    sizes = batch_sizes or [inputs.batch]
+    return bench(
+        artifact,
+        contenders,
+        inputs.at,
+        sizes,
+        repeats=repeats,
+        warmup=warmup,
+        threads=threads,
+        skipped=skipped,
+    )

@@ -1,0 +1,67 @@
+"""`ptconvert bench` and `--bench`: the report's fields, and ratios from the measured medians."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+MLP_ARGS = ["--model", "fixtures.models:MLP", "--input", "x:2x8:float32"]
+
+
+def _check_ratios(report: dict) -> None:
+    for row in report["speedups"]:
+        medians = {
+            t["runtime"]: t["median_ms"] for t in report["timings"] if t["batch"] == row["batch"]
+        }
+        for other in ("eager", "torch.compile"):
+            if other in medians:
+                assert row[f"artifact_vs_{other}"] == round(medians[other] / medians["artifact"], 3)
+
+
+def test_bench_without_compile(samples: dict[str, Path], capsys) -> None:
+    args = ["bench", str(samples["mlp_pt2"]), "--reference", str(samples["mlp_zip"]), *MLP_ARGS]
+    code, report, _ = run_cli(
+        [*args, "--compile-mode", "none", "--batch-sizes", "1,4", "--repeats", "5"], capsys
+    )
+    assert code == 0
+    assert {(t["runtime"], t["batch"]) for t in report["timings"]} == {
+        (r, b) for r in ("eager", "artifact") for b in (1, 4)
+    }
+    for t in report["timings"]:
+        assert t["samples"] == 5 and t["p25_ms"] <= t["median_ms"] <= t["p75_ms"]
+    assert report["skipped"]["torch.compile"] == "--compile-mode none"
+    assert report["threads"] >= 1 and report["peak_rss_mib"] > 0
+    _check_ratios(report)
+
+
+@pytest.mark.slow
+def test_convert_with_bench_times_eager_compile_and_pt2(tmp_path: Path, capsys) -> None:
+    import torch
+
+    from fixtures.models import MLP, seeded
+
+    src = tmp_path / "model.bin"
+    torch.save(seeded(MLP()).state_dict(), src)
+    args = [
+        str(src),
+        "--to",
+        "pt2",
+        "--dynamic-batch",
+        "--bench",
+        "-o",
+        str(tmp_path / "m.pt2"),
+        *MLP_ARGS,
+    ]
+    code, report, _ = run_cli(args, capsys)
+    assert code == 0
+    assert report["parity"]["status"] == "pass" and len(report["parity"]["sizes"]) == 5
+    bench = report["bench"]
+    assert {t["runtime"] for t in bench["timings"]} == {"eager", "torch.compile", "artifact"}
+    compiled = next(t for t in bench["timings"] if t["runtime"] == "torch.compile")
+    assert (
+        compiled["first_call_s"] > compiled["median_ms"] / 1000
+    )  # the compile is in the first call
+    _check_ratios(bench)
