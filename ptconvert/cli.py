@@ -325,6 +325,13 @@ def plan(
 @click.option("--rtol", type=float, help="Relative tolerance (default: by dtype).")
 @click.option("--warn-only", is_flag=True, help="Report a mismatch without failing.")
 @click.option("--trust", is_flag=True, help="Allow whole-module pickles and AOTI native code.")
+@click.option("--seed", type=int, default=0, help="Seed of the example inputs.")
+@click.option(
+    "--device",
+    type=click.Choice(["cpu", "cuda"]),
+    default="cpu",
+    help="Run the candidate here (the reference stays on the CPU).",
+)
 def verify(
     reference: str,
     candidate: str,
@@ -338,6 +345,8 @@ def verify(
     rtol: float | None,
     warn_only: bool,
     trust: bool,
+    seed: int,
+    device: str,
 ) -> None:
     """Check that CANDIDATE computes (or holds) the same numbers as REFERENCE."""
     from pathlib import Path
@@ -353,11 +362,19 @@ def verify(
         inputs=list(inputs),
         trust=trust,
         example_inputs=Path(example_inputs) if example_inputs else None,
+        seed=seed,
     )
     sizes = [int(b) for b in batch_sizes.split(",")] if batch_sizes else None
     with progress.step("verifying"):
         report = run_verify(
-            reference, candidate, opts, batch_sizes=sizes, atol=atol, rtol=rtol, warn_only=warn_only
+            reference,
+            candidate,
+            opts,
+            batch_sizes=sizes,
+            atol=atol,
+            rtol=rtol,
+            warn_only=warn_only,
+            device=device,
         )
     if as_json:
         _emit_json(report.to_dict())

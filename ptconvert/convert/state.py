@@ -28,6 +28,7 @@ class Options:
     skip_unsupported: bool = False
     verify: bool = True
     force: bool = False
+    seed: int = 0  # example inputs are drawn from this seed (and the batch size)
 
 
 @dataclass

@@ -47,7 +47,7 @@ def user_inputs(opts: Options) -> ExampleInputs | None:
     if opts.example_inputs is not None:
         return from_file(opts.example_inputs)
     if opts.inputs:
-        return from_specs([parse_input(s) for s in opts.inputs])
+        return from_specs([parse_input(s) for s in opts.inputs], seed=opts.seed)
     return None
 
 

@@ -64,8 +64,12 @@ def verify(
     atol: float | None = None,
     rtol: float | None = None,
     warn_only: bool = False,
+    device: str = "cpu",
 ) -> VerifyReport:
-    """Compare ``candidate`` with ``reference``; VerificationError unless they agree."""
+    """Compare ``candidate`` with ``reference``; VerificationError unless they agree.
+
+    ``device="cuda"`` runs the candidate on the GPU against the CPU reference (and its fp64 run).
+    """
     opts = opts or Options()
     ref = open_runtime(reference, opts)
     cand = open_runtime(candidate, opts)
@@ -95,8 +99,9 @@ def verify(
             hint="pass --input NAME:SHAPE:DTYPE (repeatable) or --example-inputs FILE",
         )
     batches = batch_sizes or (VARIED_BATCHES if cand.dynamic else [inputs.batch])
+    candidate_call = on_device(cand, device)
     # an eager module as reference also gives the fp64 ground truth (programs cannot be cast)
-    parity = compare(ref.call, cand.call, inputs.at, batches, atol=atol, rtol=rtol)
+    parity = compare(ref.call, candidate_call, inputs.at, batches, atol=atol, rtol=rtol)
     report = VerifyReport(
         str(reference),
         str(candidate),
@@ -104,7 +109,7 @@ def verify(
         parity.status,
         batches,
         parity,
-        environment=environment(),
+        environment={**environment(), "device": device},
     )
     if parity.status != "pass" and not warn_only:
         bad = parity.failed[0]
@@ -115,3 +120,29 @@ def verify(
             hint="--warn-only reports without failing; --atol/--rtol override the tolerances",
         )
     return report
+
+
+def on_device(runtime: Any, device: str) -> Any:
+    """The runtime's call with its module and inputs on ``device`` and outputs back on the CPU."""
+    if device == "cpu":
+        return runtime.call
+    import torch
+    from torch.utils._pytree import tree_map
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise MissingRequirementError(
+            "--device cuda: CUDA is not available on this machine",
+            hint="run on a machine with a GPU, or use --device cpu",
+        )
+    if runtime.module is None:
+        raise MissingRequirementError(
+            f"{runtime.format} runs on the CPU only here", path=runtime.path
+        )
+    runtime.module.to(device)
+
+    def call(**kwargs: Any) -> Any:
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        out = runtime.call(**moved)
+        return tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, out)
+
+    return call

@@ -79,31 +79,20 @@ def open_runtime(path: str | Path, opts: Options) -> Runtime:
         program = ep.module()
         call = program if takes_kwargs else by_position(program, names)
         return Runtime(path, d.format, call, program, state.inputs, bool(ep.range_constraints))
-    if d.format == "aoti":
-        import torch
+    if d.format in ("aoti", "onnx"):
+        from ptconvert.verify.isolated import IsolatedRuntime
 
-        guard(path, trust=opts.trust)  # its shared library runs native code: needs --trust
-        runner = torch._inductor.aoti_load_package(str(path))
-        return Runtime(
-            path, d.format, lambda **kw: runner(*kw.values()), None, steps.user_inputs(opts)
-        )
-    if d.format == "onnx":
-        return _onnx_runtime(path, opts)
+        if d.format == "aoti":
+            guard(path, trust=opts.trust)  # its shared library runs native code: needs --trust
+        else:
+            import importlib.util
+
+            if importlib.util.find_spec("onnxruntime") is None:  # say so here, not in the child
+                raise MissingRequirementError(
+                    "this needs the optional package 'onnxruntime', which is not installed",
+                    hint="pip install 'ptconvert[onnx]'",
+                )
+        # both may leak memory or crash: they run in a spawned process
+        runtime = IsolatedRuntime(d.format, str(path))
+        return Runtime(path, d.format, runtime, None, steps.user_inputs(opts))
     raise MissingRequirementError(f"no runtime for {d.format} files", path=path)
-
-
-def _onnx_runtime(path: Path, opts: Options) -> Runtime:
-    from ptconvert.convert import steps
-    from ptconvert.deps import require
-
-    ort = require("onnxruntime")
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
-
-    def call(**kwargs: Any) -> Any:
-        import torch
-
-        feeds = {n: kwargs[n].detach().cpu().numpy() for n in names}
-        return tuple(torch.from_numpy(o) for o in session.run(None, feeds))
-
-    return Runtime(path, "onnx", call, None, steps.user_inputs(opts))

@@ -80,3 +80,28 @@ def test_verify_torchscript_and_onnx_runtimes(samples, capsys) -> None:
 def test_verify_needs_a_model_for_weights_against_a_program(samples, capsys) -> None:
     code, report, _ = run_cli(["verify", str(samples["mlp_zip"]), str(samples["mlp_pt2"])], capsys)
     assert code == 5 and "--model" in report["error"]["hint"]
+
+
+def test_onnx_runs_in_a_spawned_process(samples) -> None:
+    import os
+
+    from ptconvert.verify.isolated import IsolatedRuntime
+    from ptconvert.verify.runtime import open_runtime
+
+    runtime = open_runtime(samples["mlp_onnx"], Options())
+    assert isinstance(runtime.call, IsolatedRuntime)
+    assert runtime.call._proc.pid != os.getpid() and runtime.call._proc.is_alive()
+    x = torch.randn(3, 8)
+    (y,) = runtime.call(x=x)
+    torch.testing.assert_close(y, seeded(MLP())(x))
+    runtime.call.close()
+    assert not runtime.call._proc.is_alive()
+
+
+def test_seed_and_device_options(samples, capsys) -> None:
+    args = ["verify", str(samples["mlp_zip"]), str(samples["mlp_pt2"]), *MLP_ARGS, "--seed", "7"]
+    code, report, _ = run_cli(args, capsys)
+    assert code == 0 and report["environment"]["device"] == "cpu"
+    if not torch.cuda.is_available():
+        code, report, _ = run_cli([*args, "--device", "cuda"], capsys)
+        assert code == 5 and "CUDA is not available" in report["error"]["message"]
