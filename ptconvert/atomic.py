@@ -56,6 +56,10 @@ def atomic_path(output: Path, *, directory: bool = False) -> Iterator[Path]:
         tmp = Path(name)
     try:
         yield tmp
+        # mkstemp/mkdtemp create private (0600/0700) paths: give the output the usual mode
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod((0o777 if tmp.is_dir() else 0o666) & ~umask)
         if directory and output.exists():
             # a directory cannot be renamed over a non-empty one: move the old one aside first
             old = output.with_name(f".{output.name}.old")

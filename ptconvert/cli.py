@@ -404,6 +404,7 @@ def verify(
 @click.option("--warmup", type=int, default=5, help="Warm-up calls before timing.")
 @click.option("--threads", type=int, help="torch threads for every contender.")
 @click.option("--trust", is_flag=True, help="Allow whole-module pickles and AOTI native code.")
+@click.option("--plot", "plot_path", type=click.Path(), help="Draw the latencies to a PNG.")
 def bench(
     artifact: str,
     as_json: bool,
@@ -418,6 +419,7 @@ def bench(
     warmup: int,
     threads: int | None,
     trust: bool,
+    plot_path: str | None,
 ) -> None:
     """Time ARTIFACT against eager and torch.compile on the same inputs."""
     from pathlib import Path
@@ -446,6 +448,10 @@ def bench(
             warmup=warmup,
             threads=threads,
         )
+    if plot_path:
+        from ptconvert.verify.bench import plot
+
+        plot(report, plot_path)
     if as_json:
         _emit_json(report.to_dict())
     else:

@@ -13,6 +13,7 @@ EXTRAS: dict[str, str] = {
     "onnxruntime": "onnx",
     "onnxscript": "onnx",
     "transformers": "hf",
+    "matplotlib": "plot",
 }
 
 

@@ -167,3 +167,33 @@ def bench_artifact(
         threads=threads,
         skipped=skipped,
     )
+
+
+def plot(report: BenchReport, path: str) -> None:
+    """Median latency (p25–p75 as error bars) per runtime and batch size, as a PNG."""
+    from ptconvert.atomic import atomic_path
+    from ptconvert.deps import require
+
+    require("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for runtime in dict.fromkeys(t.runtime for t in report.timings):
+        rows = [t for t in report.timings if t.runtime == runtime]
+        xs = [t.batch for t in rows]
+        ys = [t.median_ms for t in rows]
+        err = [[t.median_ms - t.p25_ms for t in rows], [t.p75_ms - t.median_ms for t in rows]]
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=runtime)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("latency per call (ms, median)")
+    ax.set_title(f"{report.artifact} ({report.threads} threads, {report.device})")
+    ax.legend()
+    fig.tight_layout()
+    from pathlib import Path
+
+    with atomic_path(Path(path)) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)

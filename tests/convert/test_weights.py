@@ -315,3 +315,13 @@ def test_inputs_are_never_modified(samples: dict[str, Path], tmp_path: Path) -> 
         assert state(samples[name]) == before
     with pytest.raises(Exception, match="overwrite the input"):
         convert_weights(samples["mlp_zip"], "pt", samples["mlp_zip"], force=True)
+
+
+def test_outputs_get_the_usual_permissions(samples: dict[str, Path], tmp_path: Path) -> None:
+    import stat
+
+    out = tmp_path / "perm.safetensors"
+    convert_weights(samples["mlp_zip"], "safetensors", out)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask

@@ -65,3 +65,12 @@ def test_convert_with_bench_times_eager_compile_and_pt2(tmp_path: Path, capsys) 
         compiled["first_call_s"] > compiled["median_ms"] / 1000
     )  # the compile is in the first call
     _check_ratios(bench)
+
+
+def test_bench_plot(samples: dict[str, Path], tmp_path: Path, capsys) -> None:
+    png = tmp_path / "latency.png"
+    args = ["bench", str(samples["mlp_pt2"]), "--reference", str(samples["mlp_zip"]), *MLP_ARGS]
+    code, _, _ = run_cli(
+        [*args, "--compile-mode", "none", "--repeats", "3", "--plot", str(png)], capsys
+    )
+    assert code == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
