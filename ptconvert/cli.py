@@ -405,6 +405,7 @@ def verify(
 @click.option("--threads", type=int, help="torch threads for every contender.")
 @click.option("--trust", is_flag=True, help="Allow whole-module pickles and AOTI native code.")
 @click.option("--plot", "plot_path", type=click.Path(), help="Draw the latencies to a PNG.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", help="Where to run.")
 def bench(
     artifact: str,
     as_json: bool,
@@ -420,6 +421,7 @@ def bench(
     threads: int | None,
     trust: bool,
     plot_path: str | None,
+    device: str,
 ) -> None:
     """Time ARTIFACT against eager and torch.compile on the same inputs."""
     from pathlib import Path
@@ -447,6 +449,7 @@ def bench(
             repeats=repeats,
             warmup=warmup,
             threads=threads,
+            device=device,
         )
     if plot_path:
         from ptconvert.verify.bench import plot

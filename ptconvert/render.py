@@ -180,12 +180,7 @@ def render_conversion(report: Any, console: Console | None = None) -> None:
     for note in report.notes:
         console.print(f"note: {escape(note)}")
     if report.parity is not None:
-        p = Table("batch", "parity", "max abs error", "worst output")
-        for s in report.parity.sizes:
-            p.add_row(
-                str(s.batch), s.status, f"{s.max_abs_error:.3g}", escape(s.worst_output or "-")
-            )
-        console.print(p)
+        console.print(parity_table(report.parity))
 
 
 def render_plan(payload: dict[str, Any], console: Console | None = None) -> None:
@@ -220,32 +215,7 @@ def render_verify(report: Any, console: Console | None = None) -> None:
         w = report.weights
         console.print(f"{w.tensors} tensors bitwise equal ({_size(w.bytes_compared)})")
         return
-    t = Table(
-        "batch",
-        "output",
-        "status",
-        "max abs",
-        "max rel",
-        "RMSE vs fp64",
-        "eager RMSE",
-        "outside tol",
-    )
-    for s in report.parity.sizes:
-        if not s.outputs:
-            t.add_row(str(s.batch), "-", s.status, "", "", "", "", escape(s.detail))
-        for o in s.outputs:
-            rm = "-" if o.rmse_vs_fp64 is None else f"{o.rmse_vs_fp64:.2e}"
-            em = "-" if o.eager_rmse_vs_fp64 is None else f"{o.eager_rmse_vs_fp64:.2e}"
-            t.add_row(
-                str(s.batch),
-                escape(o.name),
-                o.status,
-                f"{o.max_abs_error:.2e}",
-                f"{o.max_rel_error:.2e}",
-                rm,
-                em,
-                f"{o.outside_tolerance:.1%}",
-            )
+    t = parity_table(report.parity)
     console.print(t)
     env = report.environment
     console.print(f"torch {env.get('torch')}, {env.get('threads')} threads, CUDA {env.get('cuda')}")
@@ -276,3 +246,27 @@ def render_bench(report: Any, console: Console | None = None) -> None:
         f"{report.threads} threads, {report.repeats} interleaved rounds, "
         f"peak RSS {report.peak_rss_mib:.0f} MiB"
     )
+
+
+def parity_table(parity: Any) -> Table:
+    """One row per batch size and output: errors against eager and against the fp64 run."""
+    t = Table(
+        "batch", "output", "status", "max abs", "max rel", "RMSE vs fp64", "eager RMSE", "outside"
+    )
+    for s in parity.sizes:
+        if not s.outputs:
+            t.add_row(str(s.batch), "-", s.status, "", "", "", "", escape(s.detail))
+        for o in s.outputs:
+            rm = "-" if o.rmse_vs_fp64 is None else f"{o.rmse_vs_fp64:.2e}"
+            em = "-" if o.eager_rmse_vs_fp64 is None else f"{o.eager_rmse_vs_fp64:.2e}"
+            t.add_row(
+                str(s.batch),
+                escape(o.name),
+                o.status,
+                f"{o.max_abs_error:.2e}",
+                f"{o.max_rel_error:.2e}",
+                rm,
+                em,
+                f"{o.outside_tolerance:.1%}",
+            )
+    return t

@@ -124,9 +124,11 @@ def bench_artifact(
     repeats: int = 30,
     warmup: int = 5,
     threads: int | None = None,
+    device: str = "cpu",
 ) -> BenchReport:
     """Eager (the reference's module, or the artifact's own), torch.compile of it, and the
-    artifact's runtime, on the artifact's (or the reference's) example inputs."""
+    artifact's runtime, on the artifact's (or the reference's) example inputs, all on
+    ``device``."""
     import torch
 
     from ptconvert.errors import MissingRequirementError
@@ -146,6 +148,11 @@ def bench_artifact(
     contenders: dict[str, Callable[..., Any]] = {}
     skipped: dict[str, str] = {}
     eager = ref.call if reference else ref.module
+    from ptconvert.verify.check import on_device, require_device
+
+    require_device(device)
+    if device != "cpu" and eager is not None:
+        eager = eager.to(device) if isinstance(eager, torch.nn.Module) else on_device(ref, device)
     if eager is not None:
         contenders["eager"] = eager
     if compile_mode == "none":
@@ -155,16 +162,24 @@ def bench_artifact(
         contenders["torch.compile"] = torch.compile(eager, mode=mode)
     else:
         skipped["torch.compile"] = "no eager nn.Module to compile (pass --reference SRC)"
-    contenders["artifact"] = cand.call
+    if device == "cpu":
+        contenders["artifact"] = cand.call
+    else:
+        contenders["artifact"] = on_device(cand, device)
     sizes = batch_sizes or [inputs.batch]
+
+    def make(b: int) -> dict[str, Any]:
+        return {k: v.to(device) if hasattr(v, "to") else v for k, v in inputs.at(b).items()}
+
     return bench(
         artifact,
         contenders,
-        inputs.at,
+        make,
         sizes,
         repeats=repeats,
         warmup=warmup,
         threads=threads,
+        device=device,
         skipped=skipped,
     )
 

@@ -122,6 +122,16 @@ def verify(
     return report
 
 
+def require_device(device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise MissingRequirementError(
+            "--device cuda: CUDA is not available on this machine",
+            hint="run on a machine with a GPU, or use --device cpu",
+        )
+
+
 def on_device(runtime: Any, device: str) -> Any:
     """The runtime's call with its module and inputs on ``device`` and outputs back on the CPU."""
     if device == "cpu":
@@ -129,11 +139,7 @@ def on_device(runtime: Any, device: str) -> Any:
     import torch
     from torch.utils._pytree import tree_map
 
-    if device == "cuda" and not torch.cuda.is_available():
-        raise MissingRequirementError(
-            "--device cuda: CUDA is not available on this machine",
-            hint="run on a machine with a GPU, or use --device cpu",
-        )
+    require_device(device)
     if runtime.module is None:
         raise MissingRequirementError(
             f"{runtime.format} runs on the CPU only here", path=runtime.path

@@ -74,3 +74,13 @@ def test_bench_plot(samples: dict[str, Path], tmp_path: Path, capsys) -> None:
         [*args, "--compile-mode", "none", "--repeats", "3", "--plot", str(png)], capsys
     )
     assert code == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_on_cuda_without_a_gpu_says_so(samples: dict[str, Path], capsys) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    args = ["bench", str(samples["mlp_pt2"]), "--reference", str(samples["mlp_zip"]), *MLP_ARGS]
+    code, report, _ = run_cli([*args, "--device", "cuda"], capsys)
+    assert code == 5 and "CUDA is not available" in report["error"]["message"]
