@@ -26,6 +26,7 @@ class Timing(Report):
     p25_ms: float
     p75_ms: float
     samples: int
+    peak_memory_mib: float | None = None  # CUDA: this contender's peak during its warm-up
 
 
 @dataclass
@@ -77,10 +78,13 @@ def bench(
     for b in batch_sizes:
         inputs = make_inputs(b)
         first: dict[str, float] = {}
+        peaks: dict[str, float] = {}
         live = dict(contenders)
         with torch.no_grad():
             for name, fn in list(live.items()):
                 try:
+                    if device == "cuda":
+                        torch.cuda.reset_peak_memory_stats()
                     t = time.perf_counter()
                     fn(**inputs)
                     _sync(device)
@@ -88,6 +92,8 @@ def bench(
                     for _ in range(warmup - 1):
                         fn(**inputs)
                     _sync(device)
+                    if device == "cuda":
+                        peaks[name] = torch.cuda.max_memory_allocated() / 2**20
                 except Exception as exc:  # a contender that cannot run is reported, not fatal
                     report.skipped[name] = f"batch {b}: {type(exc).__name__}: {exc}"[:200]
                     del live[name]
@@ -101,7 +107,7 @@ def bench(
         for name, values in samples.items():
             med, p25, p75 = _quantiles(values)
             report.timings.append(
-                Timing(name, b, round(first[name], 4), med, p25, p75, len(values))
+                Timing(name, b, round(first[name], 4), med, p25, p75, len(values), peaks.get(name))
             )
         medians = {t.runtime: t.median_ms for t in report.timings if t.batch == b}
         row: dict[str, Any] = {"batch": b}

@@ -99,6 +99,9 @@ def verify(
             hint="pass --input NAME:SHAPE:DTYPE (repeatable) or --example-inputs FILE",
         )
     batches = batch_sizes or (VARIED_BATCHES if cand.dynamic else [inputs.batch])
+    if not batch_sizes and cand.max_batch and cand.max_batch not in batches:
+        # the maximum of a bounded range is a size where off-by-one specialisations show
+        batches = sorted(b for b in {*batches, cand.max_batch} if b <= cand.max_batch)
     candidate_call = on_device(cand, device)
     # an eager module as reference also gives the fp64 ground truth (programs cannot be cast)
     parity = compare(ref.call, candidate_call, inputs.at, batches, atol=atol, rtol=rtol)

@@ -32,6 +32,7 @@ class Runtime:
     module: Any = None  # an nn.Module when there is one (the fp64 reference needs it)
     inputs: ExampleInputs | None = None
     dynamic: bool = True  # accepts other batch sizes than its example
+    max_batch: int | None = None  # the upper end of a bounded dynamic batch dimension
 
 
 def by_position(fn: Callable[..., Any], names: list[str]) -> Callable[..., Any]:
@@ -78,7 +79,15 @@ def open_runtime(path: str | Path, opts: Options) -> Runtime:
         takes_kwargs = bool(getattr(kwargs_spec, "context", None))
         program = ep.module()
         call = program if takes_kwargs else by_position(program, names)
-        return Runtime(path, d.format, call, program, state.inputs, bool(ep.range_constraints))
+        return Runtime(
+            path,
+            d.format,
+            call,
+            program,
+            state.inputs,
+            bool(ep.range_constraints),
+            _max_batch(ep),
+        )
     if d.format in ("aoti", "onnx"):
         from ptconvert.verify.isolated import IsolatedRuntime
 
@@ -96,3 +105,19 @@ def open_runtime(path: str | Path, opts: Options) -> Runtime:
         runtime = IsolatedRuntime(d.format, str(path))
         return Runtime(path, d.format, runtime, None, steps.user_inputs(opts))
     raise MissingRequirementError(f"no runtime for {d.format} files", path=path)
+
+
+def _max_batch(ep: Any) -> int | None:
+    """The finite upper bound of the first user input's dim 0, when it is dynamic."""
+    users = {s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"}
+    for node in ep.graph.nodes:
+        if node.op != "placeholder" or node.name not in users:
+            continue
+        shape = getattr(node.meta.get("val"), "shape", None)
+        expr = getattr(getattr(shape[0], "node", None), "expr", None) if shape else None
+        bound = ep.range_constraints.get(expr) if expr is not None else None
+        if bound is None or "oo" in str(bound.upper):  # unbounded (sympy's int_oo)
+            return None
+        upper = int(bound.upper)
+        return upper if upper is not None and upper < 1 << 20 else None
+    return None

@@ -105,3 +105,10 @@ def test_seed_and_device_options(samples, capsys) -> None:
     if not torch.cuda.is_available():
         code, report, _ = run_cli([*args, "--device", "cuda"], capsys)
         assert code == 5 and "CUDA is not available" in report["error"]["message"]
+
+
+def test_a_bounded_dynamic_batch_is_checked_at_its_maximum(samples, capsys) -> None:
+    code, report, _ = run_cli(
+        ["verify", str(samples["mlp_zip"]), str(samples["mlp_pt2"]), *MLP_ARGS], capsys
+    )
+    assert code == 0 and report["batches"] == [1, 2, 3, 5, 7, 64]  # the fixture's Dim max is 64
