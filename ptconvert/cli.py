@@ -54,6 +54,41 @@ def _emit_json(payload: Any) -> None:
     click.echo(json.dumps(payload, indent=2, default=str))
 
 
+_MODEL_OPTIONS = (
+    click.option("--model", help="Model spec: pkg.module:factory or file.py:factory."),
+    click.option("--model-arg", multiple=True, help="k=v argument for the factory (repeatable)."),
+    click.option("--input", "inputs", multiple=True, help="NAME:SHAPE:DTYPE example input."),
+    click.option("--example-inputs", type=click.Path(), help="Example inputs (.safetensors/.pt)."),
+    click.option("--seed", type=int, default=0, help="Seed of generated example inputs."),
+    click.option("--trust", is_flag=True, help="Allow whole-module pickles and AOTI native code."),
+)
+
+
+def model_options(fn: Any) -> Any:
+    """The options that say which model a file holds and what it is fed (one set for all)."""
+    for option in reversed(_MODEL_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def _spec_options(options: dict[str, Any], **extra: Any) -> Any:
+    """Options from the model_options values (plus command-specific fields)."""
+    from pathlib import Path
+
+    from ptconvert.convert.modelspec import parse_model_args
+    from ptconvert.convert.state import Options
+
+    return Options(
+        model=options["model"],
+        model_args=parse_model_args(options["model_arg"]),
+        inputs=list(options["inputs"]),
+        example_inputs=Path(options["example_inputs"]) if options["example_inputs"] else None,
+        seed=options["seed"],
+        trust=options["trust"],
+        **extra,
+    )
+
+
 @cli.command()
 @click.argument("src", type=click.Path(path_type=str))
 @click.option("--to", "to", required=True, help="Target format (see `ptconvert formats`).")
@@ -61,15 +96,10 @@ def _emit_json(payload: Any) -> None:
 @click.option("--force", is_flag=True, help="Replace an existing output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON only.")
 @click.option("--no-verify", is_flag=True, help="Skip the parity check after converting.")
-@click.option("--trust", is_flag=True, help="Allow loading whole-module pickles (needs-code).")
 @click.option("--key", help="Take the weights from this entry of a checkpoint dict.")
 @click.option("--keep-prefix", is_flag=True, help="Keep a prefix shared by all keys.")
 @click.option("--max-shard-size", help="Write shards of at most this size (e.g. 5GB).")
 @click.option("--metadata", multiple=True, help="k=v safetensors metadata (repeatable).")
-@click.option("--model", help="Model spec: pkg.module:factory or file.py:factory.")
-@click.option("--model-arg", multiple=True, help="k=v argument for the factory (repeatable).")
-@click.option("--input", "inputs", multiple=True, help="NAME:SHAPE:DTYPE example input.")
-@click.option("--example-inputs", type=click.Path(), help="Example inputs file (.pt/.safetensors).")
 @click.option("--dynamic-batch", is_flag=True, help="Make dimension 0 of batched inputs dynamic.")
 @click.option("--dynamic", multiple=True, help="NAME:AXIS[:MIN:MAX] dynamic dimension.")
 @click.option(
@@ -89,6 +119,7 @@ def _emit_json(payload: Any) -> None:
 @click.option("--bench", is_flag=True, help="Time the result against eager and torch.compile.")
 @click.option("--skip-unsupported", is_flag=True, help="Leave out quantized/sparse/nested tensors.")
 @click.option("--batch-sizes", help="With --bench: batch sizes to time (e.g. 1,8,32).")
+@model_options
 def convert(src: str, to: str, as_json: bool, **options: Any) -> None:
     """Convert SRC to the format named by --to."""
     progress.set_quiet(as_json)
@@ -120,22 +151,13 @@ def convert(src: str, to: str, as_json: bool, **options: Any) -> None:
 
 
 def _options(options: dict[str, Any]) -> Any:
-    from pathlib import Path
-
-    from ptconvert.convert.modelspec import parse_model_args
-    from ptconvert.convert.state import Options
-
-    return Options(
-        model=options["model"],
-        model_args=parse_model_args(options["model_arg"]),
+    return _spec_options(
+        options,
         task=options["task"],
-        inputs=list(options["inputs"]),
-        example_inputs=Path(options["example_inputs"]) if options["example_inputs"] else None,
         dynamic_batch=options["dynamic_batch"],
         dynamic=list(options["dynamic"]),
         method=options["method"],
         strict=options["export_mode"],
-        trust=options["trust"],
         key=options["key"],
         keep_prefix=options["keep_prefix"],
         skip_unsupported=options["skip_unsupported"],
@@ -263,31 +285,12 @@ def scan(paths: tuple[str, ...], as_json: bool, jobs: int, allow: tuple[str, ...
 @click.argument("src", type=click.Path(path_type=str))
 @click.option("--to", "to", required=True, help="Target format.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-@click.option("--model", help="Model spec: pkg.module:factory or file.py:factory.")
-@click.option("--input", "inputs", multiple=True, help="NAME:SHAPE:DTYPE example input.")
-@click.option("--example-inputs", type=click.Path(), help="Example inputs file.")
-@click.option("--trust", is_flag=True, help="Allow loading whole-module pickles.")
-def plan(
-    src: str,
-    to: str,
-    as_json: bool,
-    model: str | None,
-    inputs: tuple[str, ...],
-    example_inputs: str | None,
-    trust: bool,
-) -> None:
+@model_options
+def plan(src: str, to: str, as_json: bool, **options: Any) -> None:
     """Show the route from SRC to a format, each step, and what is missing."""
-    from pathlib import Path
-
     from ptconvert.convert.engine import plan_for
-    from ptconvert.convert.state import Options
 
-    opts = Options(
-        model=model,
-        inputs=list(inputs),
-        trust=trust,
-        example_inputs=Path(example_inputs) if example_inputs else None,
-    )
+    opts = _spec_options(options)
     result = plan_for(src, to, opts)
     payload = {
         "source": src,
@@ -314,18 +317,11 @@ def plan(
 @click.argument("reference", type=click.Path(path_type=str))
 @click.argument("candidate", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-@click.option(
-    "--model", help="Model spec for a weights file: pkg.module:factory or file.py:factory."
-)
-@click.option("--model-arg", multiple=True, help="k=v argument for the factory (repeatable).")
-@click.option("--input", "inputs", multiple=True, help="NAME:SHAPE:DTYPE example input.")
-@click.option("--example-inputs", type=click.Path(), help="Example inputs file.")
+@model_options
 @click.option("--batch-sizes", help="Comma-separated batch sizes (default: 1,2,3,5,7 if dynamic).")
 @click.option("--atol", type=float, help="Absolute tolerance (default: by dtype).")
 @click.option("--rtol", type=float, help="Relative tolerance (default: by dtype).")
 @click.option("--warn-only", is_flag=True, help="Report a mismatch without failing.")
-@click.option("--trust", is_flag=True, help="Allow whole-module pickles and AOTI native code.")
-@click.option("--seed", type=int, default=0, help="Seed of the example inputs.")
 @click.option(
     "--device",
     type=click.Choice(["cpu", "cuda"]),
@@ -336,34 +332,18 @@ def verify(
     reference: str,
     candidate: str,
     as_json: bool,
-    model: str | None,
-    model_arg: tuple[str, ...],
-    inputs: tuple[str, ...],
-    example_inputs: str | None,
     batch_sizes: str | None,
     atol: float | None,
     rtol: float | None,
     warn_only: bool,
-    trust: bool,
-    seed: int,
     device: str,
+    **options: Any,
 ) -> None:
     """Check that CANDIDATE computes (or holds) the same numbers as REFERENCE."""
-    from pathlib import Path
-
-    from ptconvert.convert.modelspec import parse_model_args
-    from ptconvert.convert.state import Options
     from ptconvert.verify.check import verify as run_verify
 
     progress.set_quiet(as_json)
-    opts = Options(
-        model=model,
-        model_args=parse_model_args(model_arg),
-        inputs=list(inputs),
-        trust=trust,
-        example_inputs=Path(example_inputs) if example_inputs else None,
-        seed=seed,
-    )
+    opts = _spec_options(options)
     sizes = [int(b) for b in batch_sizes.split(",")] if batch_sizes else None
     with progress.step("verifying"):
         report = run_verify(
@@ -390,10 +370,7 @@ def verify(
 @click.option(
     "--reference", type=click.Path(), help="The eager source (weights + --model, HF dir)."
 )
-@click.option("--model", help="Model spec: pkg.module:factory or file.py:factory.")
-@click.option("--model-arg", multiple=True, help="k=v argument for the factory (repeatable).")
-@click.option("--input", "inputs", multiple=True, help="NAME:SHAPE:DTYPE example input.")
-@click.option("--example-inputs", type=click.Path(), help="Example inputs file.")
+@model_options
 @click.option("--batch-sizes", help="Comma-separated batch sizes to time (e.g. 1,8,32).")
 @click.option(
     "--compile-mode",
@@ -403,41 +380,26 @@ def verify(
 @click.option("--repeats", type=int, default=30, help="Timed rounds (interleaved).")
 @click.option("--warmup", type=int, default=5, help="Warm-up calls before timing.")
 @click.option("--threads", type=int, help="torch threads for every contender.")
-@click.option("--trust", is_flag=True, help="Allow whole-module pickles and AOTI native code.")
 @click.option("--plot", "plot_path", type=click.Path(), help="Draw the latencies to a PNG.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", help="Where to run.")
 def bench(
     artifact: str,
     as_json: bool,
     reference: str | None,
-    model: str | None,
-    model_arg: tuple[str, ...],
-    inputs: tuple[str, ...],
-    example_inputs: str | None,
     batch_sizes: str | None,
     compile_mode: str,
     repeats: int,
     warmup: int,
     threads: int | None,
-    trust: bool,
     plot_path: str | None,
     device: str,
+    **options: Any,
 ) -> None:
     """Time ARTIFACT against eager and torch.compile on the same inputs."""
-    from pathlib import Path
-
-    from ptconvert.convert.modelspec import parse_model_args
-    from ptconvert.convert.state import Options
     from ptconvert.verify.bench import bench_artifact
 
     progress.set_quiet(as_json)
-    opts = Options(
-        model=model,
-        model_args=parse_model_args(model_arg),
-        inputs=list(inputs),
-        trust=trust,
-        example_inputs=Path(example_inputs) if example_inputs else None,
-    )
+    opts = _spec_options(options)
     sizes = [int(b) for b in batch_sizes.split(",")] if batch_sizes else None
     with progress.step("timing eager, torch.compile and the artifact"):
         report = bench_artifact(
