@@ -50,15 +50,6 @@ class SizeResult(Report):
     outputs: list[OutputResult] = field(default_factory=list)
     detail: str = ""
 
-    @property
-    def max_abs_error(self) -> float:
-        return max((o.max_abs_error for o in self.outputs), default=0.0)
-
-    @property
-    def worst_output(self) -> str | None:
-        worst = max(self.outputs, key=lambda o: o.max_abs_error, default=None)
-        return worst.name if worst else None
-
 
 @dataclass
 class ParityReport(Report):
