@@ -1,11 +1,11 @@
-"""Scanner speed and detection against picklescan and modelscan, measured in one run.
+"""Scanner speed and detection against picklescan, modelscan and modelaudit, in one run.
 
 1. Time to scan a generated ~1 GB torch checkpoint: `ptconvert scan` vs `picklescan --path`.
 2. Time to scan the whole test corpus (malicious techniques + benign checkpoints) in one call
    per tool, and each tool's detections (malicious files flagged) and false alarms (benign
    files flagged), counted from one call per file (exit status non-zero = flagged).
 
-picklescan and modelscan are installed only in the benchmark's own virtual environment
+picklescan, modelscan and modelaudit are installed only in the benchmark's own virtual environment
 (--tools-venv, created on first use); they are not dependencies of ptconvert.
 Run: `.venv/bin/python benchmarks/scan.py [--tools-venv /tmp/ptconvert-scan-tools]`.
 """
@@ -30,16 +30,18 @@ PTCONVERT = str(Path(sys.executable).parent / "ptconvert")
 
 
 def tools(venv: Path) -> dict[str, list[str]]:
-    if not (venv / "bin" / "picklescan").exists():
+    if not (venv / "bin" / "modelaudit").exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run(
-            [str(venv / "bin" / "pip"), "install", "-q", "picklescan", "modelscan"], check=True
+            [str(venv / "bin" / "pip"), "install", "-q", "picklescan", "modelscan", "modelaudit"],
+            check=True,
         )
     return {
         "ptconvert": [PTCONVERT, "scan", "--json"],
         "ptconvert (table)": [PTCONVERT, "scan"],
         "picklescan": [str(venv / "bin" / "picklescan"), "--path"],
         "modelscan": [str(venv / "bin" / "modelscan"), "-p"],
+        "modelaudit": [str(venv / "bin" / "modelaudit"), "scan"],
     }
 
 
@@ -89,7 +91,9 @@ def main() -> None:
                 benign[name] = (dest, benign[name][1])
         print(f"1 GB checkpoint ({big.stat().st_size / 2**30:.2f} GiB), median of 3:")
         big_times = {
-            name: timed([*cmd, str(big)]) for name, cmd in cmds.items() if name != "modelscan"
+            name: timed([*cmd, str(big)])
+            for name, cmd in cmds.items()
+            if name not in ("modelscan", "modelaudit")
         }
         for name, secs in big_times.items():
             print(f"  {name:17} {secs:6.2f} s")

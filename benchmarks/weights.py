@@ -8,15 +8,18 @@ larger storage) and measures, side by side in one run, wall time and peak RSS of
 - the naive reference: torch.load + safetensors.torch.save_file
 - ptconvert safetensors → pickle, and pickle → sharded safetensors (--max-shard-size 500MB)
 
-Run: `.venv/bin/python benchmarks/weights.py [--size-gb 2] [--dir DIR]`. Warm page cache: every
-command runs once untimed first, then REPEATS rounds interleave all commands (median wall time,
-highest peak RSS); outputs are removed and the disk synced before each run, so that freeing or
-flushing the previous output is not timed.
+Run: `.venv/bin/python benchmarks/weights.py [--size-gb 2] [--dir DIR] [--repeats 5]`. Warm page
+cache: every command runs once untimed first, then --repeats rounds interleave all commands
+(median wall time, highest peak RSS); outputs are removed and the disk synced before each run, so
+that freeing or flushing the previous output is not timed. The verification reads the source
+again with an independent reader (torch.load for pickles, safe_open for safetensors): its share
+of each verifying conversion is printed after the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -68,10 +71,23 @@ def measure(cmd: list[str], outputs: list[Path]) -> tuple[float, float]:
     return elapsed, usage.ru_maxrss / 1024
 
 
+def verification_split(cmd: list[str], outputs: list[Path]) -> str:
+    """The verification's seconds and its independent reader's share, from one --json run."""
+    for out in outputs:
+        shutil.rmtree(out) if out.is_dir() else out.unlink(missing_ok=True)
+    done = subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True)
+    check = json.loads(done.stdout)["verification"]
+    return (
+        f"verification {check['seconds']:.2f} s, of which the independent reader "
+        f"({check['reader']}) {check['reader_seconds']:.2f} s"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-gb", type=float, default=2.0)
     ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--repeats", type=int, default=REPEATS)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ptconvert-bench-", dir=args.dir))
     try:
@@ -105,7 +121,7 @@ def main() -> None:
         for _, cmd, outputs in cases:  # warm the page cache and the imports
             measure(cmd, outputs)
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in cases}
-        for _ in range(REPEATS):  # interleaved, so that disk and cache state hit all alike
+        for _ in range(args.repeats):  # interleaved, so that disk and cache state hit all alike
             for name, cmd, outputs in cases:
                 runs[name].append(measure(cmd, outputs))
         results = {
@@ -118,6 +134,9 @@ def main() -> None:
         print(f"{'command':32} {'seconds':>8} {'× cp':>7} {'peak RSS':>10}")
         for name, (secs, rss) in results.items():
             print(f"{name:32} {secs:8.2f} {secs / cp_time:7.2f} {rss:8.0f} MiB")
+        for name, cmd, outputs in cases:
+            if name.startswith("ptconvert ") and "sharded" not in name:
+                print(f"{name}: {verification_split(cmd, outputs)}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -1,11 +1,12 @@
 """A zip reader that sees archives the way torch's reader does.
 
-torch (miniz) locates members through the central directory, then skips the member's local
-header to reach its bytes; it ignores CRCs and most flag bits. Python's ``zipfile`` refuses some
-of those archives, so a scanner built on it sees less than torch loads. This reader follows the
-central directory like torch, returns exact byte offsets of stored members (the weights fast path
-copies from them), and records every oddity it meets in ``anomalies`` so that the scanner can
-refuse an ambiguous archive instead of guessing.
+torch treats a file as a zip only when it starts with a local header (``PK\x03\x04`` at byte 0);
+miniz then locates members through the central directory, by name compared case-insensitively,
+and skips the member's local header to reach its bytes; it ignores CRCs and most flag bits.
+Python's ``zipfile`` refuses some of those archives, so a scanner built on it sees less than
+torch loads. This reader follows the central directory like torch, returns exact byte offsets of
+stored members (the weights fast path copies from them), and records every oddity it meets in
+``anomalies`` so that the scanner can refuse an ambiguous archive instead of guessing.
 """
 
 from __future__ import annotations
@@ -60,8 +61,10 @@ class ZipArchive:
         return [m.name for m in self.members]
 
     def member(self, name: str) -> ZipMember | None:
+        """The member torch would open for ``name`` (miniz compares names case-insensitively)."""
+        want = name.lower()
         for m in self.members:
-            if m.name == name:
+            if m.name.lower() == want:
                 return m
         return None
 
@@ -86,14 +89,21 @@ class ZipArchive:
         if member.compress_type == STORED:
             return raw
         if member.compress_type == DEFLATED:
+            # never inflate past the declared size: a bomb stops here in bounded memory
+            cap = member.size if limit is None else min(limit, member.size)
             d = zlib.decompressobj(-15)
             try:
-                out = d.decompress(raw, limit or 0)
+                out = d.decompress(raw, cap + 1)
             except zlib.error as exc:
                 raise CorruptFileError(
                     f"zip member {member.name!r} is not valid deflate data ({exc})", path=self.path
                 ) from exc
-            return out
+            if len(out) > member.size:
+                raise CorruptFileError(
+                    f"zip member {member.name!r} inflates past its declared {member.size} bytes",
+                    path=self.path,
+                )
+            return out[:cap]
         raise CorruptFileError(
             f"zip member {member.name!r} uses compression method {member.compress_type}, "
             "which torch cannot read either",
@@ -101,8 +111,33 @@ class ZipArchive:
         )
 
 
-def looks_like_zip(head: bytes, tail: bytes) -> bool:
-    return head.startswith(_LOCAL) or _EOCD in tail
+def is_zip(head: bytes) -> bool:
+    """Whether torch reads this file as a zip archive (``_is_zipfile``: a local header first)."""
+    return head.startswith(_LOCAL)
+
+
+def is_tar(head: bytes) -> bool:
+    """A tar header as ``tarfile`` (and so torch's legacy loader) accepts it: by its checksum,
+    with or without the ustar magic (V7, ustar, GNU and pax headers)."""
+    if len(head) < 512 or head[:1] == b"\0":
+        return False
+    try:
+        claimed = int(head[148:156].split(b"\0", 1)[0].strip() or b"-1", 8)
+    except ValueError:
+        return False
+    block = bytearray(head[:512])
+    block[148:156] = b" " * 8
+    return claimed in (sum(block), sum(b - 256 if b > 127 else b for b in block))
+
+
+def has_zip_tail(tail: bytes) -> bool:
+    """Whether the file ends with an end-of-central-directory record (and its comment): a zip
+    appended to other data. A zip merely embedded in a pickle is followed by more opcodes."""
+    pos = tail.rfind(_EOCD)
+    if pos < 0 or len(tail) - pos < 22:
+        return False
+    (comment,) = struct.unpack("<H", tail[pos + 20 : pos + 22])
+    return pos + 22 + comment == len(tail)
 
 
 def _find_eocd(fh_fd: int, size: int) -> tuple[int, bytes]:
@@ -141,7 +176,7 @@ def open_zip(path: str | Path) -> ZipArchive:
                 "zip central directory points past its own end record (truncated file?)", path=path
             )
         if shift:
-            anomalies.append(f"{shift} bytes precede the zip archive")
+            anomalies.append(f"{shift} bytes of other data precede the zip archive")
         if count > MAX_MEMBERS:
             raise CorruptFileError(f"zip claims {count} members", path=path)
         cd = os.pread(fd, cd_size, cd_offset + shift)
@@ -171,9 +206,13 @@ def open_zip(path: str | Path) -> ZipArchive:
                 anomalies.append(f"member {name!r}: local header names it {lname!r}")
             if flags & ~0x0808 or lflags != flags:
                 anomalies.append(f"member {name!r}: unusual flag bits 0x{flags:04x}/0x{lflags:04x}")
-            if name in seen:
-                anomalies.append(f"member {name!r} appears more than once")
-            seen.add(name)
+            if name.lower() in seen:
+                anomalies.append(
+                    f"member {name!r} appears more than once (names compare ignoring case)"
+                )
+            seen.add(name.lower())
+            if name.startswith(("/", "\\")) or ".." in name.replace("\\", "/").split("/"):
+                anomalies.append(f"member {name!r} escapes the archive (absolute or '..' path)")
             members.append(
                 ZipMember(
                     name, method, csize, usize, lh_off, lh_off + 30 + lnlen + lxlen, flags, crc

@@ -125,7 +125,9 @@ def convert(src: str, to: str, as_json: bool, **options: Any) -> None:
     progress.set_quiet(as_json)
     from ptconvert.convert.weights import WEIGHT_SOURCES, WEIGHT_TARGETS, convert_weights
     from ptconvert.formats import detect
+    from ptconvert.scan.guard import refuse_unsafe
 
+    refuse_unsafe(src)  # before detection: an unrecognised file may still be a payload
     if to not in WEIGHT_TARGETS or detect(src).format not in WEIGHT_SOURCES:
         _convert_program(src, to, as_json, options)
         return

@@ -100,7 +100,12 @@ def render_weights(report: Any, console: Console | None = None) -> None:
     rows = [
         ("from", f"{report.source} ({report.source_format})"),
         ("to", f"{report.output} ({report.target_format})"),
-        ("path", "fast: byte copies in the kernel" if report.path == "fast" else "torch.load"),
+        (
+            "path",
+            "fast: byte copies in the kernel"
+            if report.path == "fast"
+            else "some tensors rebuilt in memory from their storage bytes",
+        ),
         ("tensors", f"{report.tensors} ({report.stored} stored, {_size(report.bytes)})"),
         ("time", f"{report.seconds:.2f} s"),
     ]
@@ -116,7 +121,9 @@ def render_weights(report: Any, console: Console | None = None) -> None:
     rows.append(
         (
             "verified",
-            f"{check.status}: {check.tensors} tensors bitwise equal ({_size(check.bytes_compared)})"
+            f"{check.status}: {check.tensors} tensors bitwise equal "
+            f"({_size(check.bytes_compared)}) to an independent reading of the source "
+            f"({check.reader}, {check.reader_seconds:.2f} s)"
             if check
             else "skipped (--no-verify)",
         )

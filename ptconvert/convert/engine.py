@@ -21,6 +21,7 @@ from ptconvert.convert.steps import STEPS, user_inputs
 from ptconvert.errors import PtconvertError, UnsupportedConversionError, VerificationError
 from ptconvert.formats import Detection, detect
 from ptconvert.report import Report
+from ptconvert.scan.guard import refuse_unsafe
 from ptconvert.verify.parity import ParityReport, compare
 
 SUFFIXES = {"pt2": ".pt2", "torchscript": ".ts.pt", "safetensors": ".safetensors", "pt": ".pt"}
@@ -64,6 +65,7 @@ def inapplicable(d: Detection) -> frozenset[Edge]:
 
 
 def plan_for(src: str | Path, to: str, opts: Options) -> Plan:
+    refuse_unsafe(src)
     d = detect(src)
     return plan(d.format, to, available_needs(d.format, opts), inapplicable(d))
 
@@ -75,6 +77,7 @@ def convert_program(
     opts = opts or Options()
     started = time.perf_counter()
     src = Path(src)
+    refuse_unsafe(src)
     d = detect(src)
     banned: set[Edge] = set(inapplicable(d))
     try:

@@ -153,7 +153,9 @@ def program_weights(state: RunState, opts: Options) -> None:
     if state.exported is not None:
         tensors = dict(state.exported.state_dict)
     elif state.src_format == "torchscript":
-        tensors = dict(_load_torchscript(state).state_dict())
+        # read from the attributes pickle symbolically: the program is not loaded for this
+        state.weights = read_weights(state.src, keep_prefix=True)
+        return
     else:
         load_pt2(state, opts)
         assert state.exported is not None

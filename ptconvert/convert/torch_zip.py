@@ -5,13 +5,12 @@ OrderedDict of ``torch._utils._rebuild_tensor_v2`` calls (``_v3`` with an untype
 dtypes that have no typed storage class) whose storages are persistent ids pointing at
 ``<root>/data/<key>`` members; members are stored uncompressed, 64-byte aligned, with real
 CRC-32s, and zip64 records are written when sizes or offsets need them. Tensor bytes are copied
-file-to-file in the kernel and checksummed from an mmap of the source, so memory stays flat
+file-to-file in the kernel and checksummed with pread into small buffers, so memory stays flat
 whatever the size.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 import zlib
@@ -26,7 +25,7 @@ from ptconvert.convert.weights_write import copy_range, tensor_bytes
 
 ROOT = "archive"
 ALIGN = 64
-CHUNK = 16 << 20
+CRC_CHUNK = 1 << 20
 _ZIP64_MARKER = 0xFFFFFFFF  # the field value that says "see the zip64 extra field"
 _ZIP64_LIMIT = _ZIP64_MARKER  # sizes and offsets from here on need zip64 records
 
@@ -159,15 +158,23 @@ def _local_header(name: bytes, size: int, crc: int, pos: int) -> bytes:
 
 
 def _crc_of_range(path: Path, offset: int, nbytes: int) -> int:
-    """CRC-32 of a file range, read through an mmap (zlib releases the GIL while it runs)."""
+    """CRC-32 of a file range, read with pread into one small buffer (zlib releases the GIL while
+    it runs). Not through an mmap: every page read that way would stay in this process's resident
+    set until the map is closed."""
     crc = 0
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        view = memoryview(mm)
-        try:
-            for pos in range(offset, offset + nbytes, CHUNK):
-                crc = zlib.crc32(view[pos : min(pos + CHUNK, offset + nbytes)], crc)
-        finally:
-            view.release()
+    buf = bytearray(CRC_CHUNK)
+    view = memoryview(buf)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        end = offset + nbytes
+        while offset < end:
+            n = os.preadv(fd, [view[: min(CRC_CHUNK, end - offset)]], offset)
+            if n <= 0:
+                raise OSError(f"{path} ended early while checksumming tensor bytes")
+            crc = zlib.crc32(view[:n], crc)
+            offset += n
+    finally:
+        os.close(fd)
     return crc
 
 

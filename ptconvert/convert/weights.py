@@ -16,16 +16,17 @@ from ptconvert.atomic import atomic_path, check_output
 from ptconvert.convert.torch_zip import write_torch_zip
 from ptconvert.convert.weights_read import WeightSet, read_weights
 from ptconvert.convert.weights_write import parse_size, write_safetensors
-from ptconvert.errors import UnsupportedConversionError
+from ptconvert.errors import NoWeightsError, UnsupportedConversionError
 from ptconvert.formats import detect
 from ptconvert.formats.hf import WEIGHT_NAMES
+from ptconvert.formats.safetensors import TORCH_TO_SAFETENSORS
 from ptconvert.formats.sharded import read_index
 from ptconvert.report import Report
-from ptconvert.scan.guard import guard
+from ptconvert.scan.guard import guard, refuse_unsafe
 from ptconvert.verify.weights import WeightsCheck, verify_weights
 
 WEIGHT_TARGETS = ("safetensors", "pt")
-WEIGHT_SOURCES = ("pt", "safetensors", "sharded", "hf")
+WEIGHT_SOURCES = ("pt", "safetensors", "sharded", "hf", "torchscript")
 
 
 @dataclass
@@ -46,6 +47,7 @@ class WeightsReport(Report):
     other_contents: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     verification: WeightsCheck | None = None
+    skipped: dict[str, str] = field(default_factory=dict)  # left out (--skip-unsupported): why
 
 
 def default_output(src: Path, fmt: str, source_format: str, sharded: bool) -> Path:
@@ -79,6 +81,7 @@ def convert_weights(
     src = Path(src)
     if to not in WEIGHT_TARGETS:
         raise UnsupportedConversionError(f"weights cannot be written as {to!r}", path=src)
+    refuse_unsafe(src.parent if src.name.endswith(".index.json") else src)
     d = detect(src)
     if d.format not in WEIGHT_SOURCES:
         raise UnsupportedConversionError(
@@ -92,9 +95,11 @@ def convert_weights(
     out = Path(output) if output else default_output(src, to, d.format, shard_bytes is not None)
     check_output(out, [src], force)
     with progress.step(f"scanning {src.name}"):
-        guard(src.parent if d.format == "sharded" else src, trust=trust)
+        scans = guard(src.parent if d.format == "sharded" else src, trust=trust)
     with progress.step(f"reading {src.name}"):
         ws = read_weights(src, key=key, keep_prefix=keep_prefix, skip_unsupported=skip_unsupported)
+    fit_target(ws, to, skip_unsupported, src)
+    _skipped_note(ws)
     as_directory = d.format == "hf" or shard_bytes is not None
     with atomic_path(out, directory=as_directory) as tmp:
         with progress.step(f"writing {to}"):
@@ -102,7 +107,8 @@ def convert_weights(
         check = None
         if verify:
             with progress.step("verifying every tensor bitwise"):
-                check = verify_weights(ws, _verify_target(tmp, files, as_directory, to))
+                target = _verify_target(tmp, files, as_directory, to)
+                check = verify_weights(ws, target, scans=scans, trust=trust)
     return WeightsReport(
         str(src),
         f"{d.format}/{d.layout}",
@@ -120,7 +126,29 @@ def convert_weights(
         ws.other_contents,
         ws.notes,
         check,
+        ws.skipped,
     )
+
+
+def fit_target(ws: WeightSet, to: str, skip_unsupported: bool, src: Path) -> None:
+    """With ``skip_unsupported``, tensors whose dtype the target cannot hold are left out with
+    their aliases and reported; without it the writer names each of them in its error."""
+    if to != "safetensors" or not skip_unsupported:
+        return  # a torch checkpoint holds every dtype torch has
+    bad = {e.name: e.dtype for e in ws.entries if e.dtype not in TORCH_TO_SAFETENSORS}
+    for name, dtype in bad.items():
+        ws.skipped[name] = f"dtype {dtype}, which safetensors cannot hold"
+    ws.entries = [e for e in ws.entries if e.name not in bad and e.alias_of not in bad]
+    if not ws.entries:
+        listed = ", ".join(f"{n!r} ({dt})" for n, dt in list(bad.items())[:10])
+        raise NoWeightsError(
+            f"no tensors left once those safetensors cannot hold are left out: {listed}", path=src
+        )
+
+
+def _skipped_note(ws: WeightSet) -> None:
+    if ws.skipped:
+        ws.notes.append(f"left out {len(ws.skipped)} tensors (--skip-unsupported): {ws.skipped}")
 
 
 def _write(

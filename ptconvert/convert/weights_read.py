@@ -1,28 +1,40 @@
 """Reading weights from any weights-holding format into one flat list of entries.
 
 Each entry is a name, dtype and shape plus where its bytes are: a byte range of a file when the
-bytes can be copied as they are (uncompressed zip members, safetensors data), or a torch tensor
-otherwise (legacy layouts, compressed members, non-contiguous views). Checkpoint wrappers
-(``state_dict``, ``model``, …) are unwrapped and a prefix shared by every key (``_orig_mod.``,
-``module.``) is stripped, and each such step is recorded.
+bytes can be copied as they are (uncompressed zip members, the storages that follow the pickles
+of the legacy layout, the storages record of a legacy tar, safetensors data), or a torch tensor
+rebuilt from the storage bytes otherwise (compressed members, non-contiguous views, big-endian
+storages). Names, dtypes, shapes and storages all come from the symbolic pickle reader; nothing
+is unpickled. Checkpoint wrappers (``state_dict``, ``model``, …) are unwrapped and a prefix shared
+by every key (``_orig_mod.``, ``module.``) is stripped, and each such step is recorded. A file
+without tensors is a NoWeightsError; tensor data the reader cannot name is an error naming it
+(or, with ``skip_unsupported``, left out and listed in ``WeightSet.skipped``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptconvert.errors import CorruptFileError, TruncatedFileError, UnsupportedConversionError
+from ptconvert.errors import (
+    CorruptFileError,
+    NoWeightsError,
+    TruncatedFileError,
+    UnsupportedConversionError,
+)
 from ptconvert.formats import Detection, detect
-from ptconvert.formats.checkpoint import describe_contents, read_checkpoint
+from ptconvert.formats.checkpoint import PickledCheckpoint, describe_contents, read_checkpoint
 from ptconvert.formats.hf import weights_file
 from ptconvert.formats.safetensors import read_header
 from ptconvert.formats.sharded import read_index
 from ptconvert.formats.torch_objects import (
-    DTYPE_SIZES,
+    TENSOR_LEAVES,
+    Opaque,
     TensorRef,
+    Unmapped,
     UnsupportedTensor,
     flatten_tensors,
 )
@@ -52,12 +64,17 @@ class WeightEntry:
 @dataclass
 class WeightSet:
     entries: list[WeightEntry]
-    path: str  # "fast" (byte copies) or "torch" (loaded with torch.load(weights_only=True))
+    path: str  # "fast" (every tensor a byte range) or "torch" (some rebuilt in memory by torch)
     metadata: dict[str, str] = field(default_factory=dict)
     unwrapped: str | None = None
     stripped_prefix: str | None = None
     other_contents: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # tensors left out, name (as the entries are named) → why (``--skip-unsupported``)
+    skipped: dict[str, str] = field(default_factory=dict)
+    origin: Path | None = None  # the file read (a shard index for sharded sets)
+    format: str = ""  # its format and layout, as detected
+    layout: str = ""
 
     @property
     def stored(self) -> list[WeightEntry]:
@@ -71,7 +88,8 @@ def read_weights(
     keep_prefix: bool = False,
     skip_unsupported: bool = False,
 ) -> WeightSet:
-    """Every tensor of a weights file (pt, safetensors, sharded set or HF directory)."""
+    """Every tensor of a weights file (pt, safetensors, sharded set or HF directory) or of a
+    TorchScript archive (its parameters and buffers, named as ``state_dict()`` names them)."""
     d = detect(src)
     if d.format == "hf":
         weights = weights_file(src)
@@ -83,12 +101,19 @@ def read_weights(
         ws = _read_sharded(d)
     elif d.format == "pt":
         ws = _read_checkpoint(d, key, skip_unsupported)
+    elif d.format == "torchscript":
+        # the attributes pickle, read symbolically: the program is never loaded for its weights
+        ws = _read_checkpoint(d, key, skip_unsupported, program=True)
     else:
         raise UnsupportedConversionError(
             f"{d.format} files are programs, not weight files: extracting their weights lands "
             "with the converter graph",
             path=src,
         )
+    ws.origin, ws.format, ws.layout = d.path, d.format, d.layout
+    if not ws.entries:
+        left = f" once the {len(ws.skipped)} unsupported ones are left out" if ws.skipped else ""
+        raise NoWeightsError(f"the file holds no tensors{left}", path=src)
     if not keep_prefix:
         _strip_prefix(ws)
     return ws
@@ -104,7 +129,15 @@ def _read_safetensors(paths: list[Path]) -> WeightSet:
         aliases.update(json.loads(header.metadata.get(ALIASES_KEY, "{}")))
         for name, e in header.tensors.items():
             source = ByteRange(path, header.data_start + e.begin)
-            entries.append(WeightEntry(name, e.dtype, e.shape, e.end - e.begin, source))
+            shape = e.shape
+            if e.dtype == "float4_e2m1fn_x2":  # safetensors counts 4-bit values, torch pairs
+                if not shape or shape[-1] % 2:
+                    raise UnsupportedConversionError(
+                        f"tensor {name!r}: F4 shape {list(shape)} does not pack into bytes",
+                        path=path,
+                    )
+                shape = (*shape[:-1], shape[-1] // 2)
+            entries.append(WeightEntry(name, e.dtype, shape, e.end - e.begin, source))
     by_name = {e.name: e for e in entries}
     for alias, target in aliases.items():
         t = by_name[target]
@@ -124,58 +157,133 @@ def _read_sharded(d: Detection) -> WeightSet:
     return merged
 
 
-def _read_checkpoint(d: Detection, key: str | None, skip_unsupported: bool) -> WeightSet:
+def _read_checkpoint(
+    d: Detection, key: str | None, skip_unsupported: bool, *, program: bool = False
+) -> WeightSet:
     ckpt = read_checkpoint(d.path, d.layout)
-    tree, unwrapped, others = _unwrap(ckpt.tree, key, d.path)
-    refs = _tensor_leaves(tree, d.path, skip_unsupported)
-    archive = ckpt.archive
-    fast = archive is not None and _little_endian(archive)
+    others: dict[str, str] = {}
+    unwrapped: str | None = None
+    if program and key is None:  # a module's attributes: no checkpoint wrapper to unwrap
+        tree = ckpt.tree
+    else:
+        tree, unwrapped, others = _unwrap(ckpt.tree, key, d.path)
+    refs, skipped = _tensor_leaves(tree, d.path, skip_unsupported)
+    storage = _Storages(ckpt, d.path)
     entries: list[WeightEntry] = []
     seen: dict[tuple[object, ...], str] = {}
+    rebuilt: list[str] = []
     for name, t in refs.items():
-        ident = (t.storage.key, t.offset, t.shape, t.stride)
+        ident = (t.storage.key, t.dtype, t.offset, t.shape, t.stride)
         if ident in seen:
             entries.append(WeightEntry(name, t.dtype, t.shape, t.nbytes, alias_of=seen[ident]))
             continue
         seen[ident] = name
-        member = archive.member(t.storage.key) if archive is not None else None
-        if archive is not None and member is None:
-            raise CorruptFileError(
-                f"tensor {name!r}: storage {t.storage.key} is missing", path=d.path
-            )
-        if member is not None:
-            need = (t.offset + t.numel) * t.itemsize
-            if member.size < need:
-                raise TruncatedFileError(
-                    f"tensor {name!r} needs {need} bytes of storage {member.name}, "
-                    f"which holds {member.size}",
-                    path=d.path,
-                )
-        if fast and member is not None and member.compress_type == 0 and t.is_contiguous:
-            src = ByteRange(d.path, member.data_offset + t.offset * t.itemsize)
-            entries.append(WeightEntry(name, t.dtype, t.shape, t.nbytes, src))
+        source, why = storage.locate(name, t)
+        if source is not None:
+            entries.append(WeightEntry(name, t.dtype, t.shape, t.nbytes, source))
         else:
-            fast = False
-            entries.append(WeightEntry(name, t.dtype, t.shape, t.nbytes))
+            tensor = storage.rebuild(t)
+            entries.append(WeightEntry(name, t.dtype, t.shape, t.nbytes, tensor=tensor))
+            rebuilt.append(why)
+    fast = not rebuilt
     ws = WeightSet(entries, "fast" if fast else "torch", unwrapped=unwrapped, other_contents=others)
-    if not fast:
-        _load_with_torch(ws, d, key)
+    ws.skipped = skipped
+    if rebuilt:
+        reasons = ", ".join(sorted(set(rebuilt)))
+        ws.notes.append(f"{len(rebuilt)} tensors rebuilt in memory from their storages ({reasons})")
     return ws
 
 
-def _little_endian(archive: Any) -> bool:
-    member = next((m for m in archive.members if m.name.endswith("/byteorder")), None)
-    return member is None or archive.read(member).strip() == b"little"
+class _Storages:
+    """Where each storage's bytes are: a zip member, or a byte range of a legacy or tar file."""
+
+    def __init__(self, ckpt: PickledCheckpoint, path: Path) -> None:
+        self.ckpt, self.path = ckpt, path
+        self.little = ckpt.byteorder == "little"
+        self.cache: dict[str, Any] = {}
+
+    def _span(self, name: str, t: TensorRef) -> tuple[int, int, bool]:
+        """(file offset, bytes available, stored as is) of the tensor's storage."""
+        archive = self.ckpt.archive
+        if archive is not None:
+            member = archive.member(t.storage.key)
+            if member is None:
+                raise CorruptFileError(
+                    f"tensor {name!r}: storage {t.storage.key} is missing", path=self.path
+                )
+            return member.data_offset, member.size, member.compress_type == 0
+        if t.storage.key not in self.ckpt.storages:
+            raise CorruptFileError(
+                f"tensor {name!r}: storage {t.storage.key} is not in the file", path=self.path
+            )
+        start, size = self.ckpt.storages[t.storage.key]
+        return start, size, True
+
+    def locate(self, name: str, t: TensorRef) -> tuple[ByteRange | None, str]:
+        """The tensor's bytes as a file range, or None and why it must be rebuilt."""
+        start, size, stored = self._span(name, t)
+        need = _extent(t) * t.itemsize
+        if size < need:
+            raise TruncatedFileError(
+                f"tensor {name!r} needs {need} bytes of storage {t.storage.key}, "
+                f"which holds {size}",
+                path=self.path,
+            )
+        if not self.little and t.itemsize > 1 and t.storage.untyped:
+            raise UnsupportedConversionError(
+                f"tensor {name!r} ({t.dtype}) is stored big-endian in an untyped storage, which "
+                "torch.load does not byte-swap: its values are ambiguous",
+                path=self.path,
+            )
+        if not stored:
+            return None, "compressed storages"
+        if not self.little and t.itemsize > 1:
+            return None, "big-endian storages, byte-swapped"
+        if not t.is_contiguous:
+            return None, "non-contiguous views"
+        return ByteRange(self.path, start + t.offset * t.itemsize), ""
+
+    def rebuild(self, t: TensorRef) -> Any:
+        """A contiguous little-endian torch tensor of ``t``, read from its storage bytes."""
+        import torch
+
+        raw = self.cache.get(t.storage.key)
+        if raw is None:
+            archive = self.ckpt.archive
+            member = archive.member(t.storage.key) if archive is not None else None
+            if archive is not None and member is not None:
+                data = bytearray(archive.read(member))
+            else:
+                start, size, _ = self._span(t.storage.key, t)
+                with open(self.path, "rb") as fh:
+                    data = bytearray(os.pread(fh.fileno(), size, start))
+            u8 = torch.uint8
+            raw = torch.frombuffer(data, dtype=u8) if data else torch.empty(0, dtype=u8)
+            self.cache[t.storage.key] = raw
+        size = t.itemsize
+        # gather the view's elements as rows of bytes: works alike for every dtype
+        rows = raw.as_strided(
+            (*t.shape, size), (*(st * size for st in t.stride), 1), t.offset * size
+        ).contiguous()
+        if not self.little and size > 1:
+            # complex numbers swap each of their two halves, as torch does
+            unit = size // 2 if t.dtype.startswith("complex") else size
+            rows = rows.reshape(-1, unit).flip(1).contiguous()
+        return rows.reshape(-1).view(getattr(torch, t.dtype)).reshape(t.shape)
+
+
+def _extent(t: TensorRef) -> int:
+    """Elements of storage the view reaches: offset + the furthest element + 1."""
+    if any(s == 0 for s in t.shape):
+        return 0
+    return t.offset + sum((n - 1) * st for n, st in zip(t.shape, t.stride, strict=True)) + 1
 
 
 def _unwrap(tree: Any, key: str | None, path: Path) -> tuple[Any, str | None, dict[str, str]]:
     """The state dict inside a checkpoint: ``key`` if given, else the first known wrapper."""
     if not isinstance(tree, dict):
-        raise UnsupportedConversionError(
-            "the checkpoint is not a dict of tensors (a whole pickled object?)",
-            path=path,
-            hint="whole-module pickles need --trust and the converter graph",
-        )
+        _not_a_mapping(tree, path)
+        return tree, None, {}  # a list, tuple or single tensor: named by position
     if key is not None:
         if key not in tree:
             raise UnsupportedConversionError(
@@ -193,51 +301,64 @@ def _unwrap(tree: Any, key: str | None, path: Path) -> tuple[Any, str | None, di
     return tree[chosen], chosen, others
 
 
+def _not_a_mapping(tree: Any, path: Path) -> None:
+    """A root that is not a dict: a list or tuple of tensors converts (named by position), a
+    whole object cannot, a file without tensors says so."""
+    if isinstance(tree, (list, tuple, *TENSOR_LEAVES)) and flatten_tensors(tree):
+        return
+    what = describe_contents(tree)["<root>"]
+    if isinstance(tree, Opaque):
+        raise UnsupportedConversionError(
+            f"the checkpoint is a whole pickled object ({what}), not a dict of tensors",
+            path=path,
+            hint="whole-module pickles need --trust and the converter graph",
+        )
+    raise NoWeightsError(f"the file holds no tensors (it holds {what})", path=path)
+
+
 def _is_tensor(value: Any) -> bool:
-    return isinstance(value, (TensorRef, UnsupportedTensor)) or type(value).__name__ in (
-        "Tensor",
-        "Parameter",
-    )
+    return isinstance(value, TENSOR_LEAVES) or type(value).__name__ in ("Tensor", "Parameter")
 
 
-def _tensor_leaves(tree: Any, path: Path, skip_unsupported: bool) -> dict[str, TensorRef]:
+def _tensor_leaves(
+    tree: Any, path: Path, skip_unsupported: bool
+) -> tuple[dict[str, TensorRef], dict[str, str]]:
     out: dict[str, TensorRef] = {}
-    for name, t in flatten_tensors(tree).items():
-        if isinstance(t, UnsupportedTensor):
-            if skip_unsupported:
-                continue
+    skipped: dict[str, str] = {}
+    collisions: list[str] = []
+    for name, t in flatten_tensors(tree, collisions=collisions).items():
+        problem = _problem(name, t)
+        if problem is None:
+            out[name] = t
+        elif skip_unsupported:
+            skipped[name] = problem
+        else:
             raise UnsupportedConversionError(
-                f"tensor {name!r} is a {t.kind} tensor, which safetensors cannot hold",
+                problem,
                 path=path,
                 hint="pass --skip-unsupported to leave it out (it is then reported)",
             )
-        if t.dtype not in DTYPE_SIZES or t.dtype.startswith("q"):
-            raise UnsupportedConversionError(f"tensor {name!r} has dtype {t.dtype}", path=path)
-        out[name] = t
-    return out
-
-
-def _load_with_torch(ws: WeightSet, d: Detection, key: str | None) -> None:
-    """The exact path for what cannot be byte-copied: torch.load with weights_only=True."""
-    import torch
-
-    try:
-        loaded = torch.load(d.path, map_location="cpu", weights_only=True, mmap=d.layout == "zip")
-    except Exception as exc:  # torch raises plain RuntimeError/UnpicklingError here
+    if collisions:
         raise UnsupportedConversionError(
-            f"torch.load(weights_only=True) cannot read this checkpoint ({exc})".splitlines()[0],
-            path=d.path,
-        ) from None
-    tree = loaded[ws.unwrapped] if ws.unwrapped else loaded
-    flat = flatten_tensors(tree, is_tensor=lambda v: isinstance(v, torch.Tensor))
-    for e in ws.entries:
-        e.tensor = flat[e.name]
-        e.source = None
-    ws.notes.append(f"{d.layout} layout or non-contiguous/compressed data: read with torch.load")
+            f"two entries of the checkpoint flatten to the same tensor name: {collisions[:5]}",
+            path=path,
+            hint="pass --key to convert one sub-dict",
+        )
+    return out, skipped
+
+
+def _problem(name: str, t: Any) -> str | None:
+    if isinstance(t, UnsupportedTensor):
+        return f"tensor {name!r} is a {t.kind} tensor, which plain weight files cannot hold"
+    if isinstance(t, Unmapped):
+        return f"cannot read the tensor data at {name!r}: {t.construct} ({t.reason})"
+    if t.dtype.startswith(("qint", "quint")):
+        return f"tensor {name!r} has the quantized dtype {t.dtype} without its quantizer"
+    return None
 
 
 def _strip_prefix(ws: WeightSet) -> None:
-    names = [e.name for e in ws.entries]
+    names = [e.name for e in ws.entries] + list(ws.skipped)
     stripped = ""
     while names:
         prefix = next((p for p in STRIPPED_PREFIXES if all(n.startswith(p) for n in names)), None)
@@ -252,6 +373,7 @@ def _strip_prefix(ws: WeightSet) -> None:
         e.name = e.name[cut:]
         if e.alias_of is not None:
             e.alias_of = e.alias_of[cut:]
+    ws.skipped = {k[cut:]: v for k, v in ws.skipped.items()}
     ws.stripped_prefix = stripped
 
 

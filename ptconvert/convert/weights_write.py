@@ -15,7 +15,7 @@ from typing import Any
 
 from ptconvert.atomic import open_output
 from ptconvert.convert.weights_read import ALIASES_KEY, WeightEntry, WeightSet
-from ptconvert.errors import UsageError
+from ptconvert.errors import UnsupportedConversionError, UsageError
 from ptconvert.formats.safetensors import TORCH_TO_SAFETENSORS
 
 COPY_CHUNK = 1 << 30
@@ -59,9 +59,12 @@ def write_safetensors_file(
     header["__metadata__"] = meta
     pos = 0
     for e in entries:
+        shape = list(e.shape)
+        if e.dtype == "float4_e2m1fn_x2" and shape:
+            shape[-1] *= 2  # safetensors counts the 4-bit values, torch the bytes holding two
         header[e.name] = {
             "dtype": TORCH_TO_SAFETENSORS[e.dtype],
-            "shape": list(e.shape),
+            "shape": shape,
             "data_offsets": [pos, pos + e.nbytes],
         }
         pos += e.nbytes
@@ -76,7 +79,9 @@ def write_safetensors_file(
                 if e.source is not None:
                     if e.source.path not in fds:
                         fds[e.source.path] = os.open(e.source.path, os.O_RDONLY)
+                    fh.flush()  # buffered bytes first: the kernel copy writes at the fd's offset
                     copy_range(fds[e.source.path], e.source.offset, fh.fileno(), e.nbytes)
+                    fh.seek(0, os.SEEK_END)  # and the buffered writer learns where that ended
                 else:
                     fh.write(tensor_bytes(e.tensor))
     finally:
@@ -106,6 +111,15 @@ def write_safetensors(
     stem: str = "model",
 ) -> list[Path]:
     """Write ``ws`` to ``out``: one file, or (sharded) a directory of shards plus the index."""
+    bad = {e.name: e.dtype for e in ws.entries if e.dtype not in TORCH_TO_SAFETENSORS}
+    if bad:
+        listed = ", ".join(f"{n!r} ({dt})" for n, dt in list(bad.items())[:10])
+        raise UnsupportedConversionError(
+            f"safetensors cannot hold {len(bad)} of the tensors: {listed}",
+            path=ws.origin,
+            hint="pass --skip-unsupported to leave them out (they are then reported), "
+            "or convert --to pt",
+        )
     meta = {**ws.metadata, **(metadata or {})}
     aliases = {e.name: e.alias_of for e in ws.entries if e.alias_of is not None}
     shards = shard_plan(ws, max_shard_size)

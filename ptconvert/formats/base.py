@@ -16,7 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ptconvert.archive import ZipArchive, looks_like_zip, open_zip
+from ptconvert.archive import ZipArchive, is_zip, open_zip
 from ptconvert.errors import CorruptFileError
 from ptconvert.report import Report
 
@@ -55,7 +55,7 @@ class Probe:
     @cached_property
     def zip(self) -> ZipArchive | None:
         """The archive's directory if this is a zip that parses, else None."""
-        if self.is_dir or not looks_like_zip(self.head, self.tail):
+        if self.is_dir or not is_zip(self.head):
             return None
         try:
             return open_zip(self.path)
@@ -63,11 +63,13 @@ class Probe:
             return None
 
     def zip_has(self, suffix: str) -> bool:
-        """Whether a member named ``<root>/<suffix>`` (or ``<suffix>``) exists."""
+        """Whether a member named ``<root>/<suffix>`` (or ``<suffix>``) exists, ignoring case as
+        torch's zip reader does."""
         z = self.zip
         if z is None:
             return False
-        return any(n == suffix or n.endswith("/" + suffix) for n in z.names)
+        want = suffix.lower()
+        return any(n == want or n.endswith("/" + want) for n in map(str.lower, z.names))
 
 
 @dataclass

@@ -16,26 +16,28 @@ import struct
 import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptconvert.archive import ZipArchive, open_zip
+from ptconvert.archive import ZipArchive, is_tar, open_zip
 from ptconvert.errors import CorruptFileError, TruncatedFileError
 from ptconvert.formats.base import FileInfo, Format, Probe, file_entry
 from ptconvert.formats.torch_objects import (
+    DTYPE_SIZES,
+    STORAGE_DTYPES,
     Opaque,
+    StorageRef,
     TensorRef,
+    Unmapped,
     UnsupportedTensor,
     flatten_tensors,
     global_name,
     interpret,
 )
 from ptconvert.scan.allowlist import classify
-from ptconvert.scan.machine import Global, PickleRun, run_pickle
+from ptconvert.scan.machine import LEGACY_MAGIC, Global, PickleRun, run_pickle
 
-LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
-LEGACY_MAGIC_BYTES = b"\x8a\x0a" + LEGACY_MAGIC.to_bytes(10, "little")
 TAR_MEMBERS = frozenset({"sys_info", "pickle", "tensors", "storages"})
 
 
@@ -47,9 +49,12 @@ class PickledCheckpoint:
     tree: Any
     runs: list[PickleRun]
     archive: ZipArchive | None = None
+    # legacy and tar layouts: storage key → (file offset of its first byte, its size in bytes)
+    storages: dict[str, tuple[int, int]] = field(default_factory=dict)
+    byteorder: str = "little"  # of the storage bytes (a zip's ``byteorder`` record)
 
     @property
-    def tensors(self) -> dict[str, TensorRef | UnsupportedTensor]:
+    def tensors(self) -> dict[str, TensorRef | UnsupportedTensor | Unmapped]:
         return flatten_tensors(self.tree)
 
     @property
@@ -80,15 +85,14 @@ def read_checkpoint(path: Path, layout: str) -> PickledCheckpoint:
             raise CorruptFileError("torch zip checkpoint has no data.pkl member", path=path)
         run = _check(run_pickle(archive.read(member)), path, f"{member.name}")
         prefix = root + "data/"
-        return PickledCheckpoint(layout, interpret(run.root, prefix), [run], archive)
+        order = archive.member(root + "byteorder")
+        byteorder = archive.read(order).decode("ascii", "replace").strip() if order else "little"
+        if byteorder not in ("little", "big"):
+            raise CorruptFileError(f"unknown byteorder record {byteorder!r:.40}", path=path)
+        tree = interpret(run.root, prefix)
+        return PickledCheckpoint(layout, tree, [run], archive, byteorder=byteorder)
     if layout == "legacy":
-        with _mapped(path) as mm:
-            runs: list[PickleRun] = []
-            pos = 0
-            for what in ("magic number", "protocol version", "sys_info", "object", "storage keys"):
-                runs.append(_check(run_pickle(mm, pos), path, f"legacy checkpoint {what}"))
-                pos = runs[-1].end
-        return PickledCheckpoint(layout, interpret(runs[3].root), runs)
+        return _read_legacy(path)
     if layout == "tar":
         return _read_tar(path)
     with _mapped(path) as mm:
@@ -96,10 +100,74 @@ def read_checkpoint(path: Path, layout: str) -> PickledCheckpoint:
     return PickledCheckpoint(layout, interpret(run.root), [run])
 
 
+_LEGACY_PICKLES = ("magic number", "protocol version", "sys_info", "object", "storage keys")
+
+
+def _read_legacy(path: Path) -> PickledCheckpoint:
+    """torch.save before 1.6: five pickles, then each storage as an 8-byte little-endian element
+    count and its bytes, in the order of the storage keys (always little-endian, as torch writes
+    and reads them whatever the machine)."""
+    with _mapped(path) as mm:
+        runs: list[PickleRun] = []
+        pos = 0
+        for what in _LEGACY_PICKLES:
+            runs.append(_check(run_pickle(mm, pos), path, f"legacy checkpoint {what}"))
+            pos = runs[-1].end
+        if runs[0].root != LEGACY_MAGIC:
+            raise CorruptFileError("legacy checkpoint without its magic number", path=path)
+        keys = runs[4].root
+        if not isinstance(keys, list) or not all(isinstance(k, (str, bytes, int)) for k in keys):
+            raise CorruptFileError("legacy checkpoint storage keys are not a list", path=path)
+        itemsizes = _storage_itemsizes(runs[3])
+        storages: dict[str, tuple[int, int]] = {}
+        if any(e.kind == "persid" and e.opcode == "PERSID" for e in runs[3].events):
+            keys = []  # protocol 0: text persistent ids; the tree names them as unreadable
+        for raw in keys:
+            key = _text(raw)
+            if key not in itemsizes:
+                raise CorruptFileError(f"storage {key} is listed but never referenced", path=path)
+            if pos + 8 > len(mm):
+                raise TruncatedFileError(f"legacy storage {key} is cut off", path=path)
+            (numel,) = struct.unpack("<q", mm[pos : pos + 8])
+            nbytes = numel * itemsizes[key]
+            if numel < 0 or pos + 8 + nbytes > len(mm):
+                raise TruncatedFileError(
+                    f"legacy storage {key} needs {nbytes} bytes from byte {pos + 8}, "
+                    f"past the end of the file ({len(mm)} bytes)",
+                    path=path,
+                )
+            storages[key] = (pos + 8, nbytes)
+            pos += 8 + nbytes
+    return PickledCheckpoint("legacy", interpret(runs[3].root), runs, storages=storages)
+
+
+def _storage_itemsizes(run: PickleRun) -> dict[str, int]:
+    """Bytes per element of each storage, by key: the first reference decides, as in torch."""
+    out: dict[str, int] = {}
+    for event in run.events:
+        pid = getattr(event.target, "pid", None) if event.kind == "persid" else None
+        if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] in ("storage", b"storage"):
+            cls = (global_name(pid[1]) or "").rsplit(".", 1)[-1]
+            if cls in STORAGE_DTYPES:
+                out.setdefault(_text(pid[2]), STORAGE_DTYPES[cls][1])
+    return out
+
+
+def _text(value: Any) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else str(value)
+
+
 def _read_tar(path: Path) -> PickledCheckpoint:
     """The oldest layout: tensors live in a binary table; the pickle refers to them by key."""
-    with tarfile.open(path, "r:") as tar:
+    try:
+        tar = tarfile.open(path, "r:")  # noqa: SIM115 (closed by the ``with`` below)
+    except tarfile.TarError as exc:
+        raise CorruptFileError(f"legacy tar checkpoint cannot be read ({exc})", path=path) from None
+    with tar:
         members = {m.name: m for m in tar.getmembers()}
+        missing = sorted(TAR_MEMBERS - set(members))
+        if missing:
+            raise CorruptFileError(f"legacy tar checkpoint lacks {missing}", path=path)
 
         def read(name: str) -> bytes:
             f = tar.extractfile(members[name])
@@ -107,62 +175,109 @@ def _read_tar(path: Path) -> PickledCheckpoint:
                 raise CorruptFileError(f"legacy tar member {name!r} is not a file", path=path)
             return f.read()
 
-        storages, runs = tar_storages(read("storages"), path)
-        tensors, truns = tar_tensors(read("tensors"), storages, path)
+        records, sruns = _tar_storage_records(read("storages"), path)
+        types = {key: (dtype, numel) for key, (dtype, numel, _, _) in records.items()}
+        tensors, truns = tar_tensors(read("tensors"), types, path)
         main = _check(run_pickle(read("pickle")), path, "legacy tar pickle")
-    runs += [*truns, main]
+        base = members["storages"].offset_data
+    storages = {
+        key: (base + pos, numel * DTYPE_SIZES.get(dtype, 1))
+        for key, (dtype, numel, pos, _) in records.items()
+    }
 
-    def resolve(node: Any) -> Any:
-        if isinstance(node, Opaque) and node.cls.startswith("pid:"):
-            return tensors.get(node.cls[4:], node)
-        if isinstance(node, dict):
-            return {k: resolve(v) for k, v in node.items()}
-        if isinstance(node, (list, tuple)):
-            return type(node)(resolve(v) for v in node)
-        return node
+    def resolve(pid: Any) -> Any:
+        if isinstance(pid, tuple):  # ('module', class, file, source) of a whole-module pickle
+            return Opaque(f"module {global_name(pid[1]) if len(pid) > 1 else '?'}")
+        t = tensors.get(_text(pid))
+        if t is None:
+            return Unmapped("legacy tar reference", f"no tensor has the key {pid!r:.40}")
+        if t.dtype not in DTYPE_SIZES:
+            return Unmapped("legacy tar tensor", "its storage has an unknown type")
+        return t
 
-    return PickledCheckpoint("tar", resolve(interpret(main.root)), runs)
+    tree = interpret(main.root, persistent=resolve)
+    return PickledCheckpoint("tar", tree, [*sruns, *truns, main], storages=storages)
+
+
+def _unpack(fmt: str, data: bytes, pos: int, path: Path, what: str) -> tuple[Any, ...]:
+    try:
+        return struct.unpack_from(fmt, data, pos)
+    except struct.error:
+        raise TruncatedFileError(f"legacy tar {what} is cut off at byte {pos}", path=path) from None
+
+
+def _tar_storage_records(
+    data: bytes, path: Path
+) -> tuple[dict[str, tuple[str, int, int, str]], list[PickleRun]]:
+    """key → (dtype, element count, offset of its bytes in the member, root key); a storage view
+    (the table after the storages) gets the byte range of its part of the root."""
+    runs = [_check(run_pickle(data), path, "legacy tar storage count")]
+    count, pos = runs[0].root, runs[0].end
+    if not isinstance(count, int) or count < 0:
+        raise CorruptFileError(f"legacy tar storage count is {count!r:.40}", path=path)
+    out: dict[str, tuple[str, int, int, str]] = {}
+    for _ in range(count):
+        run = _check(run_pickle(data, pos), path, "legacy tar storage record")
+        runs.append(run)
+        if not (isinstance(run.root, tuple) and len(run.root) == 3):
+            raise CorruptFileError(
+                "legacy tar storage record is not (key, location, type)", path=path
+            )
+        key, _location, stype = run.root
+        dtype, size = STORAGE_DTYPES.get((global_name(stype) or "").rsplit(".", 1)[-1], ("?", 1))
+        (numel,) = _unpack("<q", data, run.end, path, "storage size")
+        if numel < 0 or run.end + 8 + numel * size > len(data):
+            raise TruncatedFileError(f"legacy tar storage {key} is cut off", path=path)
+        out[_text(key)] = (dtype, numel, run.end + 8, _text(key))
+        pos = run.end + 8 + numel * size
+    if pos < len(data):  # storage views: (view key, root key, offset, element count)
+        run = _check(run_pickle(data, pos), path, "legacy tar storage views")
+        runs.append(run)
+        for view in run.root if isinstance(run.root, list) else ():
+            if not (isinstance(view, tuple) and len(view) == 4 and _text(view[1]) in out):
+                raise CorruptFileError(f"legacy tar storage view {view!r:.60}", path=path)
+            dtype, _, start, root = out[_text(view[1])]
+            offset, numel = int(view[2]), int(view[3])
+            out[_text(view[0])] = (dtype, numel, start + offset * DTYPE_SIZES.get(dtype, 1), root)
+    return out, runs
 
 
 def tar_storages(data: bytes, path: Path) -> tuple[dict[str, tuple[str, int]], list[PickleRun]]:
-    from ptconvert.formats.torch_objects import STORAGE_DTYPES
-
-    runs = [_check(run_pickle(data), path, "legacy tar storage count")]
-    count, pos = runs[0].root, runs[0].end
-    out: dict[str, tuple[str, int]] = {}
-    for _ in range(int(count)):
-        run = _check(run_pickle(data, pos), path, "legacy tar storage record")
-        runs.append(run)
-        key, _location, stype = run.root
-        dtype, size = STORAGE_DTYPES.get((global_name(stype) or "").rsplit(".", 1)[-1], ("?", 1))
-        (numel,) = struct.unpack("<q", data[run.end : run.end + 8])
-        out[str(key)] = (dtype, numel)
-        pos = run.end + 8 + numel * size
-    return out, runs
+    """The storages member of a legacy tar: key → (dtype, element count), and its pickle runs."""
+    records, runs = _tar_storage_records(data, path)
+    return {key: (dtype, numel) for key, (dtype, numel, _, _) in records.items()}, runs
 
 
 def tar_tensors(
     data: bytes, storages: dict[str, tuple[str, int]], path: Path
 ) -> tuple[dict[str, TensorRef], list[PickleRun]]:
-    from ptconvert.formats.torch_objects import StorageRef
-
+    """The tensors member of a legacy tar: key → tensor view of a storage, and its pickle runs."""
     runs = [_check(run_pickle(data), path, "legacy tar tensor count")]
     pos = runs[0].end
+    count = runs[0].root
+    if not isinstance(count, int) or count < 0:
+        raise CorruptFileError(f"legacy tar tensor count is {count!r:.40}", path=path)
     out: dict[str, TensorRef] = {}
-    for _ in range(int(runs[0].root)):
+    for _ in range(count):
         run = _check(run_pickle(data, pos), path, "legacy tar tensor record")
         runs.append(run)
+        if not (isinstance(run.root, tuple) and len(run.root) == 3):
+            raise CorruptFileError(
+                "legacy tar tensor record is not (key, storage, type)", path=path
+            )
         key, storage_id, _ttype = run.root
         pos = run.end
-        (ndim,) = struct.unpack("<i", data[pos : pos + 4])
-        pos += 8
-        shape = struct.unpack(f"<{ndim}q", data[pos : pos + 8 * ndim])
-        stride = struct.unpack(f"<{ndim}q", data[pos + 8 * ndim : pos + 16 * ndim])
-        (offset,) = struct.unpack("<q", data[pos + 16 * ndim : pos + 16 * ndim + 8])
+        (ndim,) = _unpack("<i", data, pos, path, "tensor record")
+        if not 0 <= ndim <= 64:
+            raise CorruptFileError(f"legacy tar tensor {key} has {ndim} dimensions", path=path)
+        pos += 8  # the dimension count was once 8 bytes wide: torch skips the other 4
+        shape = _unpack(f"<{ndim}q", data, pos, path, "tensor record")
+        stride = _unpack(f"<{ndim}q", data, pos + 8 * ndim, path, "tensor record")
+        (offset,) = _unpack("<q", data, pos + 16 * ndim, path, "tensor record")
         pos += 16 * ndim + 8
-        dtype, numel = storages.get(str(storage_id), ("?", 0))
-        storage = StorageRef(str(storage_id), dtype, numel, "cpu")
-        out[str(key)] = TensorRef(storage, tuple(shape), tuple(stride), offset)
+        dtype, numel = storages.get(_text(storage_id), ("?", 0))
+        storage = StorageRef(_text(storage_id), dtype, numel, "cpu")
+        out[_text(key)] = TensorRef(storage, tuple(shape), tuple(stride), offset)
     return out, runs
 
 
@@ -190,6 +305,8 @@ def _kind(value: Any) -> str:
         return f"tensor {value.dtype}{list(value.shape)}"
     if isinstance(value, UnsupportedTensor):
         return f"{value.kind} tensor"
+    if isinstance(value, Unmapped):
+        return f"tensor data in {value.construct} ({value.reason})"[:120]
     if isinstance(value, dict):
         n = len(flatten_tensors(value))
         return f"dict of {len(value)} entries ({n} tensors)"
@@ -212,6 +329,28 @@ def describe_pickles(info: FileInfo, runs: list[PickleRun]) -> None:
     info.needs_code.sort()
 
 
+# first opcodes of a protocol 0/1 pickle (which has no PROTO opcode to recognise it by):
+# MARK, EMPTY_DICT/LIST/TUPLE, GLOBAL, the text and binary ints and strings, NONE
+_TEXT_PICKLE_OPENERS = frozenset(bytes([c]) for c in b"(}])cLIJKMNVXSUT")
+
+
+def _legacy_magic(head: bytes) -> bool:
+    """Whether the first pickle is torch's legacy magic number, as torch itself decides: run it
+    and compare its value (the bytes differ with the protocol: ``L…L`` text, LONG1, a FRAME)."""
+    run = run_pickle(head[:64])
+    return run.error is None and type(run.root) is int and run.root == LEGACY_MAGIC
+
+
+def _parses(probe: Probe) -> bool:
+    """Whether the file opens with a pickle, which torch.load would unpickle (as the legacy magic
+    number) whatever follows it: its first pickle runs to STOP within the head, or, for a longer
+    file ending with STOP (one big pickle), runs without error until the head's bytes end."""
+    run = run_pickle(probe.head)
+    if run.error is None:
+        return True
+    return run.truncated and probe.size > len(probe.head) and probe.tail.endswith(b".")
+
+
 class CheckpointFormat(Format):
     name = "pt"
     suffixes = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
@@ -222,17 +361,19 @@ class CheckpointFormat(Format):
         head = probe.head
         if probe.zip is not None:
             return "zip" if probe.zip_has("data.pkl") else None
-        if LEGACY_MAGIC_BYTES in head[:16]:
-            return "legacy"
-        if len(head) > 262 and head[257:262] == b"ustar":
+        if len(head) >= 512 and is_tar(head):  # torch tries tar first (any tar format)
             try:
                 with tarfile.open(probe.path, "r:") as tar:
                     if set(tar.getnames()) >= TAR_MEMBERS:
                         return "tar"
             except tarfile.TarError:
-                return None
+                pass
+        if _legacy_magic(head):
+            return "legacy"
         if head[:1] == b"\x80" and head[1:2] and head[1] <= 5:
             return "pickle"
+        if head[:1] in _TEXT_PICKLE_OPENERS and _parses(probe):
+            return "pickle"  # protocol 0 or 1: no PROTO opcode
         return None
 
     def info(self, path: Path, layout: str) -> FileInfo:
@@ -246,6 +387,15 @@ class CheckpointFormat(Format):
         unsupported = {k: t.kind for k, t in tensors.items() if isinstance(t, UnsupportedTensor)}
         if unsupported:
             info.notes.append(f"{len(unsupported)} tensors are not plain strided: {unsupported}")
+        unmapped = {
+            k: f"{t.construct}: {t.reason}" for k, t in tensors.items() if isinstance(t, Unmapped)
+        }
+        if unmapped:
+            info.notes.append(
+                f"{len(unmapped)} entries hold tensor data ptconvert cannot name: {unmapped}"
+            )
+        if not tensors:
+            info.notes.append("the file holds no tensors")
         info.contents = describe_contents(ckpt.tree)
         describe_pickles(info, ckpt.runs)
         if ckpt.archive is not None:

@@ -45,7 +45,17 @@ STORAGE_DTYPES: dict[str, tuple[str, int]] = {
     "UntypedStorage": ("uint8", 1),
 }
 
-DTYPE_SIZES: dict[str, int] = {d: s for d, s in STORAGE_DTYPES.values()}
+# every torch dtype → bytes per element (``torch.<name>.itemsize``), without importing torch
+DTYPE_SIZES: dict[str, int] = {
+    **dict(STORAGE_DTYPES.values()),
+    "float4_e2m1fn_x2": 1,  # two 4-bit values per byte
+    "bits1x8": 1,
+    "bits2x4": 1,
+    "bits4x2": 1,
+    "bits8": 1,
+    "bits16": 2,
+    **{f"{sign}int{bits}": 1 for sign in ("", "u") for bits in range(1, 8)},
+}
 
 # Rebuild functions for tensors that are not a plain strided view of one storage.
 _UNSUPPORTED_REBUILDS = {
@@ -67,6 +77,7 @@ class StorageRef:
     dtype: str
     numel: int
     location: str
+    untyped: bool = False  # an UntypedStorage whose dtype the tensor names (``_rebuild_tensor_v3``)
 
     @property
     def nbytes(self) -> int:
@@ -118,119 +129,352 @@ class UnsupportedTensor:
 
 
 @dataclass(frozen=True)
+class Unmapped:
+    """Tensor data the reader sees but cannot name: inside a set or an object it does not model,
+    a storage pickled on its own, a tensor whose storage is not a reference to stored bytes.
+
+    It stands where the tensors would be, so that a conversion fails naming the construct instead
+    of silently leaving its tensors out."""
+
+    construct: str  # what holds the data, e.g. "builtins.set", "torch.storage._load_from_bytes"
+    reason: str
+
+
+@dataclass(frozen=True)
 class Opaque:
     """A pickled object that is not a tensor or a container: shown by its class name only."""
 
     cls: str
 
 
+TENSOR_LEAVES = (TensorRef, UnsupportedTensor, Unmapped)
+
+# callables that build a mapping; their items become a plain dict
+DICT_BUILDERS = frozenset(
+    {
+        "collections.OrderedDict",
+        "builtins.dict",
+        "collections.Counter",
+        "collections.defaultdict",
+    }
+)
+_TENSOR_REBUILDS = frozenset(
+    {
+        "torch._utils._rebuild_tensor",
+        "torch._utils._rebuild_tensor_v2",
+        "torch._utils._rebuild_tensor_v3",
+    }
+)
+_PARAMETER_REBUILDS = frozenset(
+    {"torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state"}
+)
+# ``_rebuild_from_type_v2`` types whose tensors are plain tensors (extra Python attributes aside)
+_PLAIN_TENSOR_TYPES = frozenset(
+    {"torch.Tensor", "torch.nn.parameter.Parameter", "torch.nn.parameter.Buffer"}
+)
+
+
 def global_name(value: Any) -> str | None:
     return f"{value.module}.{value.name}" if isinstance(value, Global) else None
 
 
-def interpret(node: Any, storage_prefix: str = "") -> Any:
-    """Turn a symbolic tree into plain values with TensorRef leaves (never executes anything)."""
-    if isinstance(node, Dict):
-        return {_key(k): interpret(v, storage_prefix) for k, v in node.items}
-    if isinstance(node, list):
-        return [interpret(v, storage_prefix) for v in node]
-    if isinstance(node, tuple):
-        return tuple(interpret(v, storage_prefix) for v in node)
-    if isinstance(node, Call):
-        return _interpret_call(node, storage_prefix)
-    if isinstance(node, PersistentRef):  # the legacy tar layout refers to tensors by key
-        return Opaque(f"pid:{node.pid}")
-    if isinstance(node, (Global, Unknown)):
-        return Opaque(global_name(node) or type(node).__name__)
-    return node
+def interpret(
+    node: Any, storage_prefix: str = "", persistent: Callable[[Any], Any] | None = None
+) -> Any:
+    """Turn a symbolic tree into plain values with TensorRef leaves (never executes anything).
+
+    Every way a pickle builds a mapping becomes a dict: DICT/SETITEM(S), ``OrderedDict``/``dict``
+    called on a list or tuple of (key, value) pairs or on another mapping, keyword arguments,
+    ``copyreg._reconstructor`` over ``dict``. Tensor data the reader cannot name becomes an
+    ``Unmapped`` leaf naming its construct; it never disappears. ``persistent`` resolves the
+    persistent ids that are not storages (the legacy tar layout refers to tensors by key)."""
+    return _Interpreter(storage_prefix, persistent).value(node)
 
 
-def _key(key: Any) -> Any:
-    if isinstance(key, (str, int, float, bool, type(None), bytes)):
-        return key
-    return repr(interpret(key))
+class _Interpreter:
+    def __init__(self, prefix: str, persistent: Callable[[Any], Any] | None) -> None:
+        self.prefix = prefix
+        self.persistent = persistent
+        # results by node identity: a memoized subtree is read once (a pickle may reference one
+        # object many times), and a node met again while it is read is a cycle
+        self.done: dict[int, Any] = {}
+        self.active: set[int] = set()
+        self.alive: list[Any] = []  # keeps every memoized node alive, so that ids stay unique
 
+    def value(self, node: Any) -> Any:
+        if not isinstance(node, (Dict, list, tuple, Call)):
+            return self._value(node)
+        key = id(node)
+        if key in self.done:
+            return self.done[key]
+        if key in self.active:
+            return Opaque("<recursive reference>")
+        self.active.add(key)
+        try:
+            out = self._value(node)
+        finally:
+            self.active.discard(key)
+        self.done[key] = out
+        self.alive.append(node)
+        return out
 
-def _interpret_call(call: Call, prefix: str) -> Any:
-    fname = global_name(call.func) or ""
-    args = call.args if isinstance(call.args, tuple) else ()
-    short = fname.rsplit(".", 1)[-1]
-    if fname in ("torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor") and args:
-        storage = _storage(args[0], prefix)
-        if storage is not None and len(args) >= 4:
-            return TensorRef(
-                storage,
-                tuple(int(s) for s in args[2]),
-                tuple(int(s) for s in args[3]),
-                int(args[1]),
-                bool(args[4]) if len(args) > 4 and isinstance(args[4], bool) else False,
-            )
-    if fname == "torch._utils._rebuild_tensor_v3" and len(args) >= 7:
-        # dtypes without a typed storage class: an untyped (byte) storage plus a dtype global
-        storage = _storage(args[0], prefix)
-        dtype = (global_name(args[6]) or "").removeprefix("torch.")
-        if storage is not None and dtype in DTYPE_SIZES:
+    def _value(self, node: Any) -> Any:
+        if isinstance(node, Dict):
+            return dict(self.items(node.items))
+        if isinstance(node, list):
+            return [self.value(v) for v in node]
+        if isinstance(node, tuple):
+            return tuple(self.value(v) for v in node)
+        if isinstance(node, Call):
+            return self.call(node)
+        if isinstance(node, PersistentRef):
+            if _is_storage_pid(node.pid):
+                return Unmapped("torch storage", "a storage pickled on its own, not in a tensor")
+            if self.persistent is not None:
+                return self.persistent(node.pid)
+            return _foreign_pid(node.pid)
+        if isinstance(node, (Global, Unknown)):
+            return Opaque(global_name(node) or type(node).__name__)
+        return node
+
+    def key(self, key: Any) -> Any:
+        if isinstance(key, (str, int, float, bool, type(None), bytes)):
+            return key
+        return repr(self.value(key))
+
+    def items(self, items: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+        return [(self.key(k), self.value(v)) for k, v in items]
+
+    def call(self, call: Call) -> Any:
+        fname = global_name(call.func) or ""
+        args = call.args if isinstance(call.args, tuple) else ()
+        short = fname.rsplit(".", 1)[-1]
+        if fname in _TENSOR_REBUILDS:
+            return self.tensor(fname, args)
+        if fname in _PARAMETER_REBUILDS:
+            inner = self.value(args[0]) if args else None
+            if isinstance(inner, TENSOR_LEAVES):
+                return inner
+            return Unmapped(fname, "the parameter's data is not a tensor the reader understands")
+        if fname == "torch._tensor._rebuild_from_type_v2" and len(args) >= 3:
+            return self.typed_tensor(args)
+        if fname.startswith("torch._utils.") and short in _UNSUPPORTED_REBUILDS:
+            return UnsupportedTensor(_UNSUPPORTED_REBUILDS[short], fname)
+        if fname in DICT_BUILDERS:
+            # defaultdict(factory[, mapping]); the others (mapping_or_pairs)
+            sources = args[1:2] if fname == "collections.defaultdict" else args[:1]
+            return self.mapping(call, fname, sources)
+        if (
+            fname == "copyreg._reconstructor"
+            and len(args) >= 3
+            and global_name(args[1]) == "builtins.dict"
+        ):
+            # dict.__new__(cls, state); dict.__init__(obj, state): a dict (subclass) of ``state``
+            return self.mapping(call, global_name(args[0]) or fname, args[2:3])
+        attributes = _attribute_state(call.state)
+        if attributes is not None:
+            # an object rebuilt from its attributes (a pickled nn.Module, a TorchScript module):
+            # describe its state, which is where its tensors live
+            out = self.value(attributes)
+            rest = self.value([call.args, call.kwargs, call.items, call.appends])
+            if _has_leaves(rest):
+                return Unmapped(fname or "call", "tensors among its constructor arguments")
+            return out
+        inside = self.value([call.args, call.kwargs, call.state, call.items, call.appends])
+        if _has_leaves(inside):
+            return Unmapped(fname or "call", "holds tensor data in an object ptconvert cannot read")
+        return Opaque(fname or "call")
+
+    def mapping(self, call: Call, fname: str, sources: tuple[Any, ...]) -> Any:
+        out: dict[Any, Any] = {}
+        for src in sources:
+            pairs = self.pairs(src, fname)
+            if isinstance(pairs, Unmapped):
+                return pairs
+            out.update(pairs)
+        if isinstance(call.kwargs, Dict):
+            out.update(self.items(call.kwargs.items))
+        out.update(self.items(call.items))
+        # BUILD state of a dict is its attributes (``_metadata`` of a state dict), never items
+        if _has_leaves(self.value([call.state, call.appends])):
+            return Unmapped(fname, "tensors stored as attributes of a dict, not as its items")
+        return out
+
+    def pairs(self, src: Any, fname: str) -> list[tuple[Any, Any]] | Unmapped:
+        if src is None:
+            return []
+        if isinstance(src, Dict):
+            return self.items(src.items)
+        if isinstance(src, (list, tuple)) and all(
+            isinstance(p, (list, tuple)) and len(p) == 2 for p in src
+        ):
+            return [(self.key(k), self.value(v)) for k, v in src]
+        value = self.value(src)
+        if isinstance(value, dict):
+            return list(value.items())
+        if _has_leaves(value):
+            return Unmapped(fname, "built from something that is not (key, value) pairs")
+        return []  # e.g. Counter over a string: no tensors either way
+
+    def tensor(self, fname: str, args: tuple[Any, ...]) -> TensorRef | Unmapped:
+        need = 7 if fname.endswith("_v3") else 4
+        if len(args) < need:
+            return Unmapped(fname, f"called with {len(args)} arguments")
+        found = self.storage(args[0])
+        if isinstance(found, Unmapped):
+            return found
+        storage, view_offset = found
+        if fname.endswith("_v3"):
+            # dtypes without a typed storage class: an untyped (byte) storage plus a dtype global
+            dtype = (global_name(args[6]) or repr(args[6])).removeprefix("torch.")
+            if dtype not in DTYPE_SIZES:
+                return Unmapped(fname, f"unknown dtype {dtype}")
+            size = DTYPE_SIZES[dtype]
             storage = StorageRef(
-                storage.key, dtype, storage.numel // DTYPE_SIZES[dtype], storage.location
+                storage.key, dtype, storage.nbytes // size, storage.location, untyped=True
             )
-            return TensorRef(
-                storage,
-                tuple(int(s) for s in args[2]),
-                tuple(int(s) for s in args[3]),
-                int(args[1]),
-                bool(args[4]) if isinstance(args[4], bool) else False,
+            view_offset //= size
+        try:
+            shape = tuple(int(s) for s in args[2])
+            stride = tuple(int(s) for s in args[3])
+            offset = int(args[1]) + view_offset
+        except (TypeError, ValueError):
+            return Unmapped(fname, "its size, stride or offset is not a tuple of integers")
+        if len(shape) != len(stride):
+            return Unmapped(fname, f"size {shape} and stride {stride} differ in length")
+        grad = len(args) > 4 and isinstance(args[4], bool) and args[4]
+        return TensorRef(storage, shape, stride, offset, grad)
+
+    def typed_tensor(self, args: tuple[Any, ...]) -> Any:
+        """``_rebuild_from_type_v2(func, type, args, state)``: a tensor with Python attributes,
+        or an instance of a tensor subclass."""
+        new_type = global_name(args[1]) or "?"
+        inner = self.call(Call(args[0], args[2], "REDUCE", -1))
+        if isinstance(inner, TensorRef) and new_type not in _PLAIN_TENSOR_TYPES:
+            return UnsupportedTensor(f"tensor subclass {new_type}", "_rebuild_from_type_v2")
+        if isinstance(inner, TENSOR_LEAVES):
+            return inner
+        return Unmapped(f"{new_type} via _rebuild_from_type_v2", "its data is not a tensor")
+
+    def storage(self, ref: Any) -> tuple[StorageRef, int] | Unmapped:
+        """The storage a tensor views, and the element offset of a (legacy) storage view."""
+        if not isinstance(ref, PersistentRef):
+            what = global_name(ref.func) if isinstance(ref, Call) else None
+            if what == "torch.storage._load_from_bytes":
+                return Unmapped(
+                    what,
+                    "a tensor written with plain pickle: its storage is a nested torch.save that "
+                    "only a full unpickle reads (torch.load(weights_only=True) refuses it too)",
+                )
+            return Unmapped(
+                what or type(ref).__name__,
+                "a tensor's storage that is not a reference to stored bytes",
             )
-    if fname in ("torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state"):
-        return interpret(args[0], prefix) if args else Opaque(fname)
-    if fname.startswith("torch._utils.") and short in _UNSUPPORTED_REBUILDS:
-        return UnsupportedTensor(_UNSUPPORTED_REBUILDS[short], fname)
-    if fname in ("collections.OrderedDict", "builtins.dict"):
-        return {_key(k): interpret(v, prefix) for k, v in call.items}
-    if isinstance(call.state, Dict):
-        # an object rebuilt from its attributes (a pickled nn.Module, a TorchScript module):
-        # describe its state, which is where its tensors live
-        return interpret(call.state, prefix)
-    return Opaque(fname or "call")
+        if not _is_storage_pid(ref.pid):
+            return _foreign_pid(ref.pid)
+        _, stype, key, location, numel = ref.pid[:5]
+        cls = global_name(stype) or repr(stype)
+        dtype_name = cls.rsplit(".", 1)[-1]
+        if dtype_name not in STORAGE_DTYPES:
+            return Unmapped(cls, "unknown storage class")
+        dtype, _ = STORAGE_DTYPES[dtype_name]
+        offset = 0
+        view = ref.pid[5] if len(ref.pid) > 5 else None
+        if isinstance(view, tuple) and len(view) == 3 and isinstance(view[1], int):
+            offset = view[1]  # legacy storage view: (view key, offset, size) into the root
+        elif view is not None:
+            return Unmapped("storage view", f"unexpected view metadata {view!r:.80}")
+        if not isinstance(numel, int):
+            return Unmapped(cls, f"storage size {numel!r:.40} is not an integer")
+        return StorageRef(self.prefix + _text(key), dtype, numel, _text(location)), offset
 
 
-def _storage(ref: Any, prefix: str) -> StorageRef | None:
-    if not isinstance(ref, PersistentRef) or not isinstance(ref.pid, tuple) or len(ref.pid) < 5:
-        return None
-    tag, stype, key, location, numel = ref.pid[:5]
-    if tag != "storage" or not isinstance(key, str):
-        return None
-    cls = global_name(stype) or ""
-    dtype_name = cls.rsplit(".", 1)[-1]
-    if dtype_name not in STORAGE_DTYPES:
-        # torch >= 2.x may store ``torch.storage.UntypedStorage`` plus a dtype global; rare.
-        return None
-    dtype, _ = STORAGE_DTYPES[dtype_name]
-    return StorageRef(prefix + key, dtype, int(numel), str(location))
+def _text(value: Any) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else str(value)
+
+
+def _foreign_pid(pid: Any) -> Unmapped:
+    if isinstance(pid, str) and pid.startswith("('storage'"):
+        return Unmapped(
+            "protocol 0 storage reference",
+            "a persistent id written as text, which torch.load cannot read either",
+        )
+    return Unmapped("persistent id", f"not a reference to a stored storage: {pid!r:.80}")
+
+
+def _is_storage_pid(pid: Any) -> bool:
+    return (
+        isinstance(pid, tuple)
+        and len(pid) >= 5
+        and pid[0] in ("storage", b"storage")
+        and isinstance(pid[2], (str, bytes, int))
+    )
+
+
+def _attribute_state(state: Any) -> Any:
+    """What BUILD sets as attributes: a dict, or the dicts of a (dict, slots) pair."""
+    if isinstance(state, Dict):
+        return state
+    if isinstance(state, tuple) and len(state) == 2:
+        parts = [p for p in state if isinstance(p, Dict)]
+        if parts and all(p is None or isinstance(p, Dict) for p in state):
+            return Dict([item for p in parts for item in p.items])
+    return None
+
+
+def _has_leaves(tree: Any) -> bool:
+    """Whether an interpreted value holds a tensor leaf anywhere."""
+    seen: set[int] = set()
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, TENSOR_LEAVES):
+            return True
+        if isinstance(node, (dict, list, tuple)) and id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(node.values() if isinstance(node, dict) else node)
+    return False
 
 
 _MODULE_SLOTS = frozenset({"_parameters", "_buffers", "_modules"})
 
 
 def _is_ref(value: Any) -> bool:
-    return isinstance(value, (TensorRef, UnsupportedTensor))
+    return isinstance(value, TENSOR_LEAVES)
 
 
 def flatten_tensors(
-    tree: Any, prefix: str = "", is_tensor: Callable[[Any], bool] = _is_ref
+    tree: Any,
+    prefix: str = "",
+    is_tensor: Callable[[Any], bool] = _is_ref,
+    collisions: list[str] | None = None,
 ) -> dict[str, Any]:
     """Every tensor leaf of a nested dict/list tree, named by its dotted path.
 
     The same naming serves the symbolic tree (TensorRef leaves, the default) and a tree that
-    torch.load returned (``is_tensor`` = isinstance of torch.Tensor), so both paths agree."""
+    torch.load returned (``is_tensor`` = isinstance of torch.Tensor), so both paths agree. A name
+    that two leaves flatten to (``{"a": {"b": x}, "a.b": y}``) keeps the last leaf and is added
+    to ``collisions`` when given. Depth-first and iterative: any nesting depth works."""
     out: dict[str, Any] = {}
-    if is_tensor(tree):
-        out[prefix.rstrip(".") or "tensor"] = tree
-    elif isinstance(tree, dict):
-        for k, v in tree.items():
-            # nn.Module state keeps tensors under these attributes; state_dict() names skip them
-            part = "" if k in _MODULE_SLOTS else f"{k}."
-            out.update(flatten_tensors(v, f"{prefix}{part}", is_tensor))
-    elif isinstance(tree, (list, tuple)):
-        for i, v in enumerate(tree):
-            out.update(flatten_tensors(v, f"{prefix}{i}.", is_tensor))
+    # each entry carries the ids of its enclosing containers: a container inside itself (a cycle
+    # torch.load can return) is not entered again, a container shared by two paths is named twice
+    stack: list[tuple[Any, str, frozenset[int]]] = [(tree, prefix, frozenset())]
+    while stack:
+        node, path, outer = stack.pop()
+        if is_tensor(node):
+            name = path.rstrip(".") or "tensor"
+            if name in out and collisions is not None:
+                collisions.append(name)
+            out[name] = node
+        elif isinstance(node, (dict, list, tuple)) and id(node) not in outer:
+            inner = outer | {id(node)}
+            if isinstance(node, dict):
+                # nn.Module state keeps tensors under these attributes; state_dict() names skip them
+                children = [
+                    (v, f"{path}{'' if k in _MODULE_SLOTS else f'{k}.'}", inner)
+                    for k, v in node.items()
+                ]
+            else:
+                children = [(v, f"{path}{i}.", inner) for i, v in enumerate(node)]
+            stack.extend(reversed(children))
     return out

@@ -8,6 +8,7 @@ name. Dotted names are judged component by component so that ``pathlib.os.system
 
 from __future__ import annotations
 
+import sys
 from _compat_pickle import IMPORT_MAPPING  # protocol 0-2 spell modules the Python 2 way
 from collections.abc import Iterable
 
@@ -180,6 +181,10 @@ def _safe_globals() -> frozenset[str]:
         "copyreg._reconstructor",
         "builtins.object",
         "enum.Enum",
+        "types.SimpleNamespace",
+        "uuid.UUID",
+        "decimal.Decimal",
+        "fractions.Fraction",
     }
     names.update(f"torch._utils.{r}" for r in _REBUILDS)
     names.update(f"torch.{d}" for d in _DTYPE_NAMES)
@@ -190,7 +195,34 @@ def _safe_globals() -> frozenset[str]:
             names.add(f"torch.sparse.{prefix}Tensor")
             names.add(f"torch.cuda.sparse.{prefix}Tensor")
     names.update(f"numpy.dtypes.{c}DType" for c in _NUMPY_DTYPE_CLASSES)
+    names.update(f"numpy.{t}" for t in _NUMPY_SCALAR_TYPES)  # type objects in configs
     return frozenset(names)
+
+
+_NUMPY_SCALAR_TYPES = [
+    "bool",
+    "bool_",
+    "float16",
+    "float32",
+    "float64",
+    "longdouble",
+    "complex64",
+    "complex128",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "intc",
+    "uintc",
+    "str_",
+    "bytes_",
+    "datetime64",
+    "timedelta64",
+]
 
 
 _NUMPY_DTYPE_CLASSES = [
@@ -379,6 +411,9 @@ def danger_reason(module: str, name: str) -> str | None:
     for part in name.split(".")[:-1]:
         if part in DANGEROUS_MODULES:
             return REASONS.get(part, f"reaches {part} through an attribute path")
+    if module.split(".")[0] in sys.stdlib_module_names:
+        # not user code: a standard-library function or alias (tarfile.bltn_open is open)
+        return "a standard-library name not on the allowlist (it may reach files or processes)"
     return None
 
 

@@ -10,22 +10,30 @@ header. What cannot be opened completely is reported, never passed as clean.
 
 from __future__ import annotations
 
-import ast
-import gzip
+import bz2
 import io
+import json
+import lzma
 import mmap
+import os
 import re
 import tarfile
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ptconvert.archive import ZipArchive, looks_like_zip, open_zip
+from ptconvert.archive import ZipArchive, ZipMember, has_zip_tail, is_tar, is_zip, open_zip
 from ptconvert.errors import InputError
 from ptconvert.scan.machine import run_pickle
 
 MAX_DEPTH = 4
-MAX_INFLATED = 4 << 30  # bytes a compressed member may expand to before we refuse it
+MAX_INFLATED = 1 << 30  # bytes a compressed stream or member may hold before we refuse it
+MAX_RATIO = 200  # past 16 MiB, an expansion beyond this ratio is treated as a bomb
+_RATIO_FLOOR = 16 << 20
+_STEP = 16 << 20  # output taken per decompress call
+_CHUNK = 1 << 20
 
 
 @dataclass
@@ -46,6 +54,14 @@ class Problem:
     reason: str
 
 
+# How a byte string is read by whoever loads it:
+# - "load": as torch.load / joblib.load would (zip at byte 0, else tar, else pickles from byte 0);
+# - "pickle": unpickled by name whatever its first bytes (data.pkl, constants.pkl, ...);
+# - "member": a member of an archive nobody unpickles by name: opened when its content is an
+#   archive, a compressed stream or a pickle.
+LOAD, PICKLE, MEMBER = "load", "pickle", "member"
+
+
 def walk(path: Path) -> Iterator[Stream | Problem]:
     """Every pickle stream (and every container problem) in the file at ``path``."""
     with open(path, "rb") as fh:
@@ -53,60 +69,196 @@ def walk(path: Path) -> Iterator[Stream | Problem]:
         if size == 0:
             return
         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    yield from _walk_bytes(str(path), mm, path, 0)
+    yield from _walk_bytes(str(path), mm, path, 0, LOAD)
+
+
+def walk_bytes(label: str, data: bytes, depth: int) -> Iterator[Stream | Problem]:
+    """The pickle streams in bytes that a pickle hands to ``torch.load`` (nested loads)."""
+    yield from _walk_bytes(label, data, None, depth, LOAD)
 
 
 def _walk_bytes(
-    label: str, data: bytes | mmap.mmap, path: Path | None, depth: int, torchscript: bool = False
+    label: str,
+    data: bytes | mmap.mmap,
+    path: Path | None,
+    depth: int,
+    role: str,
+    torchscript: bool = False,
 ) -> Iterator[Stream | Problem]:
     head = bytes(data[:512])
     if depth > MAX_DEPTH:
         yield Problem(label, "error", f"archives nested deeper than {MAX_DEPTH} levels")
         return
+    if role == PICKLE:
+        yield Stream(label, data, "pickle", torchscript=torchscript)
+        return
     if head.startswith(b"7z\xbc\xaf\x27\x1c"):
         yield Problem(label, "error", "7z archive: its members cannot be scanned")
         return
-    tail = bytes(data[-65557:])
-    if looks_like_zip(head, tail):
+    if is_zip(head):
         yield from _walk_zip(label, data, path, depth)
         return
-    if head.startswith(b"\x1f\x8b"):
+    inflate = _decompressor(head)
+    if inflate is not None:
+        kind, make = inflate
         try:
-            inflated = _inflate_gzip(data)
-        except (OSError, EOFError, ValueError) as exc:
-            yield Problem(label, "error", f"gzip stream cannot be read ({exc})")
+            inflated = _inflate(data, make)
+        except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as exc:
+            yield Problem(label, "error", f"{kind} stream cannot be read ({exc})")
             return
-        yield from _walk_bytes(f"{label}!gunzip", inflated, None, depth + 1)
+        # joblib and friends unpickle what they decompress
+        yield from _walk_bytes(f"{label}!{kind}", inflated, None, depth + 1, LOAD)
         return
-    if len(head) > 262 and head[257:262] == b"ustar":
+    if is_tar(head):
         yield from _walk_tar(label, data, depth)
         return
     if head.startswith(b"\x93NUMPY"):
         yield from _walk_npy(label, data)
         return
-    if looks_like_pickle(head):
-        yield Stream(label, data, "pickle", torchscript=torchscript)
-    elif depth == 0 and not _known_data_file(head, path):
-        # torch.load unpickles any file that is not a zip: a pickle may open with any opcode
-        yield Stream(label, data, "maybe-pickle")
+    if role == MEMBER:
+        if looks_like_pickle(head):
+            yield Stream(label, data, "pickle", torchscript=torchscript)
+        return
+    if depth == 0 and path is not None and _known_data_file(head, path):
+        yield from _onnx_external_data(label, head, path)
+        return
+    # torch.load unpickles any file that is not a zip or a tar: a pickle may open with any opcode
+    yield Stream(label, data, "pickle" if looks_like_pickle(head) else "maybe-pickle")
+    if path is not None and has_zip_tail(bytes(data[-65557:])):
+        # zipfile-based readers see the archive at the end, torch reads the bytes in front as a
+        # pickle: scan both, and refuse the file as ambiguous
+        try:
+            open_zip(path)
+        except InputError:
+            return
+        yield Problem(
+            label, "error", "a zip archive follows other data: loaders disagree on what it holds"
+        )
+        yield from _walk_zip(f"{label}(appended zip)", data, path, depth)
 
 
-def _known_data_file(head: bytes, path: Path | None) -> bool:
+def _known_data_file(head: bytes, path: Path) -> bool:
     """safetensors (header validated) or ONNX: formats that hold no pickle."""
-    if len(head) >= 9 and head[5:8] == b"\0\0\0" and head[8:9] == b"{" and path is not None:
+    if len(head) >= 9 and head[5:8] == b"\0\0\0" and head[8:9] == b"{":
         from ptconvert.formats.safetensors import read_header
 
         read_header(path)  # raises InputError for a broken header: reported as unreadable
         return True
+    return _is_onnx(head)
+
+
+def _is_onnx(head: bytes) -> bool:
     return len(head) >= 3 and head[0] == 0x08 and head[1] < 0x20 and head[2] in (0x12, 0x1A, 0x3A)
 
 
-def _inflate_gzip(data: bytes | mmap.mmap) -> bytes:
-    with gzip.GzipFile(fileobj=io.BytesIO(bytes(data))) as gz:
-        out = gz.read(MAX_INFLATED + 1)
-    if len(out) > MAX_INFLATED:
-        raise ValueError("expands past the size limit")
-    return out
+def _onnx_external_data(label: str, head: bytes, path: Path) -> Iterator[Problem]:
+    """ONNX initializers name external files; a location outside the model's folder would make
+    the runtime read (and a converter copy) any file on the machine."""
+    if not _is_onnx(head):
+        return
+    try:
+        import onnx
+        from onnx.external_data_helper import _get_all_tensors
+    except ImportError:
+        yield Problem(label, "error", "ONNX external data cannot be checked without the onnx extra")
+        return
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # the protobuf parser raises its own DecodeError
+        yield Problem(label, "error", f"ONNX model cannot be parsed ({exc})")
+        return
+    base = path.parent.resolve()
+    for tensor in _get_all_tensors(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        where = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if _escapes(base, where):
+            yield Problem(
+                label,
+                "dangerous",
+                f"initializer {tensor.name!r} reads external data from {where!r}, "
+                "outside the model's folder",
+            )
+
+
+def _escapes(base: Path, location: str) -> bool:
+    loc = location.replace("\\", "/")
+    if not loc or loc.startswith("/") or re.match(r"^[A-Za-z]:", loc) or ".." in loc.split("/"):
+        return True
+    return not (base / loc).resolve().is_relative_to(base)  # symlinks resolved
+
+
+def _decompressor(head: bytes) -> tuple[str, Callable[[], object]] | None:
+    """Compressed streams that loaders (gzip, joblib's zlib/bz2/xz/lzma) open transparently."""
+    if head.startswith(b"\x1f\x8b"):
+        return "gunzip", lambda: zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if len(head) >= 2 and head[0] == 0x78 and (head[0] * 256 + head[1]) % 31 == 0:
+        return "zlib", zlib.decompressobj
+    if head.startswith(b"BZh"):
+        return "bunzip2", bz2.BZ2Decompressor
+    if head.startswith(b"\xfd7zXZ\x00"):
+        return "unxz", lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ)
+    if head.startswith(b"\x5d\x00\x00"):
+        return "unlzma", lambda: lzma.LZMADecompressor(lzma.FORMAT_ALONE)
+    if head.startswith(b"ZF0x"):  # joblib < 0.10: "ZF", the hex length padded to 19, zlib data
+        return "joblib-zlib", lambda: _SkipHeader(zlib.decompressobj(), 21)
+    return None
+
+
+class _SkipHeader:
+    """A decompressor over a stream that opens with a fixed-size header of its own."""
+
+    def __init__(self, inner: Any, skip: int) -> None:
+        self.inner, self.skip = inner, skip
+
+    def decompress(self, data: bytes, max_length: int = 0) -> bytes:
+        if self.skip:
+            cut = min(self.skip, len(data))
+            data, self.skip = data[cut:], self.skip - cut
+        out: bytes = self.inner.decompress(data, max_length)
+        return out
+
+
+def _inflate(data: bytes | mmap.mmap, make: Callable[[], object]) -> bytes:
+    """Decompress at most MAX_INFLATED bytes, feeding the input in chunks and taking the output
+    in steps: a bomb stops early in bounded memory. Concatenated members (gzip) are followed as
+    the loaders do."""
+    out = bytearray()
+    pos, total = 0, len(data)
+    d: Any = make()
+    pending = b""
+    while True:
+        more = getattr(d, "needs_input", True) is False  # bz2/lzma hold output back
+        if not pending and not more:
+            if pos >= total:
+                break
+            pending = bytes(data[pos : pos + _CHUNK])
+            pos += len(pending)
+        room = min(_STEP, MAX_INFLATED + 1 - len(out))
+        out += d.decompress(pending, room)
+        pending = getattr(d, "unconsumed_tail", b"") or b""
+        if len(out) > MAX_INFLATED:
+            raise ValueError(f"expands past {MAX_INFLATED >> 20} MiB (a decompression bomb?)")
+        if len(out) > _RATIO_FLOOR and len(out) > MAX_RATIO * (pos - len(pending)):
+            raise ValueError(f"expands more than {MAX_RATIO}-fold (a decompression bomb?)")
+        if getattr(d, "eof", False):
+            rest = (getattr(d, "unused_data", b"") or b"") + pending
+            pending = b""
+            if rest.strip(b"\0"):
+                d, pending = make(), rest  # another member follows
+            elif pos >= total:
+                break
+    if not getattr(d, "eof", True):
+        raise EOFError("compressed stream is truncated")
+    return bytes(out)
+
+
+def _zip_kind(archive: ZipArchive) -> tuple[bool, bool]:
+    """(TorchScript, pt2) by the members each writes."""
+    names = [n.lower() for n in archive.names]
+    torchscript = any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
+    pt2 = any(n.endswith("/archive_format") or "/models/" in n for n in names)
+    return torchscript, pt2
 
 
 def _walk_zip(
@@ -126,58 +278,80 @@ def _walk_zip(
         except InputError as exc:
             yield Problem(label, "error", f"zip archive cannot be read: {exc.message}")
             return
-        names = [m.name for m in archive.members]
-        torchscript = any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
-        storages = _referenced_storages(archive)
+        if not archive.members:
+            yield Problem(label, "error", "zip archive has no members")
         for anomaly in archive.anomalies:
-            ambiguous = "appears more than once" in anomaly
-            # torch and other readers may pick different copies: refuse rather than guess
-            sev = "error" if ambiguous else "info"
-            if sev == "error":
-                yield Problem(label, sev, f"ambiguous zip archive: {anomaly}")
+            # torch ignores CRCs, flag bits and local names; duplicated or escaping names and
+            # data in front make readers disagree on what the archive holds: refuse, not guess
+            if "more than once" in anomaly or "escapes" in anomaly or "precede" in anomaly:
+                yield Problem(label, "error", f"ambiguous zip archive: {anomaly}")
+        torchscript, pt2 = _zip_kind(archive)
+        raw = _referenced_storages(archive) | (_pt2_raw_payloads(archive) if pt2 else set())
         for m in archive.members:
             if m.is_dir:
                 continue
-            member_label = f"{label}:{m.name}"
-            if m.name in storages:
-                continue  # a storage data.pkl references: torch reads it as raw bytes
-            if m.name.endswith(".so") or archive.read(m, 4) == b"\x7fELF":
-                # AOTInductor packages: loading dlopens this library and runs its code
-                yield Problem(
-                    member_label,
-                    "needs-code",
-                    "native code: a shared library that runs when loaded",
-                )
-                continue
-            if m.size > MAX_INFLATED:
-                if m.name.endswith(".pkl"):
-                    yield Problem(member_label, "error", "pickle member larger than the limit")
-                continue
-            try:
-                head = archive.read(m, 512)
-            except InputError as exc:
-                yield Problem(member_label, "error", exc.message)
-                continue
-            if not _interesting(head, m.name):
-                continue
-            try:
-                body = archive.read(m)
-            except InputError as exc:
-                yield Problem(member_label, "error", exc.message)
-                continue
-            yield from _walk_bytes(member_label, body, None, depth + 1, torchscript)
-        if not names:
-            yield Problem(label, "error", "zip archive has no members")
+            yield from _walk_member(archive, m, f"{label}:{m.name}", depth, raw, torchscript, pt2)
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
 
 
-# Members torch reads as raw bytes, never as a pickle: the storages data.pkl references, and the
-# weights and tensor constants of a pt2 archive. Scanning their bytes as pickles would only raise
-# false alarms; a pickled pt2 weight (``use_pickle``) is a torch.save zip and is still scanned,
-# and so is any storage-named member that data.pkl does not reference.
-_RAW_DATA = re.compile(r"(^|/)(data/weights/weight_\d+|data/constants/tensor_\d+)$")
+_PICKLE_NAMES = (".pkl", ".pickle", ".debug_pkl")
+
+
+def _walk_member(
+    archive: ZipArchive,
+    m: ZipMember,
+    label: str,
+    depth: int,
+    raw: set[str],
+    torchscript: bool,
+    pt2: bool,
+) -> Iterator[Stream | Problem]:
+    lower = m.name.lower()
+    if lower in raw:
+        return  # storage bytes the loader reads as they are, never as a pickle
+    if lower.endswith(".so") or archive.read(m, 4) == b"\x7fELF":
+        # AOTInductor packages: loading dlopens this library and runs its code
+        yield Problem(label, "needs-code", "native code: a shared library that runs when loaded")
+        return
+    if torchscript and "/code/" in lower and lower.endswith(".py"):
+        yield from _torchscript_code(archive, m, label)
+        return
+    role = MEMBER
+    if lower.endswith(_PICKLE_NAMES):
+        role = PICKLE
+    elif pt2 and "/data/" in lower and not lower.endswith(".json"):
+        role = LOAD  # torch.export.load hands these to torch.load (or pickle.loads)
+    if m.size > MAX_INFLATED:
+        if role != MEMBER:
+            yield Problem(label, "error", "member larger than the scan limit")
+        return
+    try:
+        body = archive.read(m) if role != MEMBER else archive.read(m, 512)
+        if role == MEMBER and _interesting(body):
+            body = archive.read(m)
+        elif role == MEMBER:
+            return
+    except InputError as exc:
+        yield Problem(label, "error", exc.message)
+        return
+    yield from _walk_bytes(label, body, None, depth + 1, role, torchscript)
+
+
+def _torchscript_code(archive: ZipArchive, m: ZipMember, label: str) -> Iterator[Problem]:
+    from ptconvert.scan.tscode import analyse_code_bytes
+
+    try:
+        body = archive.read(m)
+    except InputError as exc:
+        yield Problem(label, "error", exc.message)
+        return
+    for f in analyse_code_bytes(body):
+        where = f"line {f.line}" + (f", {f.name}" if f.name else "")
+        yield Problem(label, f.severity, f"TorchScript code ({where}): {f.reason}")
+
+
 _PROTO0_GLOBAL = re.compile(rb"^c[A-Za-z_][\w.]*\n[A-Za-z_][\w.]*\n")
 _PROTO0_START = re.compile(rb"^[(}\]][(dltSIVFcpgqh.NK}\])]")
 
@@ -189,21 +363,19 @@ def looks_like_pickle(head: bytes) -> bool:
     return bool(_PROTO0_GLOBAL.match(head) or _PROTO0_START.match(head))
 
 
-def _interesting(head: bytes, name: str) -> bool:
-    """Whether a member could hold a pickle or a nested archive (by content; .pkl by name)."""
-    if name.endswith((".pkl", ".pickle", ".debug_pkl")):
-        return True
-    if _RAW_DATA.search(name):
-        return head.startswith(b"PK\x03\x04")
-    if looks_like_pickle(head):
-        return True
-    return head.startswith((b"PK\x03\x04", b"\x1f\x8b", b"\x93NUMPY", b"7z\xbc\xaf")) or (
-        len(head) > 262 and head[257:262] == b"ustar"
+def _interesting(head: bytes) -> bool:
+    """Whether a member's first bytes open a pickle, an archive or a compressed stream."""
+    return (
+        looks_like_pickle(head)
+        or is_zip(head)
+        or head.startswith((b"\x93NUMPY", b"7z\xbc\xaf"))
+        or _decompressor(head) is not None
+        or is_tar(head)
     )
 
 
 def _referenced_storages(archive: ZipArchive) -> set[str]:
-    """The ``<root>/data/<key>`` members that data.pkl's persistent ids point at."""
+    """The ``<root>/data/<key>`` members (lower-cased) that data.pkl's persistent ids point at."""
     root = archive.root()
     member = archive.member(root + "data.pkl")
     if member is None or member.size > MAX_INFLATED:
@@ -216,41 +388,81 @@ def _referenced_storages(archive: ZipArchive) -> set[str]:
     for e in run.events:
         pid = e.target.pid if e.kind == "persid" else None
         if isinstance(pid, tuple) and len(pid) >= 3 and pid[0] == "storage":
-            out.add(f"{root}data/{pid[2]}")
+            out.add(f"{root}data/{pid[2]}".lower())
     return out
 
 
+def _pt2_raw_payloads(archive: ZipArchive) -> set[str]:
+    """Weights and tensor constants a pt2 archive stores as raw bytes (``use_pickle`` false in
+    its payload configs); every other member under data/ goes through torch.load."""
+    out: set[str] = set()
+    for m in archive.members:
+        lower = m.name.lower()
+        if not lower.endswith("_config.json") or "/data/" not in lower or m.size > 64 << 20:
+            continue
+        try:
+            config = json.loads(archive.read(m)).get("config", {})
+        except (InputError, ValueError, AttributeError):
+            continue
+        folder = lower.rsplit("/", 1)[0]
+        for meta in config.values() if isinstance(config, dict) else ():
+            if isinstance(meta, dict) and meta.get("use_pickle") is False:
+                out.add(f"{folder}/{str(meta.get('path_name', '')).lower()}")
+    return out
+
+
+# Legacy tar checkpoints: torch reads these members by name, whatever they look like.
+_TAR_ROLES = {"storages": "tar-storages", "tensors": "tar-tensors", "pickle": PICKLE}
+# Files in a generic archive that someone would hand to torch.load, pickle.load or joblib.load.
+_LOADED_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle", ".joblib", ".pt2", ".tar")
+
+
 def _walk_tar(label: str, data: bytes | mmap.mmap, depth: int) -> Iterator[Stream | Problem]:
+    fileobj = data if isinstance(data, mmap.mmap) else io.BytesIO(data)
+    fileobj.seek(0)
     try:
-        with tarfile.open(fileobj=io.BytesIO(bytes(data)), mode="r:") as tar:
-            members = [m for m in tar.getmembers() if m.isfile()]
-            legacy = {"sys_info", "pickle", "tensors", "storages"} <= {m.name for m in members}
-            for member in members:
-                f = tar.extractfile(member)
-                if f is None:
+        with tarfile.open(fileobj=fileobj, mode="r:") as tar:
+            for member in tar.getmembers():
+                if not member.isfile():
                     continue
-                body = f.read()
                 member_label = f"{label}:{member.name}"
-                if legacy and member.name in ("storages", "tensors"):
-                    # torch reads these as pickled records between raw binary fields
-                    yield Stream(member_label, body, f"tar-{member.name}")
-                else:
-                    yield from _walk_bytes(member_label, body, None, depth + 1)
+                if member.size > MAX_INFLATED:
+                    yield Problem(member_label, "error", "member larger than the scan limit")
+                    continue
+                f = tar.extractfile(member)
+                body = f.read() if f is not None else b""
+                name = os.path.normpath(member.name)
+                role = _TAR_ROLES.get(name)
+                if role in ("tar-storages", "tar-tensors"):
+                    # pickled records between raw binary fields
+                    yield Stream(member_label, body, role)
+                    continue
+                if role is None:
+                    role = LOAD if name.lower().endswith(_LOADED_SUFFIXES) else MEMBER
+                yield from _walk_bytes(member_label, body, None, depth + 1, role)
     except tarfile.TarError as exc:
         yield Problem(label, "error", f"tar archive cannot be read ({exc})")
 
 
 def _walk_npy(label: str, data: bytes | mmap.mmap) -> Iterator[Stream | Problem]:
+    """numpy's own header parser decides, as np.load does, whether objects are pickled."""
     try:
-        major = data[6]
-        if major == 1:
-            hlen, start = int.from_bytes(data[8:10], "little"), 10
+        from numpy.lib import format as npformat
+    except ImportError:
+        yield Problem(label, "error", ".npy header cannot be read without numpy")
+        return
+    fp = io.BytesIO(bytes(data[: 1 << 20]))
+    try:
+        version = npformat.read_magic(fp)
+        if version == (1, 0):
+            header = npformat.read_array_header_1_0(fp, max_header_size=1 << 20)
+        elif version in ((2, 0), (3, 0)):  # 3.0 differs only in a utf-8 header
+            header = npformat.read_array_header_2_0(fp, max_header_size=1 << 20)
         else:
-            hlen, start = int.from_bytes(data[8:12], "little"), 12
-        header = ast.literal_eval(bytes(data[start : start + hlen]).decode("latin-1"))
-        descr = str(header["descr"])
-    except (ValueError, SyntaxError, KeyError, TypeError, IndexError) as exc:
+            raise ValueError(f"unknown .npy version {version}")
+        dtype = header[2]
+    except (ValueError, SyntaxError, KeyError, TypeError, IndexError, EOFError) as exc:
         yield Problem(label, "error", f".npy header cannot be read ({exc})")
         return
-    if "O" in descr:  # object arrays are pickled after the header
-        yield Stream(label, data, "npy-object", start + hlen)
+    if dtype.hasobject:  # object arrays are pickled after the header
+        yield Stream(label, data, "pickle", fp.tell())

@@ -7,6 +7,25 @@ from pathlib import Path
 from ptconvert.errors import CorruptFileError, NeedsTrustError, UnsafeInputError
 from ptconvert.scan.scanner import FileScan, expand, scan_file
 
+_CACHE: dict[tuple[str, int, int, int], FileScan] = {}
+
+
+def _scan(path: Path) -> FileScan:
+    """One scan per file version in a process: entry points refuse early, steps check again."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _CACHE:
+        _CACHE[key] = scan_file(path)
+    return _CACHE[key]
+
+
+def refuse_unsafe(*paths: str | Path | None) -> None:
+    """What every command that reads files does first, before detecting formats or planning:
+    refuse a dangerous or unreadable file. ``needs-code`` is left to the step that loads."""
+    for p in paths:
+        if p is not None and Path(p).exists():
+            guard(p, trust=True)
+
 
 def guard(path: str | Path, *, trust: bool = False) -> list[FileScan]:
     """Scan ``path`` (a file or every file of a directory) before anything loads it.
@@ -14,7 +33,7 @@ def guard(path: str | Path, *, trust: bool = False) -> list[FileScan]:
     ``dangerous`` is refused (exit 10); a file the scan cannot read completely is refused as
     unreadable (exit 3); ``needs-code`` is refused unless ``trust`` (exit 11).
     """
-    results = [scan_file(f) for f in expand([path])]
+    results = [_scan(f) for f in expand([path])]
     for r in results:
         if r.verdict == "dangerous":
             worst = [f for f in r.findings if f.severity == "dangerous"][:3]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import mmap
 import pickletools
+from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,7 @@ class Event:
     offset: int
     target: Any = None
     detail: str = ""
+    state: Any = None  # BUILD: the state passed to the target
 
 
 @dataclass
@@ -245,12 +247,12 @@ def run_pickle(data: bytes | mmap.mmap, start: int = 0) -> PickleRun:
                     stack.append(unknown(name, pos, f"memo slot {key} was never written"))
             elif name == "GLOBAL":
                 module, _, attr = str(arg).partition(" ")
-                stack.append(_import(events, module, attr, name, pos))
+                stack.append(_import(events, module, attr, name, pos, protocol))
             elif name == "STACK_GLOBAL":
                 attr_v = stack.pop()
                 module_v = stack.pop()
                 if isinstance(module_v, str) and isinstance(attr_v, str):
-                    stack.append(_import(events, module_v, attr_v, name, pos))
+                    stack.append(_import(events, module_v, attr_v, name, pos, protocol))
                 else:
                     g = Global(
                         module_v if isinstance(module_v, str) else None,
@@ -264,7 +266,7 @@ def run_pickle(data: bytes | mmap.mmap, start: int = 0) -> PickleRun:
                     stack.append(g)
             elif name == "INST":
                 module, _, attr = str(arg).partition(" ")
-                cls = _import(events, module, attr, name, pos)
+                cls = _import(events, module, attr, name, pos, protocol)
                 items = pop_mark()
                 stack.append(_call(events, cls, tuple(items), name, pos))
             elif name == "OBJ":
@@ -287,7 +289,7 @@ def run_pickle(data: bytes | mmap.mmap, start: int = 0) -> PickleRun:
             elif name == "BUILD":
                 state = stack.pop()
                 target = stack[-1]
-                events.append(Event("build", name, pos, target, ""))
+                events.append(Event("build", name, pos, target, "", state))
                 if isinstance(target, Call):
                     target.state = state
             elif name in ("PERSID", "BINPERSID"):
@@ -311,18 +313,42 @@ def run_pickle(data: bytes | mmap.mmap, start: int = 0) -> PickleRun:
     return PickleRun(start, end, root, protocol, events, None, count)
 
 
-def run_all_pickles(data: bytes | mmap.mmap, start: int = 0) -> list[PickleRun]:
-    """Run every pickle concatenated from ``start`` on; stop at the first non-pickle bytes."""
-    runs: list[PickleRun] = []
-    pos = start
-    while pos < len(data):
+# torch.save before 1.6 writes five pickles (this magic number, protocol, sys_info, the object,
+# the storage keys), then raw storage bytes that must not be read as opcodes.
+LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+LEGACY_PICKLES = 5
+
+
+def acted(run: PickleRun) -> bool:
+    """Whether the run reached an opcode that imports, calls, builds or cannot be resolved.
+
+    An unpickler that fails before any of these has run nothing: such bytes are not a pickle.
+    """
+    return any(e.kind in ("import", "call", "build", "unknown") for e in run.events)
+
+
+def run_torch_pickles(data: bytes | mmap.mmap, start: int = 0) -> list[PickleRun]:
+    """Every pickle an unpickler would run in a stream that is not a zip or a tar.
+
+    ``torch.load`` runs the first pickle whatever its framing; when that pickle is the legacy
+    magic number (or a value only a call can tell) it runs four more, then reads raw storages.
+    Otherwise the stream is read as ``pickle.load`` in a loop would: the following pickles up to
+    bytes that fail before doing anything.
+    """
+    first = run_pickle(data, start)
+    runs = [first]
+    if first.error:
+        return runs
+    legacy = first.root == LEGACY_MAGIC or isinstance(first.root, (Call, Unknown, Global))
+    pos = first.end
+    while pos < len(data) and (not legacy or len(runs) < LEGACY_PICKLES):
         run = run_pickle(data, pos)
+        if run.error and not legacy and not acted(run):
+            break  # not a pickle: a loader stops here without having run anything
         runs.append(run)
         if run.error or run.end <= pos:
             break
         pos = run.end
-        if pos < len(data) and data[pos] != 0x80:  # next stream must open with PROTO
-            break
     return runs
 
 
@@ -333,7 +359,15 @@ def _describe(exc: BaseException) -> str:
     return text
 
 
-def _import(events: list[Event], module: str, attr: str, opcode: str, pos: int) -> Global:
+def _import(
+    events: list[Event], module: str, attr: str, opcode: str, pos: int, protocol: int
+) -> Global:
+    """The global CPython's ``find_class`` would import: protocols 0-2 spell Python 2 names,
+    which it maps first by (module, name), then by module."""
+    if protocol < 3 and (module, attr) in NAME_MAPPING:
+        module, attr = NAME_MAPPING[(module, attr)]
+    else:
+        module = IMPORT_MAPPING.get(module, module)
     g = Global(module, attr, opcode, pos)
     events.append(Event("import", opcode, pos, g, ""))
     return g
@@ -348,17 +382,26 @@ def _call(
 
 
 def _extend(target: Any, items: list[Any]) -> None:
+    """APPEND(S)/ADDITEMS as CPython does them: ``list.extend``, else the object's own method."""
     if isinstance(target, list):
         target.extend(items)
     elif isinstance(target, Call):
         target.appends.extend(items)
-    else:
+    elif not isinstance(target, (Unknown, Global)):
         raise TypeError(f"APPEND to a {type(target).__name__}")
 
 
 def _setitems(target: Any, items: list[tuple[Any, Any]], events: list[Event], pos: int) -> None:
+    """SETITEM(S) as CPython does them: ``obj[key] = value`` on whatever is below the mark."""
     if isinstance(target, (Dict, Call)):
         target.items.extend(items)
-    else:
-        # torch's own unpickler crashed on this once (CVE-2026-24747): never accept it.
+    elif isinstance(target, list):
+        # list.__setitem__: an int index in range or a slice works, as in CPython; a constant of
+        # any other type fails there; a computed key (a slice() call) changes what we cannot know
+        for key, value in items:
+            if isinstance(key, int) and -len(target) <= key < len(target):
+                target[key] = value
+            elif isinstance(key, (int, str, bytes, float, type(None), Dict, list, tuple)):
+                raise IndexError(f"SETITEM on a list with key {key!r} at offset {pos}")
+    elif not isinstance(target, (Unknown, Global)):
         raise TypeError(f"SETITEM on a {type(target).__name__} at offset {pos}")

@@ -11,12 +11,16 @@ from pathlib import Path
 from ptconvert import progress
 from ptconvert.errors import InputError
 from ptconvert.report import Report
-from ptconvert.scan.analysis import SEVERITY_ORDER, Finding, analyse, verdict
-from ptconvert.scan.containers import Problem, Stream, walk
-from ptconvert.scan.machine import PickleRun, run_all_pickles, run_pickle
-
-LEGACY_MAGIC = b"\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
-LEGACY_PICKLES = 5  # magic, protocol, sys_info, object, storage keys; raw storages follow
+from ptconvert.scan.analysis import (
+    NESTED_LOADER,
+    SEVERITY_ORDER,
+    Finding,
+    analyse,
+    nested_payload,
+    verdict,
+)
+from ptconvert.scan.containers import Problem, Stream, walk, walk_bytes
+from ptconvert.scan.machine import Global, PickleRun, acted, run_torch_pickles
 
 
 @dataclass
@@ -46,42 +50,48 @@ def scan_file(path: str | Path, allowed: frozenset[str] = frozenset()) -> FileSc
     path = Path(path)
     findings: list[Finding] = []
     pickles = 0
+    pending: list[tuple[str, bytes, int]] = []
     try:
-        for item in walk(path):
+        for item in _items(path, pending):
             if isinstance(item, Problem):
                 findings.append(Finding(item.severity, item.label, 0, "-", None, item.reason))
                 continue
             for run in _runs(item):
-                if item.kind == "maybe-pickle" and run.error and not _acts(run):
+                if item.kind == "maybe-pickle" and run.error and not acted(run):
                     break  # not a pickle: it fails before any opcode could have acted
                 pickles += 1
                 findings += analyse(run, item.label, allowed, torchscript=item.torchscript)
+                pending += _nested(run, item.label)
     except (OSError, InputError, ValueError) as exc:
         findings.append(Finding("error", str(path), 0, "-", None, f"cannot be read: {exc}"))
     return FileScan(str(path), verdict(findings), findings, pickles)
 
 
-def _acts(run: PickleRun) -> bool:
-    """Whether the run reached an opcode that imports, calls or builds (an unpickler that failed
-    before any of these ran nothing; a missing memo slot makes it fail on the spot)."""
-    return any(e.kind in ("import", "call", "build") for e in run.events)
+def _items(path: Path, pending: list[tuple[str, bytes, int]]) -> Iterable[Stream | Problem]:
+    """The file's streams, then the torch.save bytes that its pickles load in turn."""
+    yield from walk(path)
+    while pending:
+        label, data, depth = pending.pop()
+        yield from walk_bytes(label, data, depth)
+
+
+def _nested(run: PickleRun, label: str) -> list[tuple[str, bytes, int]]:
+    depth = label.count("!") + 1
+    out = []
+    for e in run.events:
+        func = e.target.func if e.kind == "call" else None
+        if isinstance(func, Global) and f"{func.module}.{func.name}" == NESTED_LOADER:
+            data = nested_payload(e.target)
+            if data is not None:
+                out.append((f"{label}!{NESTED_LOADER}@{e.offset}", data, depth))
+    return out
 
 
 def _runs(stream: Stream) -> Iterable[PickleRun]:
     if stream.kind in ("tar-storages", "tar-tensors"):
         yield from _tar_record_runs(stream)
         return
-    head = bytes(stream.data[stream.start : stream.start + 16])
-    if stream.kind == "pickle" and LEGACY_MAGIC in head:
-        pos = stream.start
-        for _ in range(LEGACY_PICKLES):
-            run = run_pickle(stream.data, pos)
-            yield run
-            if run.error:
-                return
-            pos = run.end
-        return
-    yield from run_all_pickles(stream.data, stream.start)
+    yield from run_torch_pickles(stream.data, stream.start)
 
 
 def _tar_record_runs(stream: Stream) -> list[PickleRun]:

@@ -138,8 +138,10 @@ def bench_artifact(
     import torch
 
     from ptconvert.errors import MissingRequirementError
+    from ptconvert.scan.guard import refuse_unsafe
     from ptconvert.verify.runtime import open_runtime
 
+    refuse_unsafe(artifact, reference)
     cand = open_runtime(artifact, opts)
     ref = open_runtime(reference, opts) if reference else cand
     if cand.call is None:

@@ -17,6 +17,7 @@ from typing import Any
 from ptconvert.convert.state import Options
 from ptconvert.errors import MissingRequirementError, VerificationError
 from ptconvert.report import Report
+from ptconvert.scan.guard import refuse_unsafe
 from ptconvert.verify.parity import ParityReport, compare
 from ptconvert.verify.runtime import open_runtime
 from ptconvert.verify.weights import WeightsCheck
@@ -71,6 +72,7 @@ def verify(
     ``device="cuda"`` runs the candidate on the GPU against the CPU reference (and its fp64 run).
     """
     opts = opts or Options()
+    refuse_unsafe(reference, candidate)
     ref = open_runtime(reference, opts)
     cand = open_runtime(candidate, opts)
     if ref.call is None and cand.call is None:

@@ -91,9 +91,10 @@ def open_runtime(path: str | Path, opts: Options) -> Runtime:
     if d.format in ("aoti", "onnx"):
         from ptconvert.verify.isolated import IsolatedRuntime
 
-        if d.format == "aoti":
-            guard(path, trust=opts.trust)  # its shared library runs native code: needs --trust
-        else:
+        # AOTI: its shared library runs native code (needs --trust); ONNX: external data must
+        # stay in the model's folder
+        guard(path, trust=opts.trust)
+        if d.format == "onnx":
             import importlib.util
 
             if importlib.util.find_spec("onnxruntime") is None:  # say so here, not in the child

@@ -1,31 +1,132 @@
-"""Bitwise verification of a weights conversion, reading the output back from disk.
+"""Bitwise verification of a weights conversion against an independent reading of the source.
 
-Every tensor must come back with the same name (after the declared renames), dtype, shape and
-bytes; tied entries must resolve to the same data. The output is read once, in chunks; the
-source bytes are read again from the source file (normally still in the page cache).
+The output is read back with ptconvert's own reader; the source is read again by its format's
+reference loader (``torch.load(weights_only=True)`` for pickle checkpoints, ``safe_open`` for
+safetensors), so that a blind spot of ptconvert's symbolic reader, a tensor it cannot see, cannot
+pass its own check. Names (after the declared unwrap, prefix strip and aliases), dtypes, shapes and
+bytes must agree; tensors left out on purpose (``--skip-unsupported``) are excluded by name.
+
+Memory stays flat whatever the size: bytes are compared in chunks, the output is read with
+``pread``, and the pages of the source that a reference loader maps into the process are dropped
+from it once compared (``madvise(MADV_DONTNEED)`` on that file's read-only mappings: they are read
+again from the page cache when touched, nothing is lost).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import itertools
+import json
+import math
+import mmap
 import os
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from ptconvert.convert.weights_read import ByteRange, WeightEntry, WeightSet, read_weights
+from ptconvert.convert.weights_read import (
+    ALIASES_KEY,
+    ByteRange,
+    WeightEntry,
+    WeightSet,
+    read_weights,
+)
 from ptconvert.convert.weights_write import tensor_bytes
 from ptconvert.errors import VerificationError
+from ptconvert.formats.safetensors import DTYPES as SAFETENSORS_DTYPES
+from ptconvert.formats.torch_objects import flatten_tensors
 from ptconvert.report import Report
 
-CHUNK = 16 << 20
+CHUNK = 2 << 20
+DROP_EVERY = CHUNK  # bytes read through a loader's mapping between two page drops
+
+# safetensors dtype codes numpy holds natively (BF16 too once ml_dtypes is imported)
+_NUMPY_CODES = frozenset(
+    {"F64", "F32", "F16", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL", "C64"}
+)
 
 
 @dataclass
 class WeightsCheck(Report):
-    status: str  # "pass" | "skipped"
+    status: str  # "pass" | "fail" | "skipped"
     tensors: int = 0
     bytes_compared: int = 0
     aliases: int = 0
     problems: list[str] = field(default_factory=list)
+    reader: str = ""  # the independent reader of the source
+    reader_seconds: float = 0.0  # its share: loading the source and producing its bytes
+    seconds: float = 0.0  # the whole check
+
+
+@dataclass
+class _Ref:
+    """A tensor as the independent reader sees it; ``chunks`` yields its bytes in order."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    chunks: Callable[[], Iterator[memoryview]]
+
+
+@dataclass
+class _Reference:
+    reader: str
+    tensors: dict[str, _Ref]
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def verify_weights(
+    source: WeightSet,
+    output: Path,
+    *,
+    scans: list[Any] | None = None,
+    trust: bool = False,
+) -> WeightsCheck:
+    """Read ``output`` back and compare it with an independent reading of ``source``'s file.
+
+    ``scans`` are the security scans of the source (``ptconvert.scan.guard``); without them the
+    source is scanned here before torch loads it. ``torch.load(weights_only=False)`` is used only
+    where ``weights_only=True`` cannot read the file (legacy tar, protocols 0/1/4/5 of the legacy
+    layout, allowlisted classes it lacks) and the scan found the file clean (or ``trust``).
+    VerificationError on any difference, or when no independent reader can read the source.
+    """
+    started = time.perf_counter()
+    back = read_weights(output, keep_prefix=True)
+    out = _resolve(back)
+    with ExitStack() as stack:
+        ref = _reference(source, scans, trust, stack)
+        expected = {n: r for n, r in ref.tensors.items() if n not in source.skipped}
+        problems = list(ref.problems)
+        missing = sorted(set(expected) - set(out))
+        extra = sorted(set(out) - set(expected))
+        if missing:
+            problems.append(f"missing in output: {missing[:10]}")
+        if extra:
+            problems.append(f"not in the source as {ref.reader} reads it: {extra[:10]}")
+        total, spent = _compare(expected, out, problems)
+        ref.seconds += spent
+    if problems:
+        raise VerificationError(
+            "the output does not hold the same tensors as the source: " + "; ".join(problems[:5]),
+            path=output,
+        )
+    aliases = sum(1 for e in back.entries if e.alias_of is not None)
+    return WeightsCheck(
+        "pass",
+        len(expected),
+        total,
+        aliases,
+        reader=ref.reader,
+        reader_seconds=round(ref.seconds, 3),
+        seconds=round(time.perf_counter() - started, 3),
+    )
 
 
 def _resolve(ws: WeightSet) -> dict[str, WeightEntry]:
@@ -33,76 +134,422 @@ def _resolve(ws: WeightSet) -> dict[str, WeightEntry]:
     return {e.name: by_name[e.alias_of] if e.alias_of is not None else e for e in ws.entries}
 
 
-class _RangeReader:
-    def __init__(self, source: ByteRange, nbytes: int, fds: dict[Path, int]) -> None:
-        if source.path not in fds:
-            fds[source.path] = os.open(source.path, os.O_RDONLY)
-        self.fd, self.offset, self.nbytes = fds[source.path], source.offset, nbytes
-
-    def read(self, pos: int, n: int, buf: bytearray) -> int:
-        return os.preadv(self.fd, [memoryview(buf)[:n]], self.offset + pos)
-
-
-def _chunks(entry: WeightEntry, fds: dict[Path, int]) -> _RangeReader | memoryview:
-    if entry.source is None:
-        return tensor_bytes(entry.tensor)
-    return _RangeReader(entry.source, entry.nbytes, fds)
-
-
-def _fill(obj: object, pos: int, n: int, buf: bytearray) -> int:
-    """Put bytes [pos, pos+n) of a range or tensor into the reused ``buf``; return the count."""
-    if isinstance(obj, _RangeReader):
-        return obj.read(pos, n, buf)
-    assert isinstance(obj, memoryview)
-    buf[:n] = obj.cast("B")[pos : pos + n]
-    return n
-
-
-def _same_chunk(a: object, b: object, pos: int, n: int, bufs: tuple[bytearray, bytearray]) -> bool:
-    if _fill(a, pos, n, bufs[0]) != n or _fill(b, pos, n, bufs[1]) != n:
-        return False
-    # whole buffers compare with memcmp; only the last, partial chunk is sliced
-    return bufs[0] == bufs[1] if n == CHUNK else bufs[0][:n] == bufs[1][:n]
-
-
-def verify_weights(source: WeightSet, output: Path) -> WeightsCheck:
-    """Read ``output`` back and compare it with ``source``; VerificationError on a mismatch."""
-    back = read_weights(output, keep_prefix=True)
-    src, dst = _resolve(source), _resolve(back)
-    problems: list[str] = []
-    missing = sorted(set(src) - set(dst))
-    extra = sorted(set(dst) - set(src))
-    if missing:
-        problems.append(f"missing in output: {missing[:10]}")
-    if extra:
-        problems.append(f"not in source: {extra[:10]}")
+def _compare(
+    expected: dict[str, _Ref], out: dict[str, WeightEntry], problems: list[str]
+) -> tuple[int, float]:
+    """Compare every common tensor; return the bytes compared and the reference reader's time."""
     fds: dict[Path, int] = {}
-    bufs = (bytearray(CHUNK), bytearray(CHUNK))
-    compared: set[tuple[str, str]] = set()
-    total = 0
+    buf = bytearray(CHUNK)
+    total, spent = 0, 0.0
     try:
-        for name in sorted(set(src) & set(dst)):
-            a, b = src[name], dst[name]
+        for name in sorted(set(expected) & set(out)):
+            a, b = expected[name], out[name]
             if (a.dtype, tuple(a.shape)) != (b.dtype, tuple(b.shape)):
                 problems.append(f"{name}: {a.dtype}{list(a.shape)} became {b.dtype}{list(b.shape)}")
                 continue
-            if (a.name, b.name) in compared:
+            if a.nbytes != b.nbytes:
+                problems.append(f"{name}: {a.nbytes} bytes became {b.nbytes}")
                 continue
-            compared.add((a.name, b.name))
-            ra, rb = _chunks(a, fds), _chunks(b, fds)
-            for pos in range(0, a.nbytes, CHUNK):
-                n = min(CHUNK, a.nbytes - pos)
-                if not _same_chunk(ra, rb, pos, n, bufs):
-                    problems.append(f"{name}: bytes differ within [{pos}, {pos + n})")
+            reader = _output_reader(b, fds)
+            pos, same = 0, True
+            chunks = a.chunks()
+            while True:
+                tick = time.perf_counter()
+                chunk = next(chunks, None)
+                spent += time.perf_counter() - tick
+                if chunk is None:
                     break
-            total += a.nbytes
+                n = len(chunk)
+                if pos + n > b.nbytes or not _same(reader, pos, chunk, buf):
+                    problems.append(f"{name}: bytes differ within [{pos}, {pos + n})")
+                    same = False
+                    break
+                pos += n
+            if same and pos != a.nbytes:
+                problems.append(f"{name}: the source reader gave {pos} of {a.nbytes} bytes")
+            total += pos
     finally:
         for fd in fds.values():
             os.close(fd)
-    if problems:
+    return total, spent
+
+
+def _output_reader(entry: WeightEntry, fds: dict[Path, int]) -> Callable[[int, memoryview], int]:
+    """A function filling a buffer with the output tensor's bytes from a position on."""
+    if entry.source is None:
+        data = tensor_bytes(entry.tensor).cast("B")
+
+        def from_tensor(pos: int, into: memoryview) -> int:
+            n = min(len(into), len(data) - pos)
+            into[:n] = data[pos : pos + n]
+            return n
+
+        return from_tensor
+    src: ByteRange = entry.source
+    if src.path not in fds:
+        fds[src.path] = os.open(src.path, os.O_RDONLY)
+    fd = fds[src.path]
+
+    def from_file(pos: int, into: memoryview) -> int:
+        return os.preadv(fd, [into], src.offset + pos)
+
+    return from_file
+
+
+def _same(
+    read: Callable[[int, memoryview], int], pos: int, chunk: memoryview, buf: bytearray
+) -> bool:
+    n = len(chunk)
+    if read(pos, memoryview(buf)[:n]) != n:
+        return False
+    # bytearray == buffer runs memcmp; a slice copies, so whole buffers are compared as they are
+    return buf == chunk if n == len(buf) else buf[:n] == chunk
+
+
+# --- the independent readers --------------------------------------------------------------
+
+
+def _reference(ws: WeightSet, scans: list[Any] | None, trust: bool, stack: ExitStack) -> _Reference:
+    if ws.origin is None:
+        raise VerificationError("the source of these weights is not a file: nothing to compare")
+    tick = time.perf_counter()
+    if ws.format == "safetensors":
+        ref = _safetensors_reference([ws.origin], stack)
+    elif ws.format == "sharded":
+        from ptconvert.formats.sharded import read_index
+
+        shards = sorted(set(read_index(ws.origin)["weight_map"].values()))
+        paths = [ws.origin.parent / s for s in shards]
+        if ws.layout == "safetensors":
+            ref = _safetensors_reference(paths, stack)
+        else:
+            ref = _torch_reference(ws, paths, _may_unpickle(ws, scans, trust))
+    elif ws.format == "pt":
+        ref = _torch_reference(ws, [ws.origin], _may_unpickle(ws, scans, trust))
+    elif ws.format == "torchscript":
+        ref = _torchscript_reference(ws, _may_unpickle(ws, scans, trust))
+    else:
+        raise VerificationError(f"no independent reader for {ws.format} sources", path=ws.origin)
+    ref.seconds += time.perf_counter() - tick
+    _apply_renames(ws, ref)
+    return ref
+
+
+def _may_unpickle(ws: WeightSet, scans: list[Any] | None, trust: bool) -> bool:
+    """Whether torch.load(weights_only=False) may read the source: the scan found it clean."""
+    if scans is None:
+        from ptconvert.scan.guard import guard
+
+        assert ws.origin is not None
+        scans = guard(ws.origin.parent if ws.format == "sharded" else ws.origin, trust=trust)
+    return trust or all(getattr(r, "verdict", "") == "clean" for r in scans)
+
+
+def _apply_renames(ws: WeightSet, ref: _Reference) -> None:
+    """The declared prefix strip, then the declared aliases of a safetensors source."""
+    if ws.stripped_prefix:
+        cut = len(ws.stripped_prefix)
+        wrong = [n for n in ref.tensors if not n.startswith(ws.stripped_prefix)]
+        if wrong:
+            ref.problems.append(f"names without the stripped prefix: {wrong[:5]}")
+        ref.tensors = {n[cut:]: r for n, r in ref.tensors.items()}
+
+
+def _torch_reference(ws: WeightSet, paths: list[Path], may_unpickle: bool) -> _Reference:
+
+    tensors: dict[str, _Ref] = {}
+    problems: list[str] = []
+    readers: set[str] = set()
+    for path in paths:
+        loaded, reader, mapped = _torch_load(path, may_unpickle)
+        readers.add(reader)
+        tree = _plain(loaded, problems)
+        if ws.unwrapped is not None and len(paths) == 1:
+            if not isinstance(tree, dict) or ws.unwrapped not in tree:
+                problems.append(f"{reader} finds no {ws.unwrapped!r} entry to unwrap")
+                continue
+            tree = tree[ws.unwrapped]
+        collisions: list[str] = []
+        flat = flatten_tensors(tree, is_tensor=_is_torch_tensor, collisions=collisions)
+        if collisions:
+            problems.append(f"names that two tensors flatten to: {collisions[:5]}")
+        pages = _Pages(path) if mapped else None
+        for name, t in flat.items():
+            tensors[name] = _torch_ref(t, pages)
+    return _Reference(" + ".join(sorted(readers)), tensors, problems)
+
+
+def _torchscript_reference(ws: WeightSet, may_load: bool) -> _Reference:
+    """torch.jit.load's state_dict(): the program's own loader, run only after a clean scan."""
+    assert ws.origin is not None
+    if not may_load:
         raise VerificationError(
-            "the output does not hold the same tensors: " + "; ".join(problems[:5]),
-            path=output,
+            "the TorchScript program is not scan-clean, so it is not loaded to check its weights",
+            path=ws.origin,
+            hint="pass --no-verify to convert without the check",
         )
-    aliases = sum(1 for e in back.entries if e.alias_of is not None)
-    return WeightsCheck("pass", len(src), total, aliases)
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module = torch.jit.load(str(ws.origin), map_location="cpu")
+    tensors = {n: _torch_ref(t.detach(), None) for n, t in module.state_dict().items()}
+    return _Reference("torch.jit.load(...).state_dict() after a clean scan", tensors, [])
+
+
+def _is_torch_tensor(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
+
+
+def _torch_load(path: Path, may_unpickle: bool) -> tuple[Any, str, bool]:
+    """torch.load of ``path``: (object, how it was read, whether its storages map the file)."""
+    import torch
+
+    # mmap only for a zip whose members are all stored: torch.load(mmap=True) maps a compressed
+    # member's deflated bytes as if they were the tensor's (torch 2.13 returns garbage, silently)
+    use_mmap, little = _mappable(path)
+    attempts = [(True, use_mmap)]
+    if may_unpickle:
+        attempts.append((False, use_mmap))
+    first_error = ""
+    for weights_only, use_mmap in attempts:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                loaded = torch.load(
+                    path, map_location="cpu", weights_only=weights_only, mmap=use_mmap
+                )
+        except Exception as exc:  # torch raises UnpicklingError, RuntimeError, ValueError…
+            first_error = first_error or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            continue
+        how = f"torch.load(weights_only={weights_only}{', mmap=True' if use_mmap else ''})"
+        if not weights_only:
+            how += " after a clean scan"
+        return loaded, how, use_mmap and little
+    hint = None if may_unpickle else "the scan did not find the file clean"
+    raise VerificationError(
+        f"no independent reader can read the source, so the output cannot be checked: "
+        f"torch.load: {first_error[:300]}",
+        path=path,
+        hint=(hint + "; " if hint else "") + "pass --no-verify to convert without the check",
+    )
+
+
+def _mappable(path: Path) -> tuple[bool, bool]:
+    """(whether torch.load may map the file, whether its storages are little-endian)."""
+    from ptconvert.archive import open_zip
+
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if head != b"PK\x03\x04":  # as torch decides: a local header first
+        return False, True  # legacy layouts: torch reads them into memory
+    archive = open_zip(path)
+    stored = all(m.compress_type == 0 for m in archive.members)
+    order = next((m for m in archive.members if m.name.endswith("/byteorder")), None)
+    little = order is None or archive.read(order).strip() == b"little"
+    return stored, little
+
+
+def _plain(value: Any, problems: list[str]) -> Any:
+    """torch.load's result as dicts, lists and tuples around tensors: an object becomes the
+    dict of its attributes (as the symbolic reader reads objects), a set holding tensors is
+    reported (its tensors have no names)."""
+    import torch
+
+    memo: dict[int, Any] = {}
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) or v is None or isinstance(v, (str, bytes, int, float)):
+            return v
+        if id(v) in memo:
+            return memo[id(v)]
+        if isinstance(v, dict):
+            out: Any = {}
+            memo[id(v)] = out
+            for k, x in v.items():
+                out[k] = walk(x)
+            return out
+        if isinstance(v, list):
+            out = []
+            memo[id(v)] = out
+            out.extend(walk(x) for x in v)
+            return out
+        if isinstance(v, tuple):
+            return tuple(walk(x) for x in v)
+        if isinstance(v, (set, frozenset)):
+            n = sum(1 for x in v if isinstance(x, torch.Tensor))
+            if n:
+                problems.append(f"{n} tensors in a set, which has no names for them")
+            return None
+        attrs = getattr(v, "__dict__", None)
+        if isinstance(attrs, dict) and not isinstance(v, type):
+            return walk(attrs)
+        return v
+
+    return walk(value)
+
+
+def _torch_ref(t: Any, pages: _Pages | None) -> _Ref:
+    import torch
+
+    dtype = str(t.dtype).removeprefix("torch.")
+    nbytes = t.numel() * t.element_size()
+
+    def chunks() -> Iterator[memoryview]:
+        if nbytes == 0:
+            return
+        flat = t.detach()
+        if not flat.is_contiguous():
+            flat = flat.contiguous()
+        data = memoryview(flat.reshape(-1).view(torch.uint8).numpy()).cast("B")
+        read = 0
+        for pos in range(0, nbytes, CHUNK):
+            yield data[pos : pos + CHUNK]
+            read += CHUNK
+            if pages is not None and read >= DROP_EVERY:
+                pages.drop()
+                read = 0
+        if pages is not None:
+            pages.drop()
+
+    return _Ref(dtype, tuple(t.shape), nbytes, chunks)
+
+
+def _safetensors_reference(paths: list[Path], stack: ExitStack) -> _Reference:
+    from safetensors import safe_open
+
+    numpy_codes = set(_NUMPY_CODES)
+    try:  # numpy learns bfloat16 from ml_dtypes; without it BF16 goes through torch
+        import ml_dtypes  # noqa: F401
+
+        numpy_codes.add("BF16")
+    except ImportError:
+        pass
+    tensors: dict[str, _Ref] = {}
+    readers: set[str] = set()
+    for path in paths:
+        handles: dict[str, Any] = {}
+
+        def handle(framework: str, path: Path = path, handles: dict[str, Any] = handles) -> Any:
+            if framework not in handles:
+                handles[framework] = stack.enter_context(safe_open(path, framework))
+            return handles[framework]
+
+        f = handle("numpy")
+        pages = _Pages(path)
+        aliases = json.loads((f.metadata() or {}).get(ALIASES_KEY, "{}"))
+        for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            view = f.get_slice(name)
+            code, shape = view.get_dtype(), tuple(view.get_shape())
+            dtype, bits = SAFETENSORS_DTYPES.get(code, (code.lower(), 8))
+            nbytes = (math.prod(shape) * bits + 7) // 8
+            if dtype == "float4_e2m1fn_x2" and shape:
+                shape = (*shape[:-1], shape[-1] // 2)
+            framework = "numpy" if code in numpy_codes else "pt"
+            readers.add(f"safetensors.safe_open({framework!r})")
+            opener = functools.partial(handle, framework)
+            tensors[name] = _Ref(dtype, shape, nbytes, _sliced(opener, name, code, pages))
+        for alias, target in aliases.items():
+            if target in tensors:
+                tensors[alias] = tensors[target]
+    return _Reference(" + ".join(sorted(readers)), tensors)
+
+
+def _sliced(
+    opener: Callable[[], Any], name: str, code: str, pages: _Pages
+) -> Callable[[], Iterator[memoryview]]:
+    """The tensor's bytes, one block of at most CHUNK bytes (a C-order run of rows) at a time."""
+
+    def chunks() -> Iterator[memoryview]:
+        f = opener()
+        sl = f.get_slice(name)
+        shape = tuple(sl.get_shape())
+        _, bits = SAFETENSORS_DTYPES.get(code, ("", 8))
+        if not shape:
+            yield _as_bytes(f.get_tensor(name))
+            return
+        read = 0
+        for index in _blocks(shape, max(1, bits // 8)) if math.prod(shape) else ():
+            yield _as_bytes(sl[index])
+            read += CHUNK
+            if read >= DROP_EVERY:
+                pages.drop()
+                read = 0
+        pages.drop()
+
+    return chunks
+
+
+def _as_bytes(block: Any) -> memoryview:
+    if hasattr(block, "numpy"):  # a torch tensor (dtypes numpy cannot hold)
+        import torch
+
+        block = block.contiguous().reshape(-1).view(torch.uint8).numpy()
+    else:
+        import numpy as np
+
+        block = np.ascontiguousarray(block).reshape(-1).view(np.uint8)
+    return memoryview(block).cast("B")
+
+
+def _blocks(shape: tuple[int, ...], itemsize: int) -> Iterator[tuple[Any, ...]]:
+    """Index tuples cutting a C-order array into consecutive blocks of at most CHUNK bytes."""
+    if not shape:
+        yield ()
+        return
+    inner = itemsize
+    axis = len(shape)
+    while axis > 0 and inner * shape[axis - 1] <= CHUNK:
+        axis -= 1
+        inner *= shape[axis]
+    if axis == 0:
+        yield (slice(None),)
+        return
+    axis -= 1  # rows of ``inner`` bytes along this axis, ``step`` of them per block
+    step = max(1, CHUNK // inner)
+    for outer in itertools.product(*(range(n) for n in shape[:axis])):
+        for i in range(0, shape[axis], step):
+            yield (*outer, slice(i, min(i + step, shape[axis])))
+
+
+class _Pages:
+    """Drops the pages of ``path`` that are mapped into this process from its resident set.
+
+    The reference loaders read the source through their own memory maps; every page they touch
+    would otherwise stay resident until the map is closed. Only mappings of exactly this file are
+    advised, each time looked up afresh (a map closed meanwhile is never touched). Linux only;
+    elsewhere a no-op."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = os.path.realpath(path)
+        self.madvise = _libc_madvise()
+
+    def drop(self) -> None:
+        if self.madvise is None:
+            return
+        try:
+            with open("/proc/self/maps") as fh:
+                lines = fh.readlines()
+        except OSError:
+            return
+        for line in lines:
+            parts = line.split(None, 5)
+            if len(parts) < 6 or parts[5].rstrip("\n") != self.path:
+                continue
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            self.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_DONTNEED)
+
+
+def _libc_madvise() -> Any:
+    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_DONTNEED"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    fn = libc.madvise
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn

@@ -160,9 +160,11 @@ def test_sharded_bin_set_converts(samples: dict[str, Path], tmp_path: Path) -> N
     _same(_sft(out)[0], expected)
 
 
-def test_legacy_layout_takes_the_torch_path(samples: dict[str, Path], tmp_path: Path) -> None:
+def test_legacy_layout_is_byte_copied(samples: dict[str, Path], tmp_path: Path) -> None:
+    """The legacy layout's storages follow its pickles: their bytes are copied as they are."""
     report = convert_weights(samples["mlp_legacy"], "safetensors", tmp_path / "l.safetensors")
-    assert report.path == "torch"
+    assert report.path == "fast"
+    assert report.verification and report.verification.reader.startswith("torch.load")
     _same(_sft(tmp_path / "l.safetensors")[0], torch.load(samples["mlp_legacy"], weights_only=True))
 
 
@@ -325,3 +327,28 @@ def test_outputs_get_the_usual_permissions(samples: dict[str, Path], tmp_path: P
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask
+
+
+def test_torchscript_weights_are_read_without_loading_the_program(tmp_path, monkeypatch) -> None:
+    """The weights come from the attributes pickle; torch.jit.load runs only as the independent
+    check, after a clean scan, and a program the scan refuses is never loaded."""
+    from fixtures.models import SmallCNN, seeded
+
+    src = tmp_path / "cnn_ts.pt"
+    scripted = torch.jit.script(seeded(SmallCNN()).eval())
+    scripted.save(str(src))
+    expected = scripted.state_dict()
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the program was loaded to read its weights")
+
+    with monkeypatch.context() as m:
+        m.setattr(torch.jit, "load", refuse)
+        report = convert_weights(src, "safetensors", tmp_path / "a.safetensors", verify=False)
+    assert report.source_format == "torchscript/zip"
+    report = convert_weights(src, "safetensors", tmp_path / "b.safetensors")
+    assert report.verification is not None and "torch.jit.load" in report.verification.reader
+    for out in ("a.safetensors", "b.safetensors"):
+        with safe_open(tmp_path / out, "pt") as f:
+            assert sorted(f.keys()) == sorted(expected)
+            assert all(torch.equal(f.get_tensor(k), expected[k]) for k in expected)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ptconvert.scan.allowlist import classify
-from ptconvert.scan.machine import Call, Global, run_all_pickles, run_pickle
+from ptconvert.scan.machine import Call, Global, run_pickle, run_torch_pickles
 
 
 class _Payload:
@@ -60,7 +60,7 @@ def test_missing_memo_slot_is_unknown() -> None:
 
 def test_every_concatenated_pickle_is_read() -> None:
     data = pickle.dumps(1, protocol=2) + pickle.dumps({"a": 1}, protocol=4)
-    runs = run_all_pickles(data)
+    runs = run_torch_pickles(data)
     assert len(runs) == 2 and runs[0].root == 1 and runs[1].root.items == [("a", 1)]
 
 
@@ -83,3 +83,41 @@ def test_dotted_names_are_checked_per_component() -> None:
     assert classify("pathlib", "os.system") == "dangerous"
     assert classify("__builtin__", "eval") == "dangerous"
     assert classify("mypkg.models", "Net") == "needs-code"
+
+
+def test_setitem_on_a_list_is_what_cpython_does() -> None:
+    # [1, 2] then SETITEM 0 = 'x' (list.__setitem__), then a payload the machine must still see
+    body = b"(K\x01K\x02lK\x00\x8c\x01xs0cos\nsystem\n\x8c\x04echo\x85R."
+    assert pickle.loads(body[: body.index(b"0")] + b".") == ["x", 2]
+    run = run_pickle(body)
+    assert run.error is None
+    assert [(g.module, g.name) for g in run.imports] == [("os", "system")]
+    # an index out of range fails where CPython fails
+    assert "SETITEM on a list" in (run_pickle(b"(K\x01lK\x05K\x00s.").error or "")
+
+
+@pytest.mark.parametrize(
+    ("value", "dotted"),
+    [(range(3), "builtins.range"), (int, "builtins.int"), (str, "builtins.str")],
+)
+def test_protocol_2_python2_names_are_mapped_like_cpython(value: object, dotted: str) -> None:
+    run = run_pickle(pickle.dumps(value, protocol=2))
+    assert dotted in [g.dotted for g in run.imports]
+    assert all(classify(g.module or "", g.name or "") == "safe" for g in run.imports)
+
+
+def test_torch_runs_five_legacy_pickles_whatever_their_framing() -> None:
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({"w": torch.ones(2)}, buf, _use_new_zipfile_serialization=False, pickle_protocol=4)
+    runs = run_torch_pickles(buf.getvalue())
+    assert len(runs) == 5 and all(r.error is None for r in runs)
+    # a plain pickle followed by bytes that are not a pickle: one run, the rest never parsed
+    runs = run_torch_pickles(pickle.dumps({"a": 1}, protocol=0) + b"\x00\x01garbage")
+    assert len(runs) == 1
+    # a protocol-0 pickle after a protocol-2 one is read, as a pickle.load loop would
+    runs = run_torch_pickles(pickle.dumps(1, protocol=2) + b"cos\nsystem\n(Vx\ntR.")
+    assert [g.dotted for g in runs[1].imports] == ["os.system"]
