@@ -152,14 +152,10 @@ def program_weights(state: RunState, opts: Options) -> None:
 
     if state.exported is not None:
         tensors = dict(state.exported.state_dict)
-    elif state.src_format == "torchscript":
-        # read from the attributes pickle symbolically: the program is not loaded for this
+    else:
+        # read symbolically (attributes pickle, payload config): the program is not loaded
         state.weights = read_weights(state.src, keep_prefix=True)
         return
-    else:
-        load_pt2(state, opts)
-        assert state.exported is not None
-        tensors = dict(state.exported.state_dict)
     state.weights = weights_from_tensors(tensors)
 
 

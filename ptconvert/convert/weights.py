@@ -26,7 +26,7 @@ from ptconvert.scan.guard import guard, refuse_unsafe
 from ptconvert.verify.weights import WeightsCheck, verify_weights
 
 WEIGHT_TARGETS = ("safetensors", "pt")
-WEIGHT_SOURCES = ("pt", "safetensors", "sharded", "hf", "torchscript")
+WEIGHT_SOURCES = ("pt", "safetensors", "sharded", "hf", "torchscript", "pt2")
 
 
 @dataclass

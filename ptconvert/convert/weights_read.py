@@ -89,7 +89,7 @@ def read_weights(
     skip_unsupported: bool = False,
 ) -> WeightSet:
     """Every tensor of a weights file (pt, safetensors, sharded set or HF directory) or of a
-    TorchScript archive (its parameters and buffers, named as ``state_dict()`` names them)."""
+    program (TorchScript, pt2: its parameters and buffers, named as its state dict names them)."""
     d = detect(src)
     if d.format == "hf":
         weights = weights_file(src)
@@ -104,6 +104,12 @@ def read_weights(
     elif d.format == "torchscript":
         # the attributes pickle, read symbolically: the program is never loaded for its weights
         ws = _read_checkpoint(d, key, skip_unsupported, program=True)
+    elif d.format == "pt2":
+        from ptconvert.formats.pt2 import weight_refs
+
+        archive, refs = weight_refs(d.path)
+        ckpt = PickledCheckpoint("zip", refs, [], archive)
+        ws = _read_checkpoint(d, key, skip_unsupported, program=True, ckpt=ckpt)
     else:
         raise UnsupportedConversionError(
             f"{d.format} files are programs, not weight files: extracting their weights lands "
@@ -158,9 +164,14 @@ def _read_sharded(d: Detection) -> WeightSet:
 
 
 def _read_checkpoint(
-    d: Detection, key: str | None, skip_unsupported: bool, *, program: bool = False
+    d: Detection,
+    key: str | None,
+    skip_unsupported: bool,
+    *,
+    program: bool = False,
+    ckpt: PickledCheckpoint | None = None,
 ) -> WeightSet:
-    ckpt = read_checkpoint(d.path, d.layout)
+    ckpt = ckpt or read_checkpoint(d.path, d.layout)
     others: dict[str, str] = {}
     unwrapped: str | None = None
     if program and key is None:  # a module's attributes: no checkpoint wrapper to unwrap

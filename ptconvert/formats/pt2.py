@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert.archive import ZipArchive, open_zip
-from ptconvert.errors import CorruptFileError
+from ptconvert.errors import CorruptFileError, UnsupportedConversionError
 from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
+from ptconvert.formats.torch_objects import DTYPE_SIZES, StorageRef, TensorRef
 
 # torch._export.serde.schema.ScalarType
 SCALAR_TYPES: dict[int, str] = {
@@ -71,6 +72,38 @@ def _read_json(archive: ZipArchive, name: str, path: Path) -> Any:
         return json.loads(archive.read(member))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CorruptFileError(f"PT2 member {name} is not valid JSON ({exc})", path=path) from None
+
+
+def weight_refs(path: Path) -> tuple[ZipArchive, dict[str, TensorRef]]:
+    """The program's state dict as views into its raw weight members, from the payload config:
+    what ``torch.export.load`` builds with ``as_strided``, without loading the program."""
+    archive = open_zip(path)
+    config = next((m for m in archive.members if m.name.endswith("_weights_config.json")), None)
+    if config is None:
+        raise CorruptFileError("PT2 archive has no weights config", path=path)
+    folder = config.name.rsplit("/", 1)[0] + "/"
+    refs: dict[str, TensorRef] = {}
+    entries = _read_json(archive, config.name, path).get("config", {})
+    for fqn, payload in entries.items() if isinstance(entries, dict) else ():
+        meta = payload.get("tensor_meta") if isinstance(payload, dict) else None
+        if payload.get("use_pickle") or not isinstance(meta, dict):
+            raise UnsupportedConversionError(
+                f"weight {fqn!r} is stored as a pickle (a tensor subclass?): not read here",
+                path=path,
+            )
+        dtype = SCALAR_TYPES.get(int(meta.get("dtype", 0)))
+        try:
+            shape = tuple(int(d["as_int"]) for d in meta["sizes"])
+            stride = tuple(int(d["as_int"]) for d in meta["strides"])
+            offset = int(meta["storage_offset"]["as_int"])
+        except (KeyError, TypeError, ValueError):
+            raise CorruptFileError(f"weight {fqn!r} has no concrete layout", path=path) from None
+        member = archive.member(folder + str(payload.get("path_name")))
+        if dtype is None or member is None:
+            raise CorruptFileError(f"weight {fqn!r}: unknown dtype or missing payload", path=path)
+        storage = StorageRef(member.name, dtype, member.size // DTYPE_SIZES[dtype], "cpu")
+        refs[fqn] = TensorRef(storage, shape, stride, offset, bool(meta.get("requires_grad")))
+    return archive, refs
 
 
 class ExportedProgramFormat(Format):

@@ -226,8 +226,8 @@ def _reference(ws: WeightSet, scans: list[Any] | None, trust: bool, stack: ExitS
             ref = _torch_reference(ws, paths, _may_unpickle(ws, scans, trust))
     elif ws.format == "pt":
         ref = _torch_reference(ws, [ws.origin], _may_unpickle(ws, scans, trust))
-    elif ws.format == "torchscript":
-        ref = _torchscript_reference(ws, _may_unpickle(ws, scans, trust))
+    elif ws.format in ("torchscript", "pt2"):
+        ref = _program_reference(ws, _may_unpickle(ws, scans, trust))
     else:
         raise VerificationError(f"no independent reader for {ws.format} sources", path=ws.origin)
     ref.seconds += time.perf_counter() - tick
@@ -279,12 +279,13 @@ def _torch_reference(ws: WeightSet, paths: list[Path], may_unpickle: bool) -> _R
     return _Reference(" + ".join(sorted(readers)), tensors, problems)
 
 
-def _torchscript_reference(ws: WeightSet, may_load: bool) -> _Reference:
-    """torch.jit.load's state_dict(): the program's own loader, run only after a clean scan."""
+def _program_reference(ws: WeightSet, may_load: bool) -> _Reference:
+    """The program's own loader (torch.jit.load, torch.export.load) and its state dict, run
+    only after a clean scan."""
     assert ws.origin is not None
     if not may_load:
         raise VerificationError(
-            "the TorchScript program is not scan-clean, so it is not loaded to check its weights",
+            "the program is not scan-clean, so it is not loaded to check its weights",
             path=ws.origin,
             hint="pass --no-verify to convert without the check",
         )
@@ -292,9 +293,14 @@ def _torchscript_reference(ws: WeightSet, may_load: bool) -> _Reference:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        module = torch.jit.load(str(ws.origin), map_location="cpu")
-    tensors = {n: _torch_ref(t.detach(), None) for n, t in module.state_dict().items()}
-    return _Reference("torch.jit.load(...).state_dict() after a clean scan", tensors, [])
+        if ws.format == "pt2":
+            state = dict(torch.export.load(ws.origin).state_dict)
+            reader = "torch.export.load(...).state_dict"
+        else:
+            state = torch.jit.load(str(ws.origin), map_location="cpu").state_dict()
+            reader = "torch.jit.load(...).state_dict()"
+    tensors = {n: _torch_ref(t.detach(), None) for n, t in state.items()}
+    return _Reference(f"{reader} after a clean scan", tensors, [])
 
 
 def _is_torch_tensor(value: Any) -> bool:

@@ -329,25 +329,33 @@ def test_outputs_get_the_usual_permissions(samples: dict[str, Path], tmp_path: P
     assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask
 
 
-def test_torchscript_weights_are_read_without_loading_the_program(tmp_path, monkeypatch) -> None:
-    """The weights come from the attributes pickle; torch.jit.load runs only as the independent
-    check, after a clean scan, and a program the scan refuses is never loaded."""
-    from fixtures.models import SmallCNN, seeded
+@pytest.mark.parametrize("kind", ["torchscript", "pt2"])
+def test_program_weights_are_read_without_loading_the_program(kind, tmp_path, monkeypatch) -> None:
+    """The weights come from the attributes pickle (TorchScript) or the payload config (pt2);
+    the program's loader runs only as the independent check, after a clean scan."""
+    from fixtures.build import MLP_INPUT
+    from fixtures.models import MLP, SmallCNN, seeded
 
-    src = tmp_path / "cnn_ts.pt"
-    scripted = torch.jit.script(seeded(SmallCNN()).eval())
-    scripted.save(str(src))
-    expected = scripted.state_dict()
+    if kind == "torchscript":
+        src = tmp_path / "cnn_ts.pt"
+        program = torch.jit.script(seeded(SmallCNN()).eval())
+        program.save(str(src))
+        expected, loader = program.state_dict(), (torch.jit, "load")
+    else:
+        src = tmp_path / "mlp.pt2"
+        ep = torch.export.export(seeded(MLP()), MLP_INPUT)
+        torch.export.save(ep, src)
+        expected, loader = dict(ep.state_dict), (torch.export, "load")
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the program was loaded to read its weights")
 
     with monkeypatch.context() as m:
-        m.setattr(torch.jit, "load", refuse)
+        m.setattr(*loader, refuse)
         report = convert_weights(src, "safetensors", tmp_path / "a.safetensors", verify=False)
-    assert report.source_format == "torchscript/zip"
+    assert report.source_format.startswith(kind)
     report = convert_weights(src, "safetensors", tmp_path / "b.safetensors")
-    assert report.verification is not None and "torch.jit.load" in report.verification.reader
+    assert report.verification is not None and loader[1] in report.verification.reader
     for out in ("a.safetensors", "b.safetensors"):
         with safe_open(tmp_path / out, "pt") as f:
             assert sorted(f.keys()) == sorted(expected)
