@@ -150,12 +150,17 @@ def program_weights(state: RunState, opts: Options) -> None:
     """The state dict of a program (TorchScript or ExportedProgram) as a weight set."""
     from ptconvert.convert.weights_read import weights_from_tensors
 
+    # on the way to a module the program is loaded anyway (after a clean scan): it is the
+    # parity reference and brings its own sample inputs. Weights alone go through
+    # convert_weights, which reads them symbolically.
     if state.exported is not None:
         tensors = dict(state.exported.state_dict)
+    elif state.src_format == "torchscript":
+        tensors = dict(_load_torchscript(state).state_dict())
     else:
-        # read symbolically (attributes pickle, payload config): the program is not loaded
-        state.weights = read_weights(state.src, keep_prefix=True)
-        return
+        load_pt2(state, opts)
+        assert state.exported is not None
+        tensors = dict(state.exported.state_dict)
     state.weights = weights_from_tensors(tensors)
 
 

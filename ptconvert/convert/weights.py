@@ -16,7 +16,7 @@ from ptconvert.atomic import atomic_path, check_output
 from ptconvert.convert.torch_zip import write_torch_zip
 from ptconvert.convert.weights_read import WeightSet, read_weights
 from ptconvert.convert.weights_write import parse_size, write_safetensors
-from ptconvert.errors import NoWeightsError, UnsupportedConversionError
+from ptconvert.errors import NoWeightsError, UnsupportedConversionError, VerificationError
 from ptconvert.formats import detect
 from ptconvert.formats.hf import WEIGHT_NAMES
 from ptconvert.formats.safetensors import TORCH_TO_SAFETENSORS
@@ -108,7 +108,11 @@ def convert_weights(
         if verify:
             with progress.step("verifying every tensor bitwise"):
                 target = _verify_target(tmp, files, as_directory, to)
-                check = verify_weights(ws, target, scans=scans, trust=trust)
+                try:
+                    check = verify_weights(ws, target, scans=scans, trust=trust)
+                except VerificationError as exc:
+                    exc.path = str(out)  # the temporary file is gone: name the output
+                    raise
     return WeightsReport(
         str(src),
         f"{d.format}/{d.layout}",

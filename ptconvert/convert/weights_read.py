@@ -107,9 +107,12 @@ def read_weights(
     elif d.format == "pt2":
         from ptconvert.formats.pt2 import weight_refs
 
-        archive, refs = weight_refs(d.path)
-        ckpt = PickledCheckpoint("zip", refs, [], archive)
-        ws = _read_checkpoint(d, key, skip_unsupported, program=True, ckpt=ckpt)
+        found = weight_refs(d.path)
+        if found is None:
+            ws = _older_pt2_weights(d.path)
+        else:
+            ckpt = PickledCheckpoint("zip", found[1], [], found[0])
+            ws = _read_checkpoint(d, key, skip_unsupported, program=True, ckpt=ckpt)
     else:
         raise UnsupportedConversionError(
             f"{d.format} files are programs, not weight files: extracting their weights lands "
@@ -122,6 +125,21 @@ def read_weights(
         raise NoWeightsError(f"the file holds no tensors{left}", path=src)
     if not keep_prefix:
         _strip_prefix(ws)
+    return ws
+
+
+def _older_pt2_weights(path: Path) -> WeightSet:
+    """A .pt2 of the older layout keeps its weights in one torch.save archive inside: read
+    through torch.export.load, which runs only on a file the scan finds clean."""
+    import torch
+
+    from ptconvert.convert.quiet import quiet_torch
+    from ptconvert.scan.guard import guard
+
+    guard(path)
+    with quiet_torch():  # torch warns that the layout is old: the note below says it
+        ws = weights_from_tensors(dict(torch.export.load(path).state_dict))
+    ws.notes.append("older .pt2 layout (data/weights/<model>.pt): read with torch.export.load")
     return ws
 
 
@@ -232,6 +250,16 @@ class _Storages:
 
     def locate(self, name: str, t: TensorRef) -> tuple[ByteRange | None, str]:
         """The tensor's bytes as a file range, or None and why it must be rebuilt."""
+        if (
+            t.offset < 0
+            or len(t.shape) != len(t.stride)
+            or min((*t.shape, *t.stride), default=0) < 0
+        ):
+            raise CorruptFileError(
+                f"tensor {name!r} has an impossible layout (offset {t.offset}, shape "
+                f"{list(t.shape)}, stride {list(t.stride)})",
+                path=self.path,
+            )
         start, size, stored = self._span(name, t)
         need = _extent(t) * t.itemsize
         if size < need:

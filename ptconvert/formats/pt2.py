@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,36 +75,91 @@ def _read_json(archive: ZipArchive, name: str, path: Path) -> Any:
         raise CorruptFileError(f"PT2 member {name} is not valid JSON ({exc})", path=path) from None
 
 
-def weight_refs(path: Path) -> tuple[ZipArchive, dict[str, TensorRef]]:
-    """The program's state dict as views into its raw weight members, from the payload config:
-    what ``torch.export.load`` builds with ``as_strided``, without loading the program."""
+@dataclass(frozen=True)
+class Payload:
+    """One entry of a model's weights or constants config, as torch.export.load reads it."""
+
+    model: str
+    kind: str  # "weights" | "constants"
+    fqn: str
+    member: str  # the archive member it names
+    pickled: bool  # handed to torch.load / pickle.loads, not viewed as raw bytes
+    meta: Any  # tensor_meta of a raw payload
+
+
+def payloads(archive: ZipArchive) -> list[Payload]:
+    """Every payload of every model, from exactly the configs torch reads (``data/weights/
+    {model}_weights_config.json``, ``data/constants/{model}_constants_config.json``); raises
+    CorruptFileError for a config that is not what torch expects."""
+    root = archive.root()
+    models = sorted(
+        n[len(root) + 7 : -5]
+        for n in archive.names
+        if n.startswith(root + "models/") and n.endswith(".json") and "/" not in n[len(root) + 7 :]
+    )
+    out: list[Payload] = []
+    for model in models:
+        for kind in ("weights", "constants"):
+            folder = f"{root}data/{kind}/"
+            member = archive.member(f"{folder}{model}_{kind}_config.json")
+            if member is None:
+                continue  # an older layout: data/<kind>/<model>.pt, a torch.save archive
+            config = _read_json(archive, member.name, archive.path)
+            entries = config.get("config") if isinstance(config, dict) else None
+            if not isinstance(entries, dict):
+                raise CorruptFileError(f"{member.name} has no config mapping", path=archive.path)
+            for fqn, entry in entries.items():
+                if not isinstance(entry, dict) or not isinstance(entry.get("path_name"), str):
+                    raise CorruptFileError(
+                        f"{member.name}: entry {fqn!r} is malformed", path=archive.path
+                    )
+                name = entry["path_name"]
+                raw = not entry.get("use_pickle") and (
+                    kind == "weights" or name.startswith("tensor_")
+                )
+                out.append(
+                    Payload(model, kind, fqn, folder + name, not raw, entry.get("tensor_meta"))
+                )
+    return out
+
+
+def weight_refs(path: Path) -> tuple[ZipArchive, dict[str, TensorRef]] | None:
+    """The program's state dict as views into its raw weight members, from its weights config:
+    what ``torch.export.load`` builds with ``as_strided``, without loading the program. None for
+    the older layout whose weights are one torch.save archive."""
     archive = open_zip(path)
-    config = next((m for m in archive.members if m.name.endswith("_weights_config.json")), None)
-    if config is None:
-        raise CorruptFileError("PT2 archive has no weights config", path=path)
-    folder = config.name.rsplit("/", 1)[0] + "/"
+    entries = [p for p in payloads(archive) if p.kind == "weights"]
+    models = sorted({p.model for p in entries})
+    if not entries:
+        return None
+    model = "model" if "model" in models else models[0]
     refs: dict[str, TensorRef] = {}
-    entries = _read_json(archive, config.name, path).get("config", {})
-    for fqn, payload in entries.items() if isinstance(entries, dict) else ():
-        meta = payload.get("tensor_meta") if isinstance(payload, dict) else None
-        if payload.get("use_pickle") or not isinstance(meta, dict):
+    for p in (p for p in entries if p.model == model):
+        if p.pickled:
             raise UnsupportedConversionError(
-                f"weight {fqn!r} is stored as a pickle (a tensor subclass?): not read here",
+                f"weight {p.fqn!r} is stored as a pickle (a tensor subclass?): not read here",
                 path=path,
             )
-        dtype = SCALAR_TYPES.get(int(meta.get("dtype", 0)))
-        try:
-            shape = tuple(int(d["as_int"]) for d in meta["sizes"])
-            stride = tuple(int(d["as_int"]) for d in meta["strides"])
-            offset = int(meta["storage_offset"]["as_int"])
-        except (KeyError, TypeError, ValueError):
-            raise CorruptFileError(f"weight {fqn!r} has no concrete layout", path=path) from None
-        member = archive.member(folder + str(payload.get("path_name")))
-        if dtype is None or member is None:
-            raise CorruptFileError(f"weight {fqn!r}: unknown dtype or missing payload", path=path)
-        storage = StorageRef(member.name, dtype, member.size // DTYPE_SIZES[dtype], "cpu")
-        refs[fqn] = TensorRef(storage, shape, stride, offset, bool(meta.get("requires_grad")))
+        refs[p.fqn] = _weight_ref(archive, p, path)
     return archive, refs
+
+
+def _weight_ref(archive: ZipArchive, p: Payload, path: Path) -> TensorRef:
+    meta = p.meta if isinstance(p.meta, dict) else {}
+    try:
+        dtype = SCALAR_TYPES.get(int(meta["dtype"]))
+        shape = tuple(int(d["as_int"]) for d in meta["sizes"])
+        stride = tuple(int(d["as_int"]) for d in meta["strides"])
+        offset = int(meta["storage_offset"]["as_int"])
+    except (KeyError, TypeError, ValueError):
+        raise CorruptFileError(f"weight {p.fqn!r} has no concrete layout", path=path) from None
+    member = archive.member(p.member)
+    if dtype is None or member is None:
+        raise CorruptFileError(f"weight {p.fqn!r}: unknown dtype or missing payload", path=path)
+    if len(shape) != len(stride) or offset < 0 or min((*shape, *stride), default=0) < 0:
+        raise CorruptFileError(f"weight {p.fqn!r} has an impossible layout", path=path)
+    storage = StorageRef(member.name, dtype, member.size // DTYPE_SIZES[dtype], "cpu")
+    return TensorRef(storage, shape, stride, offset, bool(meta.get("requires_grad")))
 
 
 class ExportedProgramFormat(Format):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import bz2
 import io
-import json
 import lzma
 import mmap
 import os
@@ -393,22 +392,17 @@ def _referenced_storages(archive: ZipArchive) -> set[str]:
 
 
 def _pt2_raw_payloads(archive: ZipArchive) -> set[str]:
-    """Weights and tensor constants a pt2 archive stores as raw bytes (``use_pickle`` false in
-    its payload configs); every other member under data/ goes through torch.load."""
-    out: set[str] = set()
-    for m in archive.members:
-        lower = m.name.lower()
-        if not lower.endswith("_config.json") or "/data/" not in lower or m.size > 64 << 20:
-            continue
-        try:
-            config = json.loads(archive.read(m)).get("config", {})
-        except (InputError, ValueError, AttributeError):
-            continue
-        folder = lower.rsplit("/", 1)[0]
-        for meta in config.values() if isinstance(config, dict) else ():
-            if isinstance(meta, dict) and meta.get("use_pickle") is False:
-                out.add(f"{folder}/{str(meta.get('path_name', '')).lower()}")
-    return out
+    """Weights and tensor constants a pt2 archive stores as raw bytes, by the configs torch reads
+    (``formats.pt2.payloads``); a member any of them hands to torch.load or pickle.loads, and
+    every other member under data/, goes through the torch.load treatment."""
+    from ptconvert.formats.pt2 import payloads
+
+    try:
+        entries = payloads(archive)
+    except InputError:
+        return set()  # a config torch cannot read either: scan every data member
+    raw = {p.member.lower() for p in entries if not p.pickled}
+    return raw - {p.member.lower() for p in entries if p.pickled}
 
 
 # Legacy tar checkpoints: torch reads these members by name, whatever they look like.

@@ -36,6 +36,7 @@ CONTAINERS = [
     "numpy_object.npz",
     "pt2_sample_inputs.pt2",
     "pt2_constant_pickle.pt2",
+    "pt2_config_decoy.pt2",
     "torchscript_constants.pt",
     "hf_directory",
     "sharded_set",
