@@ -28,6 +28,7 @@ STORED, DEFLATED = 0, 8
 # The central directory of a well-formed archive cannot be larger than this many members; a
 # larger claimed count is treated as corruption rather than allocated.
 MAX_MEMBERS = 1_000_000
+_SENTINELS = (0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF)  # count, size, offset: "see the zip64 record"
 
 
 @dataclass(frozen=True)
@@ -163,12 +164,22 @@ def open_zip(path: str | Path) -> ZipArchive:
             "<4sHHHHIIH", eocd
         )
         end_of_cd = eocd_pos
+        anomalies: list[str] = []
         zip64 = _read_zip64_eocd(fd, eocd_pos)
+        if isinstance(zip64, str):
+            anomalies.append(f"readers disagree: {zip64}")
+            zip64 = None
         if zip64 is not None:
+            plain = (count, cd_size, cd_offset)
             end_of_cd, count, cd_size, cd_offset = zip64
+            for kept, wide, sentinel in zip(
+                plain, (count, cd_size, cd_offset), _SENTINELS, strict=True
+            ):
+                if kept not in (sentinel, wide):
+                    anomalies.append("readers disagree: the zip and zip64 end records differ")
+                    break
         elif 0xFFFFFFFF in (cd_size, cd_offset) or count == 0xFFFF:
             raise CorruptFileError("zip64 archive without its end-of-directory records", path=path)
-        anomalies: list[str] = []
         # Data before the archive shifts every offset; miniz corrects for it the same way.
         shift = end_of_cd - (cd_offset + cd_size)
         if shift < 0:
@@ -221,21 +232,21 @@ def open_zip(path: str | Path) -> ZipArchive:
     return ZipArchive(path, size, members, anomalies, prefix_bytes=shift)
 
 
-def _read_zip64_eocd(fd: int, eocd_pos: int) -> tuple[int, int, int, int] | None:
-    """(position, member count, directory size, directory offset) from the zip64 records."""
+def _read_zip64_eocd(fd: int, eocd_pos: int) -> tuple[int, int, int, int] | str | None:
+    """(position, member count, directory size, directory offset) from the zip64 records, None
+    without them, or why a locator that leads nowhere makes the archive ambiguous (readers
+    differ in where they look next)."""
     if eocd_pos < 20:
         return None
     loc = os.pread(fd, 20, eocd_pos - 20)
     if loc[:4] != _EOCD64_LOCATOR:
         return None
     (claimed,) = struct.unpack("<8xQ4x", loc)
-    # The locator's offset is wrong when data precedes the archive; the record sits just before it.
-    for pos in (claimed, eocd_pos - 20 - 56):
-        rec = os.pread(fd, 56, pos) if pos >= 0 else b""
-        if rec[:4] == _EOCD64:
-            count, cd_size, cd_offset = struct.unpack("<32xQQQ", rec)
-            return pos, count, cd_size, cd_offset
-    return None
+    rec = os.pread(fd, 56, claimed) if claimed < eocd_pos else b""
+    if rec[:4] != _EOCD64:
+        return "its zip64 locator does not point at a zip64 end record"
+    count, cd_size, cd_offset = struct.unpack("<32xQQQ", rec)
+    return claimed, count, cd_size, cd_offset
 
 
 def _zip64_extra(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int, int]:

@@ -334,6 +334,10 @@ DANGEROUS_MODULES: frozenset[str] = frozenset(
         "logging",
         "xmlrpc",
         "numpy.f2py",
+        "numpy.memmap",  # a class, but constructing it creates or truncates a file
+        "numpy.core.memmap",
+        "numpy._core.memmap",
+        "numpy.lib.format.open_memmap",
         "numpy.testing",
         "numpy.distutils",
         "numpy.load",

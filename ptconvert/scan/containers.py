@@ -124,12 +124,8 @@ def _walk_bytes(
     # torch.load unpickles any file that is not a zip or a tar: a pickle may open with any opcode
     yield Stream(label, data, "pickle" if looks_like_pickle(head) else "maybe-pickle")
     if path is not None and has_zip_tail(bytes(data[-65557:])):
-        # zipfile-based readers see the archive at the end, torch reads the bytes in front as a
-        # pickle: scan both, and refuse the file as ambiguous
-        try:
-            open_zip(path)
-        except InputError:
-            return
+        # zipfile-based readers see an archive at the end, torch reads the bytes in front as a
+        # pickle: refuse the file as ambiguous, and scan the archive too where it can be read
         yield Problem(
             label, "error", "a zip archive follows other data: loaders disagree on what it holds"
         )
@@ -282,10 +278,12 @@ def _walk_zip(
         for anomaly in archive.anomalies:
             # torch ignores CRCs, flag bits and local names; duplicated or escaping names and
             # data in front make readers disagree on what the archive holds: refuse, not guess
-            if "more than once" in anomaly or "escapes" in anomaly or "precede" in anomaly:
+            if any(w in anomaly for w in ("more than once", "escapes", "precede", "disagree")):
                 yield Problem(label, "error", f"ambiguous zip archive: {anomaly}")
         torchscript, pt2 = _zip_kind(archive)
-        raw = _referenced_storages(archive) | (_pt2_raw_payloads(archive) if pt2 else set())
+        # raw bytes by the rules of the loader that reads this kind of archive: torch.export.load
+        # ignores a data.pkl, so a pt2 takes its raw members from its payload configs only
+        raw = _pt2_raw_payloads(archive) if pt2 else _referenced_storages(archive)
         for m in archive.members:
             if m.is_dir:
                 continue
@@ -417,14 +415,20 @@ def _walk_tar(label: str, data: bytes | mmap.mmap, depth: int) -> Iterator[Strea
     try:
         with tarfile.open(fileobj=fileobj, mode="r:") as tar:
             for member in tar.getmembers():
-                if not member.isfile():
+                if not (member.isfile() or member.islnk() or member.issym()):
                     continue
                 member_label = f"{label}:{member.name}"
                 if member.size > MAX_INFLATED:
                     yield Problem(member_label, "error", "member larger than the scan limit")
                     continue
-                f = tar.extractfile(member)
-                body = f.read() if f is not None else b""
+                try:  # a link is read through to its target, as torch's tar.extractfile does
+                    f = tar.extractfile(member)
+                except KeyError:
+                    continue  # a link to nothing: the loader fails before reading it
+                body = f.read(MAX_INFLATED + 1) if f is not None else b""
+                if len(body) > MAX_INFLATED:
+                    yield Problem(member_label, "error", "member larger than the scan limit")
+                    continue
                 name = os.path.normpath(member.name)
                 role = _TAR_ROLES.get(name)
                 if role in ("tar-storages", "tar-tensors"):

@@ -135,7 +135,7 @@ def run_pickle(data: bytes | mmap.mmap, start: int = 0) -> PickleRun:
         return value
 
     try:
-        for opcode, raw_arg, pos in pickletools.genops(stream):
+        for opcode, raw_arg, pos in _ops(stream):
             arg: Any = raw_arg
             pos = int(pos or 0)
             count += 1
@@ -317,6 +317,59 @@ def run_pickle(data: bytes | mmap.mmap, start: int = 0) -> PickleRun:
 # the storage keys), then raw storage bytes that must not be read as opcodes.
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PICKLES = 5
+
+
+def _ops(stream: Any) -> Any:
+    """(opcode, argument, offset) like ``pickletools.genops``, but with the text numbers read as
+    CPython's C unpickler reads them: ``pickletools`` refuses ``I0x10`` or ``I12\\0junk``, which
+    the unpickler that runs the payload accepts."""
+    while True:
+        pos = stream.tell()
+        code = stream.read(1)
+        if not code:
+            raise ValueError("pickle exhausted before seeing STOP")
+        op = _CODE2OP.get(code.decode("latin-1"))
+        if op is None:
+            raise ValueError(f"unknown opcode {code!r} at offset {pos}")
+        if op.name in _C_TEXT_NUMBERS:
+            arg: Any = _C_TEXT_NUMBERS[op.name](_line(stream))
+        else:
+            arg = op.arg.reader(stream) if op.arg is not None else None
+        yield op, arg, pos
+
+
+def _line(stream: Any) -> bytes:
+    line = stream.readline()
+    if not line.endswith(b"\n"):
+        raise ValueError("no newline found when trying to read a text number")
+    return bytes(line[:-1].split(b"\0", 1)[0])  # C string functions stop at a NUL
+
+
+def _c_int(text: bytes) -> int | bool:
+    """``load_int``: "00"/"01" are booleans, else strtol with base 0 (hex, octal, decimal)."""
+    if text in (b"00", b"01"):
+        return text == b"01"
+    body = text.lstrip(b" \t\n\r\f\v")
+    sign = -1 if body[:1] == b"-" else 1
+    body = body[1:] if body[:1] in (b"-", b"+") else body
+    if body[:2].lower() == b"0x":
+        return sign * int(body[2:], 16)
+    if body[:1] == b"0" and len(body) > 1:
+        return sign * int(body[1:], 8)
+    return sign * int(body, 10)
+
+
+def _c_long(text: bytes) -> int:
+    """``load_long``: a trailing L is dropped, then Python's int() with base 0."""
+    return int(text[:-1] if text.endswith(b"L") else text, 0)
+
+
+def _c_float(text: bytes) -> float:
+    return float(text)
+
+
+_C_TEXT_NUMBERS = {"INT": _c_int, "LONG": _c_long, "FLOAT": _c_float}
+_CODE2OP = {op.code: op for op in pickletools.opcodes}
 
 
 def acted(run: PickleRun) -> bool:

@@ -37,6 +37,10 @@ CONTAINERS = [
     "pt2_sample_inputs.pt2",
     "pt2_constant_pickle.pt2",
     "pt2_config_decoy.pt2",
+    "pt2_datapkl_decoy.pt2",
+    "tar_pickle_hardlink.pt",
+    "tar_pickle_symlink.pt",
+    "zip64_locator_decoy.pt",
     "torchscript_constants.pt",
     "hf_directory",
     "sharded_set",
@@ -74,7 +78,15 @@ TECHNIQUES = [f"{n}.pkl" for n in raw_techniques(Path("/m"))] + CONTAINERS
 # bomb). Everything else is "dangerous": every pickle that carries a payload, and ONNX external
 # data that points outside the model's directory (loading reads a file of the host's choosing:
 # an attack, not a corrupt file).
-REFUSED = {"sevenzip.7z": "error", "zip_deep_nesting.zip": "error", "gzip_bomb.gz": "error"}
+REFUSED = {
+    "sevenzip.7z": "error",
+    "zip_deep_nesting.zip": "error",
+    "gzip_bomb.gz": "error",
+    # readers disagree on which central directory is the archive's, or on whether the file is a
+    # zip at all (torch: a pickle from byte 0): refused as unreadable
+    "zip64_locator_decoy.pt": "error",
+    "zip_prefixed_data.pt": "error",
+}
 # files under the malicious corpus's root that are not themselves malicious
 BENIGN_MEMBERS = {
     "hf_dir/config.json",

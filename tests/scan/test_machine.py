@@ -121,3 +121,13 @@ def test_torch_runs_five_legacy_pickles_whatever_their_framing() -> None:
     # a protocol-0 pickle after a protocol-2 one is read, as a pickle.load loop would
     runs = run_torch_pickles(pickle.dumps(1, protocol=2) + b"cos\nsystem\n(Vx\ntR.")
     assert [g.dotted for g in runs[1].imports] == ["os.system"]
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [(b"I0x10\n.", 16), (b"I010\n.", 8), (b"I12\x00junk\n.", 12), (b"L0x1fL\n.", 31)],
+)
+def test_text_numbers_are_read_as_cpythons_unpickler_reads_them(text: bytes, value: int) -> None:
+    assert pickle.loads(text) == value  # pickletools.genops refuses the first three
+    run = run_pickle(text)
+    assert run.error is None and run.root == value
