@@ -315,6 +315,9 @@ def _walk_member(
     if torchscript and "/code/" in lower and lower.endswith(".py"):
         yield from _torchscript_code(archive, m, label)
         return
+    if pt2 and "/models/" in lower and lower.endswith(".json"):
+        yield from _program_graph(archive, m, label)
+        return
     role = MEMBER
     if lower.endswith(_PICKLE_NAMES):
         role = PICKLE
@@ -347,6 +350,21 @@ def _torchscript_code(archive: ZipArchive, m: ZipMember, label: str) -> Iterator
     for f in analyse_code_bytes(body):
         where = f"line {f.line}" + (f", {f.name}" if f.name else "")
         yield Problem(label, f.severity, f"TorchScript code ({where}): {f.reason}")
+
+
+def _program_graph(archive: ZipArchive, m: ZipMember, label: str) -> Iterator[Problem]:
+    from ptconvert.scan.tscode import analyse_program
+
+    if m.size > MAX_INFLATED:
+        yield Problem(label, "error", "serialized program larger than the scan limit")
+        return
+    try:
+        body = archive.read(m)
+    except InputError as exc:
+        yield Problem(label, "error", exc.message)
+        return
+    for f in analyse_program(body):
+        yield Problem(label, f.severity, f"program graph (node {f.line}, {f.name}): {f.reason}")
 
 
 _PROTO0_GLOBAL = re.compile(rb"^c[A-Za-z_][\w.]*\n[A-Za-z_][\w.]*\n")

@@ -467,3 +467,22 @@ def test_operator_tables_cover_the_installed_torch() -> None:
         }
         assert installed - table == set(), namespace
     assert {"from_file", "save"} <= _ATEN_OPS  # the file ops exist, and are refused by name
+
+
+def test_program_graphs_are_judged_like_code(tmp_path: Path) -> None:
+    """A .pt2's serialized graph: real exports are clean, a file or custom operator is not."""
+    import zipfile
+
+    from ptconvert.scan.tscode import analyse_program
+
+    exported = torch.export.export(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()),
+                                   (torch.ones(3, 2),))  # fmt: skip
+    torch.export.save(exported, tmp_path / "p.pt2")
+    with zipfile.ZipFile(tmp_path / "p.pt2") as z:
+        graph = z.read(next(n for n in z.namelist() if "/models/" in n and n.endswith(".json")))
+    assert analyse_program(graph) == []
+    for target in ("torch.ops.aten.from_file.default", "torch.ops.myns.op.default", "os.system"):
+        edited = graph.replace(b'"torch.ops.aten.relu.default"', f'"{target}"'.encode())
+        (finding,) = analyse_program(edited)
+        assert finding.severity == "dangerous" and finding.name == target
+    assert analyse_program(b"{not json")[0].severity == "error"
