@@ -89,36 +89,54 @@ def _spec_options(options: dict[str, Any], **extra: Any) -> Any:
     )
 
 
+_CONVERSION_OPTIONS = (
+    click.option("-o", "--output", type=click.Path(), help="Output path (default: beside SRC)."),
+    click.option("--force", is_flag=True, help="Replace an existing output."),
+    click.option("--no-verify", is_flag=True, help="Skip the parity check after converting."),
+    click.option("--key", help="Take the weights from this entry of a checkpoint dict."),
+    click.option("--keep-prefix", is_flag=True, help="Keep a prefix shared by all keys."),
+    click.option("--max-shard-size", help="Write shards of at most this size (e.g. 5GB)."),
+    click.option("--metadata", multiple=True, help="k=v safetensors metadata (repeatable)."),
+    click.option(
+        "--dynamic-batch", is_flag=True, help="Make dimension 0 of batched inputs dynamic."
+    ),
+    click.option("--dynamic", multiple=True, help="NAME:AXIS[:MIN:MAX] dynamic dimension."),
+    click.option(
+        "--method",
+        type=click.Choice(["auto", "script", "trace"]),
+        default="auto",
+        help="TorchScript: script, trace, or auto (script, falling back to trace).",
+    ),
+    click.option(
+        "--export-mode",
+        type=click.Choice(["auto", "strict", "non-strict"]),
+        default="auto",
+        help="torch.export: auto tries non-strict, then strict.",
+    ),
+    click.option(
+        "--task", help="transformers class for a Hugging Face directory (e.g. AutoModel)."
+    ),
+    click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu"),
+    click.option("--bench", is_flag=True, help="Time the result against eager and torch.compile."),
+    click.option(
+        "--skip-unsupported", is_flag=True, help="Leave out quantized/sparse/nested tensors."
+    ),
+    click.option("--batch-sizes", help="With --bench: batch sizes to time (e.g. 1,8,32)."),
+)
+
+
+def conversion_options(fn: Any) -> Any:
+    """What a conversion can be asked for: one set for `SRC --to` and `plan` (which plans it)."""
+    for option in reversed(_CONVERSION_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
 @cli.command()
 @click.argument("src", type=click.Path(path_type=str))
 @click.option("--to", "to", required=True, help="Target format (see `ptconvert formats`).")
-@click.option("-o", "--output", type=click.Path(), help="Output path (default: beside SRC).")
-@click.option("--force", is_flag=True, help="Replace an existing output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON only.")
-@click.option("--no-verify", is_flag=True, help="Skip the parity check after converting.")
-@click.option("--key", help="Take the weights from this entry of a checkpoint dict.")
-@click.option("--keep-prefix", is_flag=True, help="Keep a prefix shared by all keys.")
-@click.option("--max-shard-size", help="Write shards of at most this size (e.g. 5GB).")
-@click.option("--metadata", multiple=True, help="k=v safetensors metadata (repeatable).")
-@click.option("--dynamic-batch", is_flag=True, help="Make dimension 0 of batched inputs dynamic.")
-@click.option("--dynamic", multiple=True, help="NAME:AXIS[:MIN:MAX] dynamic dimension.")
-@click.option(
-    "--method",
-    type=click.Choice(["auto", "script", "trace"]),
-    default="auto",
-    help="TorchScript: script, trace, or auto (script, falling back to trace).",
-)
-@click.option(
-    "--export-mode",
-    type=click.Choice(["auto", "strict", "non-strict"]),
-    default="auto",
-    help="torch.export: auto tries non-strict, then strict.",
-)
-@click.option("--task", help="transformers class for a Hugging Face directory (e.g. AutoModel).")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu")
-@click.option("--bench", is_flag=True, help="Time the result against eager and torch.compile.")
-@click.option("--skip-unsupported", is_flag=True, help="Leave out quantized/sparse/nested tensors.")
-@click.option("--batch-sizes", help="With --bench: batch sizes to time (e.g. 1,8,32).")
+@conversion_options
 @model_options
 def convert(src: str, to: str, as_json: bool, **options: Any) -> None:
     """Convert SRC to the format named by --to."""
@@ -287,12 +305,15 @@ def scan(paths: tuple[str, ...], as_json: bool, jobs: int, allow: tuple[str, ...
 @click.argument("src", type=click.Path(path_type=str))
 @click.option("--to", "to", required=True, help="Target format.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@conversion_options
 @model_options
 def plan(src: str, to: str, as_json: bool, **options: Any) -> None:
-    """Show the route from SRC to a format, each step, and what is missing."""
+    """Show the route from SRC to a format, each step, and what is missing.
+
+    It takes every option of the conversion it plans."""
     from ptconvert.convert.engine import plan_for
 
-    opts = _spec_options(options)
+    opts = _options(options)
     result = plan_for(src, to, opts)
     payload = {
         "source": src,

@@ -30,6 +30,13 @@ def test_plan_routes_and_missing_needs(samples: dict[str, Path], capsys) -> None
     assert code == 5 and "trust" in out["missing"]
 
 
+def test_plan_takes_every_option_of_the_conversion(samples: dict[str, Path], capsys) -> None:
+    args = ["--model", "fixtures.models:MLP", "--dynamic-batch", "--dynamic", "x:0:1:64"]
+    args += ["--method", "trace", "--export-mode", "strict", "-o", "unused.pt2", "--no-verify"]
+    code, out, _ = run_cli(["plan", str(samples["mlp_zip"]), "--to", "pt2", *args], capsys)
+    assert code == 0 and out["runnable"] and out["steps"][-1]["to"] == "pt2"
+
+
 def test_formats_graph_outputs(capsys) -> None:
     from ptconvert.cli import main
 
