@@ -139,7 +139,7 @@ def bench_artifact(
 
     from ptconvert.errors import MissingRequirementError
     from ptconvert.scan.guard import refuse_unsafe
-    from ptconvert.verify.runtime import open_runtime
+    from ptconvert.verify.runtime import WEIGHT_FORMATS, open_runtime
 
     refuse_unsafe(artifact, reference)
     cand = open_runtime(artifact, opts)
@@ -155,7 +155,14 @@ def bench_artifact(
         )
     contenders: dict[str, Callable[..., Any]] = {}
     skipped: dict[str, str] = {}
-    eager = ref.call if reference else ref.module
+    if reference:
+        eager = ref.call
+    elif cand.format in WEIGHT_FORMATS:
+        eager = cand.module  # the artifact is itself an eager model (weights + a model spec)
+    else:
+        # a program timed alone: labelling it "eager" would compare it with itself
+        eager = None
+        skipped["eager"] = "no eager model to compare with: pass --reference SRC"
     from ptconvert.verify.check import on_device, require_device
 
     require_device(device)
@@ -168,7 +175,7 @@ def bench_artifact(
     elif isinstance(eager, torch.nn.Module):
         mode = None if compile_mode == "default" else compile_mode
         contenders["torch.compile"] = torch.compile(eager, mode=mode)
-    else:
+    elif "torch.compile" not in skipped:
         skipped["torch.compile"] = "no eager nn.Module to compile (pass --reference SRC)"
     if device == "cpu":
         contenders["artifact"] = cand.call

@@ -37,6 +37,18 @@ def test_bench_without_compile(samples: dict[str, Path], capsys) -> None:
     _check_ratios(report)
 
 
+def test_bench_of_a_program_alone_has_no_eager_row(samples: dict[str, Path], capsys) -> None:
+    """Without --reference there is no eager model: the program is not compared with itself."""
+    args = ["bench", str(samples["mlp_scripted"]), "--input", "x:2x8:float32"]
+    code, report, _ = run_cli([*args, "--compile-mode", "none", "--repeats", "3"], capsys)
+    assert code == 0
+    assert {t["runtime"] for t in report["timings"]} == {"artifact"}
+    assert "--reference" in report["skipped"]["eager"]
+    assert report["speedups"] == [] or all(
+        "artifact_vs_eager" not in row for row in report["speedups"]
+    )
+
+
 @pytest.mark.slow
 def test_convert_with_bench_times_eager_compile_and_pt2(tmp_path: Path, capsys) -> None:
     import torch
