@@ -313,10 +313,10 @@ def _walk_member(
         yield Problem(label, "needs-code", "native code: a shared library that runs when loaded")
         return
     if torchscript and "/code/" in lower and lower.endswith(".py"):
-        yield from _torchscript_code(archive, m, label)
+        yield from _code(archive, m, label, graph=False)
         return
     if pt2 and "/models/" in lower and lower.endswith(".json"):
-        yield from _program_graph(archive, m, label)
+        yield from _code(archive, m, label, graph=True)
         return
     role = MEMBER
     if lower.endswith(_PICKLE_NAMES):
@@ -339,32 +339,23 @@ def _walk_member(
     yield from _walk_bytes(label, body, None, depth + 1, role, torchscript)
 
 
-def _torchscript_code(archive: ZipArchive, m: ZipMember, label: str) -> Iterator[Problem]:
-    from ptconvert.scan.tscode import analyse_code_bytes
-
-    try:
-        body = archive.read(m)
-    except InputError as exc:
-        yield Problem(label, "error", exc.message)
-        return
-    for f in analyse_code_bytes(body):
-        where = f"line {f.line}" + (f", {f.name}" if f.name else "")
-        yield Problem(label, f.severity, f"TorchScript code ({where}): {f.reason}")
-
-
-def _program_graph(archive: ZipArchive, m: ZipMember, label: str) -> Iterator[Problem]:
-    from ptconvert.scan.tscode import analyse_program
+def _code(archive: ZipArchive, m: ZipMember, label: str, graph: bool) -> Iterator[Problem]:
+    """TorchScript source or a pt2's serialized graph, judged by ``scan/tscode``."""
+    from ptconvert.scan.tscode import analyse_code_bytes, analyse_program
 
     if m.size > MAX_INFLATED:
-        yield Problem(label, "error", "serialized program larger than the scan limit")
+        yield Problem(label, "error", "code member larger than the scan limit")
         return
     try:
         body = archive.read(m)
     except InputError as exc:
         yield Problem(label, "error", exc.message)
         return
-    for f in analyse_program(body):
-        yield Problem(label, f.severity, f"program graph (node {f.line}, {f.name}): {f.reason}")
+    for f in analyse_program(body) if graph else analyse_code_bytes(body):
+        where = f"node {f.line}" if graph else f"line {f.line}"
+        where += f", {f.name}" if f.name else ""
+        what = "program graph" if graph else "TorchScript code"
+        yield Problem(label, f.severity, f"{what} ({where}): {f.reason}")
 
 
 _PROTO0_GLOBAL = re.compile(rb"^c[A-Za-z_][\w.]*\n[A-Za-z_][\w.]*\n")
