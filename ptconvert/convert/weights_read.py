@@ -335,9 +335,36 @@ def _unwrap(tree: Any, key: str | None, path: Path) -> tuple[Any, str | None, di
     else:
         chosen = next((k for k in WRAPPER_KEYS if isinstance(tree.get(k), dict)), None)
         if chosen is None:
+            chosen = _model_part(tree, path)
+        if chosen is None:
             return tree, None, {}
     others = describe_contents({k: v for k, v in tree.items() if k != chosen})
     return tree[chosen], chosen, others
+
+
+def _is_optimizer_state(value: Any) -> bool:
+    return isinstance(value, dict) and {"state", "param_groups"} <= set(value)
+
+
+def _model_part(tree: dict[Any, Any], path: Path) -> str | None:
+    """In a training checkpoint that holds optimizer state, the one entry that holds the model's
+    tensors (optimizer moments are not weights); None when there is no optimizer state."""
+    if not any(_is_optimizer_state(v) for v in tree.values()):
+        return None
+    candidates = [
+        k
+        for k, v in tree.items()
+        if isinstance(v, dict) and not _is_optimizer_state(v) and flatten_tensors(v)
+    ]
+    loose = [k for k, v in tree.items() if _is_tensor(v)]
+    if len(candidates) == 1 and not loose:
+        return str(candidates[0])
+    raise UnsupportedConversionError(
+        "the checkpoint holds optimizer state beside the weights; which entry is the model's? "
+        f"candidates: {sorted(map(str, candidates + loose))}",
+        path=path,
+        hint="pass --key ENTRY",
+    )
 
 
 def _not_a_mapping(tree: Any, path: Path) -> None:

@@ -437,3 +437,24 @@ def test_a_hostile_pt2_config_is_a_named_error(tmp_path: Path, change: dict, cap
     code, out, _ = run_cli([str(src), "--to", "safetensors", "--no-verify"], capsys)
     assert code == 3 and "layout" in out["error"]["message"]
     assert not (tmp_path / "edited.safetensors").exists()
+
+
+def test_training_checkpoint_takes_the_model_not_the_optimizer(tmp_path: Path, capsys) -> None:
+    """Optimizer moments are not weights: the one other entry holding tensors is the model."""
+    from fixtures.build import MLP_INPUT
+    from fixtures.models import MLP, seeded
+
+    model = seeded(MLP())
+    opt = torch.optim.Adam(model.parameters())
+    model(*MLP_INPUT).sum().backward()
+    opt.step()
+    sd = model.state_dict()
+    src = tmp_path / "train.ckpt"
+    torch.save({"model_state": sd, "optimizer_state": opt.state_dict(), "epoch": 3}, src)
+    report = convert_weights(src, "safetensors", tmp_path / "w.safetensors")
+    assert report.unwrapped == "model_state" and "optimizer_state" in report.other_contents
+    assert sorted(load_file(tmp_path / "w.safetensors")) == sorted(sd)
+    two = tmp_path / "two.ckpt"
+    torch.save({"a": sd, "b": sd, "optimizer": opt.state_dict()}, two)
+    code, out, _ = run_cli([str(two), "--to", "safetensors"], capsys)
+    assert code == 4 and "['a', 'b']" in out["error"]["message"] and "--key" in out["error"]["hint"]
