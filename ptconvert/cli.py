@@ -57,10 +57,21 @@ def _emit_json(payload: Any) -> None:
 _MODEL_OPTIONS = (
     click.option("--model", help="Model spec: pkg.module:factory or file.py:factory."),
     click.option("--model-arg", multiple=True, help="k=v argument for the factory (repeatable)."),
-    click.option("--input", "inputs", multiple=True, help="NAME:SHAPE:DTYPE example input."),
+    click.option(
+        "--input",
+        "inputs",
+        multiple=True,
+        help="Example input: NAME:SHAPE:DTYPE[:LOW:HIGH | :=VALUE] or NAME::DTYPE=VALUE.",
+    ),
     click.option("--example-inputs", type=click.Path(), help="Example inputs (.safetensors/.pt)."),
     click.option("--seed", type=int, default=0, help="Seed of generated example inputs."),
     click.option("--trust", is_flag=True, help="Allow whole-module pickles and AOTI native code."),
+    click.option(
+        "--non-strict",
+        is_flag=True,
+        help="Leave out checkpoint keys the model does not have (reported); missing keys stay "
+        "an error.",
+    ),
 )
 
 
@@ -85,6 +96,7 @@ def _spec_options(options: dict[str, Any], **extra: Any) -> Any:
         example_inputs=Path(options["example_inputs"]) if options["example_inputs"] else None,
         seed=options["seed"],
         trust=options["trust"],
+        non_strict=options["non_strict"],
         **extra,
     )
 
@@ -351,6 +363,13 @@ def plan(src: str, to: str, as_json: bool, **options: Any) -> None:
     default="cpu",
     help="Run the candidate here (the reference stays on the CPU).",
 )
+@click.option(
+    "--input-map",
+    multiple=True,
+    help="REF=CAND: feed the reference's input REF to the candidate as CAND (repeatable).",
+)
+@click.option("--key", help="Take the reference's weights from this entry of a checkpoint dict.")
+@click.option("--keep-prefix", is_flag=True, help="Keep a prefix shared by all weight names.")
 def verify(
     reference: str,
     candidate: str,
@@ -360,13 +379,18 @@ def verify(
     rtol: float | None,
     warn_only: bool,
     device: str,
+    input_map: tuple[str, ...],
+    key: str | None,
+    keep_prefix: bool,
     **options: Any,
 ) -> None:
-    """Check that CANDIDATE computes (or holds) the same numbers as REFERENCE."""
+    """Check that CANDIDATE computes (or holds) the same numbers as REFERENCE.
+
+    Both are fed exactly the example inputs CANDIDATE accepts."""
     from ptconvert.verify.check import verify as run_verify
 
     progress.set_quiet(as_json)
-    opts = _spec_options(options)
+    opts = _spec_options(options, key=key, keep_prefix=keep_prefix)
     sizes = [int(b) for b in batch_sizes.split(",")] if batch_sizes else None
     with progress.step("verifying"):
         report = run_verify(
@@ -378,6 +402,7 @@ def verify(
             rtol=rtol,
             warn_only=warn_only,
             device=device,
+            input_map=_key_values(input_map, "--input-map"),
         )
     if as_json:
         _emit_json(report.to_dict())

@@ -133,6 +133,13 @@ class NeedsTrustError(PtconvertError):
     kind = "needs_code"
 
 
+class ModelRaisedError(UnsupportedConversionError):
+    """The model itself raised on the example inputs (an index out of range, a shape it rejects):
+    not a bug of ptconvert, and not a difference between two artifacts."""
+
+    kind = "model_error"
+
+
 EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "internal error (a bug: please report it with --debug output)",

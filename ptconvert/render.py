@@ -180,10 +180,17 @@ def render_conversion(report: Any, console: Console | None = None) -> None:
         notes = "\n".join([*(s.notes or []), *([s.error] if s.error else [])])
         t.add_row(s.step, s.route, s.status, f"{s.seconds:.2f}", escape(notes))
     console.print(t)
-    if report.dynamic_range:
+    if report.interface:
+        outputs = report.interface["outputs"]
         console.print(
-            "dynamic dims: " + ", ".join(f"{k} in {v}" for k, v in report.dynamic_range.items())
+            f"call: {escape(report.interface['call'])}"
+            + (f" → {', '.join(outputs)}" if outputs else "")
         )
+        for line in report.interface["accepts"]:
+            console.print(f"accepts: {escape(line)}")
+    if report.dynamic_range and not report.interface:
+        for where, words in report.dynamic_range.items():
+            console.print(f"dynamic: {escape(where)}: {escape(words)}")
     for note in report.notes:
         console.print(f"note: {escape(note)}")
     if report.parity is not None:
@@ -222,6 +229,19 @@ def render_verify(report: Any, console: Console | None = None) -> None:
         w = report.weights
         console.print(f"{w.tensors} tensors bitwise equal ({_size(w.bytes_compared)})")
         return
+    # what both sides were fed: the candidate's inputs, by the reference's names (→ renamed)
+    fed = [
+        f"{r} → {report.input_map[r]}" if r in report.input_map else r for r in report.inputs_fed
+    ]
+    line = f"inputs fed to both: {', '.join(fed) or 'none'}"
+    if report.inputs_left_out:
+        line += f" (left out: {', '.join(report.inputs_left_out)})"
+    console.print(escape(line))
+    for where, words in getattr(report, "ranges", {}).items():
+        console.print(f"dynamic: {escape(where)}: {escape(words)}")
+    for note in report.notes:
+        style = "bold red" if note.startswith("nothing was compared") else "bold"
+        console.print(f"[{style}]note[/{style}]: {escape(note)}")
     t = parity_table(report.parity)
     console.print(t)
     env = report.environment

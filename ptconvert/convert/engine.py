@@ -20,6 +20,7 @@ from ptconvert.convert.state import Options, RunState, StepRecord
 from ptconvert.convert.steps import STEPS, user_inputs
 from ptconvert.errors import PtconvertError, UnsupportedConversionError, VerificationError
 from ptconvert.formats import Detection, detect
+from ptconvert.formats.pt2 import load_exported
 from ptconvert.report import Report
 from ptconvert.scan.guard import refuse_unsafe
 from ptconvert.verify.parity import ParityReport, compare
@@ -39,6 +40,9 @@ class ConversionReport(Report):
     notes: list[str] = field(default_factory=list)
     dynamic_range: dict[str, str] = field(default_factory=dict)
     parity: ParityReport | None = None
+    # how to call the result: {"call": "prog(x, mask)", "inputs": [...], "keyword": bool,
+    # "outputs": [...], "accepts": [...]} (programs only)
+    interface: dict[str, Any] = field(default_factory=dict)
     bench: Any = None  # a verify.bench.BenchReport when --bench was given
 
 
@@ -79,6 +83,10 @@ def convert_program(
     src = Path(src)
     refuse_unsafe(src)
     d = detect(src)
+    if d.format == to and src.is_file():
+        out = Path(output) if output else src.with_name(src.name.split(".")[0] + SUFFIXES[to])
+        check_output(out, [src], opts.force)
+        return _verified_copy(src, d, out, started)
     banned: set[Edge] = set(inapplicable(d))
     try:
         current = plan(d.format, to, available_needs(d.format, opts), frozenset(banned))
@@ -102,25 +110,53 @@ def convert_program(
     with atomic_path(out) as tmp:
         state.output = tmp
         node, queue = d.format, list(current.edges)
-        while queue:
-            edge = queue.pop(0)
-            t0 = time.perf_counter()
-            notes_before = len(state.notes)
+        taken: list[Edge] = []
+        rejected: list[str] = []  # programs written but refused by the parity check
+        while True:
+            while queue:
+                edge = queue.pop(0)
+                t0 = time.perf_counter()
+                notes_before = len(state.notes)
+                try:
+                    with progress.step(f"{edge.src} → {edge.dst} ({edge.step})"):
+                        STEPS[edge.step](state, opts)
+                except PtconvertError as exc:
+                    records.append(_record(edge, t0, "failed", state, notes_before, exc.message))
+                    banned.add(edge)
+                    replanned = _replan(node, to, d.format, opts, banned, exc)
+                    queue = list(replanned.edges)
+                    continue
+                records.append(_record(edge, t0, "ok", state, notes_before))
+                route.append(f"{edge.src} → {edge.dst}")
+                taken.append(edge)
+                node = edge.dst
+                if node == "module":
+                    _check_eager(state)
+            if to == "torchscript":
+                state.scripted.save(str(tmp))
             try:
-                with progress.step(f"{edge.src} → {edge.dst} ({edge.step})"):
-                    STEPS[edge.step](state, opts)
-            except PtconvertError as exc:
-                records.append(_record(edge, t0, "failed", state, notes_before, exc.message))
-                banned.add(edge)
-                replanned = _replan(node, to, d.format, opts, banned, exc)
-                queue = list(replanned.edges)
-                continue
-            records.append(_record(edge, t0, "ok", state, notes_before))
-            route.append(f"{edge.src} → {edge.dst}")
-            node = edge.dst
-        if to == "torchscript":
-            state.scripted.save(str(tmp))
-        parity = _verify(state, to, tmp, opts) if opts.verify else None
+                parity = _verify(state, to, tmp, opts) if opts.verify else None
+                break
+            except VerificationError as exc:
+                # a program that runs but computes something else (a branch on a size frozen
+                # by export or trace): try the routes that remain from the module
+                capture = next((e for e in taken if e.step in CAPTURING_STEPS), None)
+                if capture is None or state.module is None:
+                    raise
+                rejected.append(f"{capture.step}: {exc.message}")
+                banned.add(capture)
+                try:
+                    replanned = _replan("module", to, d.format, opts, banned, exc)
+                except VerificationError:
+                    raise _tried_all(exc, rejected, records) from None
+                state.notes.append(
+                    f"the program from {capture.step} failed the parity check ({exc.message}); "
+                    f"tried {' → '.join(e.step for e in replanned.edges)} instead"
+                )
+                _forget_program(state)
+                cut = route.index(f"{capture.src} → {capture.dst}")
+                route, taken = route[:cut], taken[:cut]
+                node, queue = "module", list(replanned.edges)
     return ConversionReport(
         str(src),
         f"{d.format}/{d.layout}",
@@ -132,6 +168,114 @@ def convert_program(
         state.notes,
         state.dynamic_range,
         parity,
+        _interface(state, to, opts, parity),
+    )
+
+
+def _interface(
+    state: RunState, to: str, opts: Options, parity: ParityReport | None
+) -> dict[str, Any]:
+    """The calling convention of the written program, as a user calls it."""
+    if to not in ("pt2", "torchscript") or state.inputs is None:
+        return {}
+    names = state.positional or list(state.inputs.at(state.inputs.batch))
+    keyword = state.positional is None
+    args = ", ".join(f"{n}=…" if keyword else n for n in names)
+    from ptconvert.convert.wrappers import leaf_name
+
+    sizes = parity.sizes if parity else []
+    outputs = [leaf_name(o.name) for o in sizes[0].outputs] if sizes else []
+    accepts: list[str] = []
+    if to == "pt2" and not (opts.dynamic_batch or opts.dynamic):
+        shapes = {
+            n: list(v.shape)
+            for n, v in state.inputs.at(state.inputs.batch).items()
+            if hasattr(v, "shape")
+        }
+        accepts.append(
+            "only the example's shapes "
+            + ", ".join(f"{n}{s}" for n, s in shapes.items())
+            + " (static: pass --dynamic-batch or --dynamic for other sizes)"
+        )
+    if to == "pt2":
+        accepts += [f"{where}: {words}" for where, words in state.dynamic_range.items()]
+    return {
+        "call": f"prog({args})",
+        "inputs": names,
+        "keyword": keyword,
+        "outputs": outputs,
+        "accepts": accepts,
+    }
+
+
+def _check_eager(state: RunState) -> None:
+    """Run the model once on the example inputs before capturing it: an input it needs and was
+    not given, or an error of the model itself (an index past its embedding table), is said as
+    such, not as a failure of every route."""
+    import copy
+
+    from ptconvert.convert.inputs import check_provided, required_inputs
+    from ptconvert.verify.parity import run_model
+
+    if state.inputs is None or state.module is None:
+        return
+    sample = state.inputs.at(state.inputs.batch)
+    check_provided(required_inputs(state.module), sample, state.src)
+    import torch
+
+    with progress.step("running the model once on the example inputs"), torch.no_grad():
+        try:
+            run_model(state.reference, copy.deepcopy(sample), "the model")
+        except PtconvertError as exc:
+            exc.path = exc.path or str(state.src)
+            raise
+
+
+# steps that turn a module into a program: the ones a failed parity check rules out
+CAPTURING_STEPS = ("export", "script", "ts_to_exported")
+
+
+def _forget_program(state: RunState) -> None:
+    state.exported = state.scripted = state.positional = None
+    state.dynamic_range = {}
+
+
+def _tried_all(exc: VerificationError, rejected: list[str], records: list[StepRecord]) -> Exception:
+    failed = [f"{r.step}: {r.error}" for r in records if r.status == "failed"]
+    return VerificationError(
+        "no route gives a program that matches the eager model; tried: "
+        + "; ".join([*rejected, *failed]),
+        path=exc.path,
+        hint=exc.hint,
+    )
+
+
+def _verified_copy(src: Path, d: Detection, out: Path, started: float) -> ConversionReport:
+    """The file already has the format asked for: a byte copy, checked against the source and,
+    for programs, loaded in a fresh process as a user would."""
+    import filecmp
+    import shutil
+
+    with atomic_path(out) as tmp, progress.step(f"copying {d.format}"):
+        shutil.copyfile(src, tmp)
+        if not filecmp.cmp(src, tmp, shallow=False):
+            raise VerificationError("the copy differs from the source", path=out)
+        note = f"the source is already {d.format}: copied byte for byte and compared"
+        if d.format in ("pt2", "torchscript"):
+            _loads_in_fresh_process(tmp, d.format, RunState(src, d.format), torch_only=False)
+            note += "; the copy loads in a fresh Python process"
+    step = StepRecord(
+        "copy", f"{d.format} → {d.format}", round(time.perf_counter() - started, 3), "ok"
+    )
+    return ConversionReport(
+        str(src),
+        f"{d.format}/{d.layout}",
+        str(out),
+        d.format,
+        [f"{d.format} → {d.format}"],
+        [step],
+        round(time.perf_counter() - started, 3),
+        [note],
     )
 
 
@@ -170,8 +314,8 @@ def _verify(state: RunState, to: str, artifact: Path, opts: Options) -> ParityRe
         return None
     _loads_in_fresh_process(artifact, to, state)
     # reload from disk: the check is on what was written, not on the object in memory
-    load = (lambda p: torch.export.load(p).module()) if to == "pt2" else torch.jit.load
-    program = load(str(artifact))
+    ep = load_exported(artifact) if to == "pt2" else None
+    program = ep.module() if ep is not None else torch.jit.load(str(artifact))
     names = state.positional
 
     def candidate(**kwargs: Any) -> Any:
@@ -180,6 +324,8 @@ def _verify(state: RunState, to: str, artifact: Path, opts: Options) -> ParityRe
     # several sizes (and so several input draws): a frozen branch or shape shows at one of them
     varied = [1, 2, 3, 5, 7]
     batches = varied if opts.dynamic_batch or to == "torchscript" else [state.inputs.batch]
+    if ep is not None and (opts.dynamic_batch or opts.dynamic):
+        batches = _check_dynamic_dims(state, ep, candidate, opts, batches)
     report = compare(state.reference, candidate, state.inputs.at, batches)
     if report.status != "pass":
         bad = report.failed[0]
@@ -192,13 +338,50 @@ def _verify(state: RunState, to: str, artifact: Path, opts: Options) -> ParityRe
     return report
 
 
-def _loads_in_fresh_process(artifact: Path, to: str, state: RunState) -> None:
+def _check_dynamic_dims(
+    state: RunState, ep: Any, candidate: Any, opts: Options, batches: list[int]
+) -> list[int]:
+    """Run every dynamic dim at its ends and between (``verify.ranges``); record the range that
+    holds, in words. Returns the batch sizes of ``batches`` inside the batch dim's range."""
+    from functools import partial
+
+    from ptconvert.verify.ranges import batch_sizes_that_hold, check_program
+
+    assert state.inputs is not None
+    example = state.inputs.at(
+        max(state.inputs.batch, 2) if opts.dynamic_batch else state.inputs.batch
+    )
+    with progress.step("checking every dynamic dimension at its ends"):
+        ranges = check_program(ep, example, partial(compare, state.reference, candidate))
+    if not ranges.dims:
+        return batches
+    state.dynamic_range = {r.dim.where: r.text for r in ranges.dims}
+    if ranges.status == "fail":
+        raise VerificationError(
+            "no size of a dynamic dimension gives the eager result: " + "; ".join(ranges.texts),
+            path=state.src,
+            hint="drop --dynamic for that dimension, or bound it: --dynamic NAME:AXIS:MIN:MAX",
+        )
+    if ranges.status == "narrowed":
+        state.notes.append(
+            "the program does not run on the whole range torch reports; it runs for: "
+            + "; ".join(ranges.texts)
+        )
+    return batch_sizes_that_hold(ranges, batches)
+
+
+def _loads_in_fresh_process(
+    artifact: Path, to: str, state: RunState, *, torch_only: bool = True
+) -> None:
     """Load the artifact in a new interpreter with only torch imported: what a user does. A
-    program whose output spec needs another package's pytree registrations fails here."""
+    program whose output spec needs another package's pytree registrations fails here (a copy
+    of such a program is loaded as ptconvert loads it, with those registrations)."""
     import subprocess
     import sys
 
     load = "torch.export.load(p)" if to == "pt2" else "torch.jit.load(p)"
+    if to == "pt2" and not torch_only:
+        load = "from ptconvert.formats.pt2 import load_exported; load_exported(p)"
     code = f"import sys, torch\np = sys.argv[1]\n{load}\n"
     with progress.step("loading the result in a fresh process"):
         proc = subprocess.run(

@@ -14,10 +14,10 @@ import re
 from typing import Any
 
 from ptconvert.convert.inputs import ExampleInputs
-from ptconvert.convert.quiet import quiet_torch
 from ptconvert.convert.state import Options, RunState
-from ptconvert.convert.wrappers import named_outputs
+from ptconvert.convert.wrappers import named_outputs, positional_names
 from ptconvert.errors import UnsupportedConversionError, UsageError
+from ptconvert.quiet import quiet_torch
 
 _DYNAMIC = re.compile(r"^(?P<name>\w+):(?P<axis>\d+)(?::(?P<min>\d+):(?P<max>\d+))?$")
 
@@ -44,35 +44,21 @@ def dynamic_shapes(opts: Options, sample: dict[str, Any]) -> dict[str, Any] | No
     return shapes
 
 
-def _parameters(module: Any) -> list[Any]:
-    import inspect
-
-    try:
-        return list(inspect.signature(module.forward).parameters.values())
-    except (TypeError, ValueError):
-        return []
-
-
-def positional_names(module: Any, names: list[str]) -> list[str] | None:
-    """``names`` in forward's order when they are its leading positional parameters."""
-    params = _parameters(module)
-    leading = [
-        p.name
-        for p in params[: len(names)]
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    return leading if sorted(leading) == sorted(names) else None
-
-
 def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
     import torch
 
     module, wrapped = state.module, hasattr(state.module, "config")
+    # A program takes its inputs either positionally or by keyword, not both. A model whose
+    # forward takes them as its leading parameters is exported positionally, as it is called;
+    # a transformers model by keyword, as it is called (``model(**tokenizer(text))``).
+    names = positional_names(module, list(inputs.at(1)))
     if wrapped:  # transformers: plain dict outputs, no cache objects
-        module = named_outputs(module, list(inputs.at(1)))
+        module = named_outputs(module, names or list(inputs.at(1)))
+        names = None
         state.notes.append(
             "exported a wrapper whose outputs are a plain dict of named tensors (loads without "
-            "transformers), with use_cache=False: cache objects are not pytrees"
+            "transformers), with use_cache=False: cache objects are not pytrees; it takes its "
+            "inputs by keyword, as transformers models are called"
         )
     batch = inputs.batch
     if opts.dynamic_batch and batch < 2:
@@ -81,9 +67,9 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
             "the example has batch 1, which torch.export specialises: traced at batch 2 with a "
             "dynamic batch dimension (batch 1 still runs)"
         )
+    inputs = _away_from_the_minimum(state, opts, inputs)
     sample = inputs.at(batch)
     shapes: Any = dynamic_shapes(opts, sample)
-    names = None if wrapped else positional_names(module, list(sample))
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] | None = sample
     if names is not None:  # forward(x, …): export positionally, as users will call it
@@ -122,7 +108,7 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
             continue
         if errors and strict and not cloned:
             state.notes.append(f"non-strict export failed, strict export succeeded ({errors[0]})")
-        state.dynamic_range = {str(k): str(v) for k, v in ep.range_constraints.items()}
+        state.dynamic_range = dynamic_range_words(ep)
         return ep
     draft = _draft_report(module, args, kwargs, shapes)
     raise UnsupportedConversionError(
@@ -134,6 +120,37 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
         path=state.src,
         hint=_fix_for(errors),
     )
+
+
+def _away_from_the_minimum(state: RunState, opts: Options, inputs: ExampleInputs) -> ExampleInputs:
+    """An example at the minimum of a ``--dynamic`` range is traced at a size inside it: at the
+    smallest image a network's last feature map is often 1 wide, and torch.export fixes such a
+    size, so the program would take that one size only. The range check after the conversion
+    says which sizes run (the minimum itself may not)."""
+    from ptconvert.verify.ranges import resize
+
+    sample = inputs.at(inputs.batch)
+    sizes: dict[tuple[str, int], int] = {}
+    for spec in opts.dynamic:
+        m = _DYNAMIC.match(spec)
+        if m is None or not m["min"] or m["name"] not in sample:
+            continue
+        axis, low, high = int(m["axis"]), int(m["min"]), int(m["max"])
+        t = sample[m["name"]]
+        if getattr(t, "dim", lambda: 0)() > axis and t.shape[axis] == low and high > low:
+            sizes[(m["name"], axis)] = min(high, max(low + 1, round((low * high) ** 0.5)) | 1)
+    if not sizes:
+        return inputs
+    state.notes.append(
+        "the example is at the minimum of a --dynamic range, where torch.export fixes sizes "
+        "that come out as 1: traced at "
+        + ", ".join(f"{n} dim {a} = {v}" for (n, a), v in sizes.items())
+    )
+    moved = ExampleInputs(
+        lambda b: resize(inputs.make(b), sizes), inputs.batch, f"{inputs.source} (resized)"
+    )
+    state.inputs = moved
+    return moved
 
 
 _FROZEN = re.compile(r"[Ii]nference tensor|single memory location|refers to a single memory")
@@ -189,3 +206,11 @@ def _fix_for(errors: list[str]) -> str:
     if "Constraints violated" in joined or "specialized" in joined:
         return "a dimension marked dynamic is fixed by the model: drop --dynamic-batch/--dynamic"
     return "see the error above; torch.export.draft_export can list every issue at once"
+
+
+def dynamic_range_words(ep: Any) -> dict[str, str]:
+    """The dynamic dims of ``ep`` and the sizes torch guarantees for each, in words."""
+    from ptconvert.verify.ranges import describe, dynamic_dims
+
+    dims = dynamic_dims(ep)
+    return {d.where: describe(d, dims) for d in dims}

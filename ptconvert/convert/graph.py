@@ -105,7 +105,8 @@ def plan(
         )
     if dst in ("aoti", "onnx"):
         raise NotImplementedYetError(
-            f"conversion to {dst} is not implemented yet (it lands with its own milestone)"
+            f"conversion to {dst} is not available in this version of ptconvert",
+            hint="convert to pt2 (or torchscript) and build the package from it with torch",
         )
     path = _search(src, dst, have, banned, relax=False)
     if path is not None:

@@ -1,42 +1,139 @@
-"""Example inputs: from ``--input NAME:SHAPE:DTYPE`` specs, a file, a Hugging Face config, or
-the model factory's own ``example_inputs``. Inputs are a function of the batch size, so that a
-program can be checked at several sizes with the same recipe (seeded, reproducible).
+"""Example inputs: from ``--input`` specs, a file, a transformers model, or the model factory's
+own ``example_inputs``. Inputs are a function of the batch size, so that a program can be checked
+at several sizes with the same recipe (seeded, reproducible).
+
+``--input`` grammar (one argument each)::
+
+    NAME:SHAPE:DTYPE             random: ints from [0, 100), floats N(0, 1), bools 0/1
+    NAME:SHAPE:DTYPE:LOW:HIGH    ints drawn from [LOW, HIGH), floats uniform in [LOW, HIGH)
+    NAME:SHAPE:DTYPE:=VALUE      a tensor filled with VALUE
+    NAME::DTYPE=VALUE            a scalar argument: a plain Python int, float or bool
+
+Dim 0 of a tensor is its batch; scalars are never batched.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ptconvert.errors import UsageError
+from ptconvert.errors import MissingRequirementError, UsageError
 
-_SPEC = re.compile(r"^(?P<name>[A-Za-z_]\w*):(?P<shape>\d+(?:x\d+)*):(?P<dtype>\w+)$")
-INT_HIGH = 100  # token ids and other integer inputs are drawn from [0, INT_HIGH)
+INT_HIGH = 100  # integer inputs without a range are drawn from [0, INT_HIGH)
+
+GRAMMAR = (
+    "--input takes NAME:SHAPE:DTYPE (random), NAME:SHAPE:DTYPE:LOW:HIGH (drawn from "
+    "[LOW, HIGH)), NAME:SHAPE:DTYPE:=VALUE (filled with VALUE) or NAME::DTYPE=VALUE (a scalar), "
+    "e.g. x:2x3x224x224:float32, input_ids:2x16:int64:0:30522, labels:2:int64:=1, "
+    "mask:2x16:bool:=1, sr::int64=16000"
+)
+
+Value = bool | int | float | complex
+
+_NAME = re.compile(r"[A-Za-z_]\w*\Z")
+_SHAPE = re.compile(r"\d+(?:x\d+)*\Z")
+_DTYPE = re.compile(r"(?:torch\.)?[A-Za-z]\w*\Z")
 
 
 @dataclass(frozen=True)
 class InputSpec:
+    """One named input. ``shape`` is ``()`` for a scalar (a Python value, needs ``value``)."""
+
     name: str
     shape: tuple[int, ...]
     dtype: str
-    high: int = INT_HIGH  # exclusive upper bound for integer inputs
+    low: float | None = None  # with ``high``: values drawn from [low, high)
+    high: float | None = None
+    value: Value | None = None  # a constant tensor's fill, or a scalar's value
+
+    @property
+    def scalar(self) -> bool:
+        return not self.shape
 
     @property
     def batched(self) -> bool:
-        return len(self.shape) > 0
+        return bool(self.shape)
+
+
+def _usage(text: str, what: str) -> UsageError:
+    return UsageError(f"--input {text!r}: {what}", hint=GRAMMAR)
+
+
+def _torch_dtype(name: str, text: str) -> Any:
+    import torch
+
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise UsageError(
+            f"--input {text!r}: unknown dtype {name!r}",
+            hint="a torch dtype: float32, float16, bfloat16, float64, int64, int32, int8, "
+            "uint8, bool",
+        )
+    return dtype
+
+
+def _value(raw: str, dtype: Any, text: str, what: str = "value") -> Value:
+    """``raw`` as the Python value of ``dtype``: ints stay ints (no silent truncation)."""
+    try:
+        if dtype.is_floating_point:
+            return float(raw)
+        if dtype.is_complex:
+            return complex(raw)
+        if str(dtype) == "torch.bool":
+            flag = {"1": True, "true": True, "0": False, "false": False}.get(raw.lower())
+            if flag is None:
+                raise ValueError(raw)
+            return flag
+        return int(raw)
+    except ValueError:
+        kind = str(dtype).removeprefix("torch.")
+        raise _usage(text, f"{what} {raw!r} is not a {kind} value") from None
 
 
 def parse_input(text: str) -> InputSpec:
-    m = _SPEC.match(text)
-    if m is None:
-        raise UsageError(
-            f"--input {text!r} is not NAME:SHAPE:DTYPE (e.g. x:2x3x224x224:float32, "
-            "input_ids:2x16:int64)"
+    """One ``--input`` argument (see the module's grammar)."""
+    name, _, rest = text.partition(":")
+    shape_text, sep, rest = rest.partition(":")
+    if not _NAME.match(name) or not sep:
+        raise _usage(text, "not NAME:SHAPE:DTYPE[:LOW:HIGH | :=VALUE] or NAME::DTYPE=VALUE")
+    if not shape_text:  # NAME::DTYPE=VALUE: a scalar argument, never batched
+        dtype_text, eq, raw = rest.partition("=")
+        if not _DTYPE.match(dtype_text):
+            raise _usage(text, f"{dtype_text!r} is not a dtype")
+        dtype = _torch_dtype(dtype_text, text)
+        if not eq or not raw:
+            raise _usage(text, f"a scalar needs a value: {name}::{dtype_text}=VALUE")
+        return InputSpec(
+            name, (), dtype_text.removeprefix("torch."), value=_value(raw, dtype, text)
         )
-    return InputSpec(m["name"], tuple(int(s) for s in m["shape"].split("x")), m["dtype"])
+    if not _SHAPE.match(shape_text):
+        raise _usage(text, f"SHAPE {shape_text!r} is not sizes joined by 'x' (e.g. 2x3x224x224)")
+    shape = tuple(int(s) for s in shape_text.split("x"))
+    dtype_text, *extra = rest.split(":")
+    if not _DTYPE.match(dtype_text):
+        raise _usage(text, f"{dtype_text!r} is not a dtype")
+    dtype = _torch_dtype(dtype_text, text)
+    dtype_name = dtype_text.removeprefix("torch.")
+    if not extra:
+        return InputSpec(name, shape, dtype_name)
+    if len(extra) == 1 and extra[0].startswith("=") and len(extra[0]) > 1:
+        return InputSpec(name, shape, dtype_name, value=_value(extra[0][1:], dtype, text))
+    if len(extra) == 2 and all(extra):
+        # a bool range is drawn as integers, then cast: LOW/HIGH are ints for it as well
+        kind = _torch_dtype("int64", text) if dtype_name == "bool" else dtype
+        low = _value(extra[0], kind, text, "LOW")
+        high = _value(extra[1], kind, text, "HIGH")
+        if isinstance(low, complex) or isinstance(high, complex):
+            raise _usage(text, "a range needs a real dtype")
+        if not low < high:
+            raise _usage(text, f"LOW {extra[0]} must be below HIGH {extra[1]}")
+        return InputSpec(name, shape, dtype_name, low=low, high=high)
+    raise _usage(text, "after DTYPE comes nothing, :LOW:HIGH or :=VALUE")
 
 
 @dataclass
@@ -51,62 +148,332 @@ class ExampleInputs:
         return self.make(batch)
 
 
-def from_specs(specs: list[InputSpec], seed: int = 0) -> ExampleInputs:
+def _check_spec(s: InputSpec, dtype: Any) -> None:
     import torch
 
+    text = f"{s.name}:{'x'.join(map(str, s.shape))}:{s.dtype}"
+    if s.scalar and s.value is None:
+        raise _usage(f"{s.name}::{s.dtype}", f"a scalar needs a value: {s.name}::{s.dtype}=VALUE")
+    if (s.low is None) != (s.high is None):
+        raise _usage(text, "a range needs both LOW and HIGH")
+    if s.low is not None and s.high is not None:
+        if not s.low < s.high:
+            raise _usage(text, f"LOW {s.low} must be below HIGH {s.high}")
+        if not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool):
+            info = torch.iinfo(dtype)
+            if s.low < info.min or s.high - 1 > info.max:
+                raise _usage(text, f"[{s.low}, {s.high}) does not fit {s.dtype}")
+
+
+def _python(value: Value, dtype: Any) -> Value:
+    """A scalar as the plain Python type of its dtype (an int64 scalar is an ``int``)."""
+    import torch
+
+    if dtype == torch.bool:
+        return bool(value)
+    if dtype.is_complex:
+        return complex(value)
+    if dtype.is_floating_point:
+        return float(value.real if isinstance(value, complex) else value)
+    return int(value.real if isinstance(value, complex) else value)
+
+
+def _tensor(s: InputSpec, dtype: Any, batch: int, gen: Any) -> Any:
+    import torch
+
+    shape = (batch, *s.shape[1:])
+    if s.value is not None:  # a constant: the same value at every batch size
+        return torch.full(shape, _python(s.value, dtype), dtype=dtype)
+    if dtype.is_floating_point or dtype.is_complex:
+        if s.low is None or s.high is None:
+            return torch.randn(shape, generator=gen).to(dtype)
+        low, high = float(s.low), float(s.high)
+        x = (torch.rand(shape, generator=gen, dtype=torch.float64) * (high - low) + low).to(dtype)
+        if dtype.is_floating_point:  # rounding to a narrow dtype can reach HIGH: keep it open
+            top = torch.nextafter(torch.tensor(high, dtype=dtype), torch.tensor(low, dtype=dtype))
+            x = torch.minimum(x, top)
+        return x
+    low_i = int(s.low) if s.low is not None else 0
+    high_i = int(s.high) if s.high is not None else (2 if dtype == torch.bool else INT_HIGH)
+    if dtype == torch.bool:
+        return torch.randint(low_i, high_i, shape, generator=gen).bool()
+    return torch.randint(low_i, high_i, shape, generator=gen, dtype=dtype)
+
+
+def from_specs(specs: list[InputSpec], seed: int = 0, source: str = "--input") -> ExampleInputs:
+    """Inputs made from specs: seeded by ``seed`` and the batch size, so a batch size always
+    gets the same tensors; the recipe's batch is the first batched tensor's dim 0."""
+    dtypes = {s.name: _torch_dtype(s.dtype, s.name) for s in specs}
+    for s in specs:
+        _check_spec(s, dtypes[s.name])
+    twice = sorted({s.name for s in specs if [t.name for t in specs].count(s.name) > 1})
+    if twice:  # the later one would silently replace the earlier
+        raise UsageError(f"--input names {', '.join(twice)} more than once", hint=GRAMMAR)
+
     def make(batch: int) -> dict[str, Any]:
+        import torch
+
         gen = torch.Generator().manual_seed(seed + batch)
         out: dict[str, Any] = {}
         for s in specs:
-            shape = (batch, *s.shape[1:]) if s.batched else s.shape
-            dtype = getattr(torch, s.dtype, None)
-            if not isinstance(dtype, torch.dtype):
-                raise UsageError(f"--input {s.name}: unknown dtype {s.dtype!r}")
-            if dtype.is_floating_point or dtype.is_complex:
-                out[s.name] = torch.randn(shape, generator=gen).to(dtype)
-            elif dtype == torch.bool:
-                out[s.name] = torch.randint(0, 2, shape, generator=gen).bool()
+            dtype = dtypes[s.name]
+            if s.scalar:
+                assert s.value is not None
+                out[s.name] = _python(s.value, dtype)
             else:
-                out[s.name] = torch.randint(0, s.high, shape, generator=gen, dtype=dtype)
+                out[s.name] = _tensor(s, dtype, batch, gen)
         return out
 
-    batch = specs[0].shape[0] if specs and specs[0].batched else 1
-    return ExampleInputs(make, batch, "--input")
+    batch = next((s.shape[0] for s in specs if s.batched), 1)
+    return ExampleInputs(make, batch, source)
 
 
-def from_hf_config(config: Any, batch: int = 2, seq: int = 16) -> ExampleInputs:
-    """Inputs a transformers model of this config takes: token ids inside the vocabulary with
-    attention masks, pixel values at the configured image size, mel features for audio."""
-    specs: list[InputSpec] = []
-    vocab = int(getattr(config, "vocab_size", INT_HIGH) or INT_HIGH)
-    if getattr(config, "num_mel_bins", None):  # speech encoder-decoders (Whisper)
-        frames = 2 * int(getattr(config, "max_source_positions", 1500))
-        specs.append(
-            InputSpec("input_features", (batch, int(config.num_mel_bins), frames), "float32")
+# --- transformers models -------------------------------------------------------------------
+
+# the sub-configs searched (in this order, depth first, before the config itself) for what a
+# modality's inputs need
+_TEXT = ("text_config", "text_encoder", "language_config", "llm_config", "encoder")
+_DECODER = ("decoder", "text_decoder", "text_config", "language_config", "llm_config")
+_VISION = (
+    "vision_config",
+    "backbone_config",
+    "encoder",
+    "vision_encoder",
+    "image_config",
+    "prompt_encoder_config",
+)
+_AUDIO = ("audio_config", "speech_config", "encoder", "audio_encoder")
+_TEXT_LENGTHS = ("max_position_embeddings", "n_positions", "max_source_positions")
+_DECODER_LENGTHS = ("max_target_positions", "max_position_embeddings", "n_positions")
+_SEQ = 16  # text length
+_DECODER_SEQ = 4
+_FRAMES = 8  # frames a raw waveform yields after a conv feature extractor
+_PAD = 2  # padded positions at the end of the last row's attention mask
+
+
+def _is_config(obj: Any) -> bool:
+    return hasattr(obj, "model_type") and hasattr(obj, "to_dict")
+
+
+def _find(config: Any, attr: str, subs: tuple[str, ...], depth: int = 0) -> Any:
+    """``attr`` of the first of ``subs`` (recursively) that sets it, else of ``config``."""
+    if depth < 4:
+        for name in subs:
+            sub = getattr(config, name, None)
+            if _is_config(sub) and sub is not config:
+                found = _find(sub, attr, subs, depth + 1)
+                if found is not None:
+                    return found
+    return getattr(config, attr, None)
+
+
+def _first(config: Any, attrs: tuple[str, ...], subs: tuple[str, ...]) -> Any:
+    return next((v for a in attrs if (v := _find(config, a, subs)) is not None), None)
+
+
+def _size(value: Any) -> tuple[int, int] | None:
+    """An image size from a config (int, [h, w]) or a preprocessor (dict of height/width, …)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return int(value), int(value)
+    if isinstance(value, list | tuple) and len(value) == 2:
+        return int(value[0]), int(value[1])
+    if isinstance(value, dict):
+        if "height" in value and "width" in value:
+            return int(value["height"]), int(value["width"])
+        edge = value.get("shortest_edge") or value.get("longest_edge")
+        return (int(edge), int(edge)) if edge else None
+    return None
+
+
+def _preprocessor(directory: Path | None) -> dict[str, Any]:
+    path = directory / "preprocessor_config.json" if directory is not None else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # a broken preprocessor config only loses its hints
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class _Underivable(Exception):
+    """An input the config does not describe; ``line`` is the ``--input`` that would."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(line)
+        self.line = line
+
+
+class _HfInputs:
+    """The specs of a transformers model's inputs, from its config and preprocessor config."""
+
+    def __init__(self, model: Any, pre: dict[str, Any], batch: int) -> None:
+        self.config, self.pre, self.batch = model.config, pre, batch
+        dtype = getattr(model, "dtype", None)
+        # float inputs in the model's own dtype (a bf16 checkpoint loads as bf16)
+        self.float = str(dtype).removeprefix("torch.") if dtype is not None else "float32"
+
+    def ids(
+        self, name: str, subs: tuple[str, ...], seq: int, lengths: tuple[str, ...]
+    ) -> InputSpec:
+        vocab = _find(self.config, "vocab_size", subs)
+        longest = _first(self.config, lengths, subs)
+        if isinstance(longest, int) and longest > 1:
+            seq = min(seq, longest)
+        if not isinstance(vocab, int) or vocab < 1:
+            raise _Underivable(f"{name}:{self.batch}x{seq}:int64:0:VOCAB")
+        return InputSpec(name, (self.batch, seq), "int64", low=0, high=vocab)
+
+    def image_size(self) -> tuple[int, int] | None:
+        size = _size(_find(self.config, "image_size", _VISION))
+        if size is None and self.pre.get("do_center_crop", True):
+            size = _size(self.pre.get("crop_size"))
+        return size or _size(self.pre.get("size"))
+
+    def pixel_values(self) -> InputSpec:
+        channels = _find(self.config, "num_channels", _VISION) or 3
+        size = self.image_size()
+        if size is None:
+            raise _Underivable(f"pixel_values:{self.batch}x{channels}xHxW:{self.float}")
+        return InputSpec("pixel_values", (self.batch, int(channels), *size), self.float)
+
+    def input_features(self) -> InputSpec:
+        mels = _find(self.config, "num_mel_bins", _AUDIO) or self.pre.get("feature_size")
+        mels = mels or self.pre.get("num_mel_bins")
+        sources = _find(self.config, "max_source_positions", _AUDIO)
+        per_channel = _find(self.config, "input_feat_per_channel", _AUDIO)
+        if mels and sources:  # Whisper: exactly 2 × max_source_positions frames (conv stride 2)
+            shape: tuple[int, ...] = (self.batch, int(mels), 2 * int(sources))
+        elif per_channel:  # Speech2Text: frames × (features per channel × channels)
+            channels = _find(self.config, "input_channels", _AUDIO) or 1
+            shape = (self.batch, 4 * _SEQ, int(per_channel) * int(channels))
+        else:
+            raise _Underivable(f"input_features:{self.batch}x{mels or 'MELS'}xFRAMES:{self.float}")
+        return InputSpec("input_features", shape, self.float)
+
+    def input_values(self) -> InputSpec:
+        kernels = _find(self.config, "conv_kernel", _AUDIO)
+        strides = _find(self.config, "conv_stride", _AUDIO)
+        mels = _find(self.config, "num_mel_bins", _AUDIO)
+        frames = _find(self.config, "max_length", _AUDIO)
+        rate = self.pre.get("sampling_rate") or _find(self.config, "sampling_rate", _AUDIO)
+        if kernels and strides and len(kernels) == len(strides):
+            # a raw waveform just long enough for the conv feature extractor to give _FRAMES
+            length = _FRAMES
+            for k, s in reversed(list(zip(kernels, strides, strict=True))):
+                length = (length - 1) * int(s) + int(k)
+            shape: tuple[int, ...] = (self.batch, length)
+        elif mels and frames:  # a spectrogram (Audio Spectrogram Transformer): frames × mels
+            shape = (self.batch, int(frames), int(mels))
+        elif rate:  # a raw waveform of one second
+            shape = (self.batch, int(rate))
+        else:
+            raise _Underivable(f"input_values:{self.batch}xSAMPLES:{self.float}")
+        return InputSpec("input_values", shape, self.float)
+
+    def point_prompt(self) -> list[InputSpec]:
+        """One foreground point per image (SAM): pixel coordinates inside the input image."""
+        prompt = getattr(self.config, "prompt_encoder_config", None)
+        size = _size(getattr(prompt, "image_size", None))
+        size = size or self.image_size()
+        if size is None:
+            raise _Underivable(f"input_points:{self.batch}x1x1x2:{self.float}:0:SIZE")
+        return [
+            InputSpec("input_points", (self.batch, 1, 1, 2), self.float, low=0, high=min(size)),
+            InputSpec("input_labels", (self.batch, 1, 1), "int64", value=1),
+        ]
+
+
+def _forward_parameters(model: Any) -> dict[str, inspect.Parameter]:
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    named = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return {n: p for n, p in params.items() if p.kind not in named and n != "self"}
+
+
+def _has_image_token(config: Any) -> bool:
+    """Vision-language models whose text must hold image tokens: run text-only by default."""
+    attrs = ("image_token_id", "image_token_index")
+    return _first(config, attrs, _TEXT + _VISION) is not None
+
+
+def from_hf_model(
+    model: Any, directory: Path | None = None, *, batch: int = 2, seed: int = 0
+) -> ExampleInputs:
+    """The inputs a transformers model is normally called with, from its forward's signature,
+    ``main_input_name``, config (and sub-configs) and ``directory``'s preprocessor_config.json:
+    token ids inside the vocabulary with an attention mask, decoder ids for encoder-decoders,
+    pixel values at the configured image size (with a point prompt for SAM), mel features or a
+    waveform for speech. Raises MissingRequirementError for a required input it cannot derive.
+    """
+    params = _forward_parameters(model)
+    main = getattr(model, "main_input_name", None)
+    required = [n for n, p in params.items() if p.default is inspect.Parameter.empty]
+    if main in params and main not in required:
+        required.insert(0, main)
+    config = model.config
+    hf = _HfInputs(model, _preprocessor(directory), batch)
+    has_prompt = _is_config(getattr(config, "prompt_encoder_config", None))
+    makers: dict[str, Callable[[], list[InputSpec]]] = {
+        "input_ids": lambda: [hf.ids("input_ids", _TEXT, _SEQ, _TEXT_LENGTHS)],
+        "decoder_input_ids": lambda: [
+            hf.ids("decoder_input_ids", _DECODER, _DECODER_SEQ, _DECODER_LENGTHS)
+        ],
+        "pixel_values": lambda: [hf.pixel_values()],
+        "input_features": lambda: [hf.input_features()],
+        "input_values": lambda: [hf.input_values()],
+        "input_points": hf.point_prompt,
+        "input_labels": hf.point_prompt,
+    }
+    # beyond the required ones: the inputs a model of its kind is normally called with
+    usual = {"input_ids", "decoder_input_ids"}
+    if not _has_image_token(config):
+        usual.add("pixel_values")
+    specs: dict[str, InputSpec] = {}
+    for name in params:
+        wanted = name in required or name in usual
+        if name in ("input_points", "input_labels"):
+            wanted = wanted or (has_prompt and "pixel_values" in params)
+        if not wanted or name in specs:
+            continue
+        maker = makers.get(name)
+        try:
+            if maker is None:
+                raise _Underivable(f"{name}:SHAPE:DTYPE")
+            made = maker()
+        except _Underivable as exc:
+            if name not in required:  # an optional extra the config does not describe
+                continue
+            raise MissingRequirementError(
+                f"cannot derive the input {name!r} of {type(model).__name__}.forward from its "
+                "config" + (" or preprocessor_config.json" if directory is not None else ""),
+                path=directory,
+                hint=f"pass --input {exc.line}",
+            ) from None
+        specs.update({s.name: s for s in made if s.name in params})
+    # the mask of the token ids (made to pad the last row below); no mask for other inputs
+    # (Whisper's and Wav2Vec2's masks are for features the examples never pad)
+    if "attention_mask" in params and "input_ids" in specs and "attention_mask" not in specs:
+        specs["attention_mask"] = InputSpec(
+            "attention_mask", specs["input_ids"].shape, "int64", value=1
         )
-        specs.append(InputSpec("decoder_input_ids", (batch, 4), "int64", vocab))
-    elif getattr(config, "image_size", None) and getattr(config, "num_channels", None):
-        size = int(config.image_size)
-        specs.append(
-            InputSpec("pixel_values", (batch, int(config.num_channels), size, size), "float32")
-        )
-    else:
-        specs.append(InputSpec("input_ids", (batch, seq), "int64", vocab))
-        specs.append(InputSpec("attention_mask", (batch, seq), "int64", 2))
-        if getattr(config, "is_encoder_decoder", False):
-            specs.append(InputSpec("decoder_input_ids", (batch, 4), "int64", vocab))
-    inputs = from_specs(specs)
-    masks = [s.name for s in specs if s.name == "attention_mask"]
+    inputs = from_specs(list(specs.values()), seed=seed)
+    masked = "attention_mask" in specs
 
     def make(b: int) -> dict[str, Any]:
         out = inputs.make(b)
-        for name in masks:  # a real mask: ones, with padding at the end of one row
-            out[name] = out[name].new_ones(out[name].shape)
-            if b > 1:
-                out[name][-1, -2:] = 0
+        if masked and b > 1:  # a real mask: padding at the end of the last row (never all of it)
+            mask = out["attention_mask"]
+            pad = min(_PAD, mask.shape[1] - 1)
+            if pad > 0:
+                mask[-1, -pad:] = 0
         return out
 
-    return ExampleInputs(make, batch, "Hugging Face config")
+    return ExampleInputs(make, batch, f"{type(model).__name__}.forward and its config")
 
 
 def from_file(path: Path) -> ExampleInputs:
@@ -116,7 +483,7 @@ def from_file(path: Path) -> ExampleInputs:
 
     guard(path)
     tensors = as_tensors(read_weights(path, keep_prefix=True))
-    batch = next((t.shape[0] for t in tensors.values() if t.dim() > 0), 1)
+    batch = next((t.shape[0] for t in tensors.values() if _dims(t) > 0), 1)
 
     def make(b: int) -> dict[str, Any]:
         if b == batch:
@@ -126,11 +493,85 @@ def from_file(path: Path) -> ExampleInputs:
     return ExampleInputs(make, batch, str(path))
 
 
+def _dims(value: Any) -> int:
+    """A tensor's number of dims; 0 for a plain value (a scalar argument)."""
+    dim = getattr(value, "dim", None)
+    return int(dim()) if callable(dim) else 0
+
+
 def resize_batch(t: Any, batch: int) -> Any:
-    """``t`` with ``batch`` rows: its rows repeated (or cut), for checks at other batch sizes."""
+    """``t`` with ``batch`` rows: its rows repeated (or cut), for checks at other batch sizes.
+    A scalar (0-dim tensor or plain value) is returned unchanged."""
     import torch
 
-    if t.dim() == 0:
+    if _dims(t) == 0:
         return t
     reps = -(-batch // t.shape[0])
     return torch.cat([t] * reps)[:batch]
+
+
+# --- naming missing inputs -----------------------------------------------------------------
+
+
+class _Required(str):
+    """A required argument's name that remembers its annotation, for the ``--input`` hint."""
+
+    annotation: str = ""
+
+
+def _named(name: str, annotation: Any) -> str:
+    arg = _Required(name)
+    if annotation is not inspect.Parameter.empty and annotation is not None:
+        arg.annotation = getattr(annotation, "__name__", None) or str(annotation)
+    return arg
+
+
+def required_inputs(fn: Any) -> list[str]:
+    """The required arguments (no default) of a Python callable, a module's forward, or a
+    TorchScript module's ``forward.schema`` (after ``self``), in order. The names are ``str``s
+    that also carry their annotation, for ``check_provided``'s hint."""
+    schema = getattr(getattr(fn, "forward", None), "schema", None) or getattr(fn, "schema", None)
+    if schema is not None and hasattr(schema, "arguments"):  # TorchScript
+        args = list(schema.arguments)
+        if args and args[0].name == "self":
+            args = args[1:]
+        return [_named(a.name, str(a.type)) for a in args if not a.has_default_value()]
+    target = getattr(fn, "forward", fn) if not inspect.isroutine(fn) else fn
+    try:
+        params = list(inspect.signature(target).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: nothing known
+        return []
+    if params and params[0].name == "self":  # an unbound method
+        params = params[1:]
+    skip = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [
+        _named(p.name, p.annotation)
+        for p in params
+        if p.kind not in skip and p.default is inspect.Parameter.empty
+    ]
+
+
+_SCALARS = {"int": "int64", "float": "float32", "bool": "bool"}
+
+
+def input_line(name: str) -> str:
+    """The ``--input`` line for a required argument: a scalar for an int/float/bool annotation
+    (``NAME::int64=VALUE``), else a tensor (``NAME:SHAPE:DTYPE``)."""
+    annotation = getattr(name, "annotation", "").removeprefix("builtins.")
+    dtype = _SCALARS.get(annotation)
+    return f"{name}::{dtype}=VALUE" if dtype else f"{name}:SHAPE:DTYPE"
+
+
+def check_provided(required: list[str], provided: dict[str, Any], where: Path | None) -> None:
+    """Raise MissingRequirementError naming each required argument ``provided`` lacks."""
+    missing = [n for n in required if n not in provided]
+    if not missing:
+        return
+    names = ", ".join(repr(str(n)) for n in missing)
+    have = ", ".join(map(repr, provided)) or "none"
+    raise MissingRequirementError(
+        f"the model needs the input{'s' if len(missing) > 1 else ''} {names}, which the example "
+        f"inputs do not provide (they have {have})",
+        path=where,
+        hint="pass " + " ".join(f"--input {input_line(n)}" for n in missing),
+    )

@@ -12,13 +12,14 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ptconvert.convert.inputs import ExampleInputs, from_hf_config
+from ptconvert.convert.inputs import ExampleInputs
 from ptconvert.errors import MissingRequirementError, UnsupportedConversionError, UsageError
 
 
@@ -90,14 +91,26 @@ def module_from_factory(spec: ModelSpec) -> tuple[Any, ExampleInputs | None]:
     return model.eval(), inputs
 
 
-def module_from_hf(directory: Path, task: str | None = None) -> tuple[Any, ExampleInputs]:
-    """The transformers model class of ``config.json``, loaded by transformers itself from the
-    local directory (its key renames and weight tying apply; never the hub), strictly."""
+@dataclass
+class HfModel:
+    model: Any
+    notes: list[str]
+
+
+def module_from_hf(directory: Path, task: str | None, keys: list[str]) -> HfModel:
+    """The transformers model of ``config.json``, loaded by transformers itself from the local
+    directory (its key renames and weight tying apply; never the hub).
+
+    The class: ``--task``, else ``architectures``, else the auto class of the config's model type
+    whose parameters the file's ``keys`` cover. As transformers does, keys the class ignores by
+    design are silent, other unexpected keys are reported; missing keys (weights that would be
+    random) are an error."""
     from ptconvert.deps import require
 
     transformers = require("transformers")
     config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
     names = list(getattr(config, "architectures", None) or [])
+    notes: list[str] = []
     if task:
         cls = getattr(transformers, task, None)
         if cls is None:
@@ -105,29 +118,100 @@ def module_from_hf(directory: Path, task: str | None = None) -> tuple[Any, Examp
     elif names and hasattr(transformers, names[0]):
         cls = getattr(transformers, names[0])
     else:
-        cls = transformers.AutoModel
+        cls = _class_from_keys(transformers, config, keys)
+        notes.append(
+            f"config.json names no architectures: chose {cls.__name__}, the class for model type "
+            f"{config.model_type!r} whose parameters the weights cover (--task overrides)"
+        )
     model, info = cls.from_pretrained(directory, local_files_only=True, output_loading_info=True)
-    bad = {
-        k: v
-        for k, v in info.items()
-        if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v
-    }
+    bad = {k: v for k, v in info.items() if k in ("missing_keys", "mismatched_keys") and v}
     if bad:
         raise UnsupportedConversionError(
-            "the weights do not fit the model: "
+            f"the weights do not fit {type(model).__name__}: "
             + "; ".join(
                 f"{k.replace('_', ' ')} {sorted(map(str, v))[:10]}" for k, v in bad.items()
             ),
             path=directory,
             hint="check config.json's architectures, or pass --task with the right class",
         )
-    return model.eval(), from_hf_config(config)
+    ignored = [
+        re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []
+    ]
+    unexpected = sorted(
+        k
+        for k in map(str, info.get("unexpected_keys") or ())
+        if not any(p.search(k) for p in ignored)
+    )
+    if unexpected:
+        notes.append(
+            f"{len(unexpected)} weight(s) in the file are not used by {type(model).__name__} "
+            f"and were left out, as transformers does: {unexpected[:10]}"
+        )
+    return HfModel(model.eval(), notes)
 
 
-def load_strict(model: Any, tensors: dict[str, Any], where: Path) -> list[str]:
+def _class_from_keys(transformers: Any, config: Any, keys: list[str]) -> Any:
+    """Among the auto classes of ``config.model_type``, the one whose parameters ``keys`` cover
+    (none missing, tied ones counted as their source), with the fewest keys left over; of equals,
+    the one with more parameters (a head made only of tied weights, as GPT-2's ``lm_head``)."""
+    import torch
+    from transformers.models.auto import modeling_auto
+
+    names: list[str] = []
+    for attr in sorted(dir(modeling_auto), key=lambda a: a != "MODEL_MAPPING_NAMES"):
+        table = getattr(modeling_auto, attr)
+        if (
+            attr.endswith("_MAPPING_NAMES")
+            and isinstance(table, dict)
+            and attr != "CONFIG_MAPPING_NAMES"
+        ):
+            found = table.get(config.model_type)
+            for name in [found] if isinstance(found, str) else list(found or ()):
+                if name not in names and hasattr(transformers, name):
+                    names.append(name)
+    have = set(keys)
+    best: tuple[tuple[int, int], Any] | None = None
+    for name in names:
+        cls = getattr(transformers, name)
+        try:
+            with torch.device("meta"):  # the parameter names without memory or init cost
+                candidate = cls._from_config(config)
+        except Exception:  # a class may need config fields this config lacks: not a candidate
+            continue
+        own = set(candidate.state_dict())
+        prefix = getattr(candidate, "base_model_prefix", "") + "."
+        file_keys = have if have & own else _with_prefix(have, prefix, own)
+        tied = getattr(candidate, "all_tied_weights_keys", None) or {}
+        missing = {k for k in own - file_keys if tied.get(k) not in file_keys}
+        if missing:
+            continue
+        score = (len(file_keys - own), -len(own))
+        if best is None or score < best[0]:
+            best = (score, cls)
+    if best is None:
+        return transformers.AutoModel  # its loading report names what is missing
+    return best[1]
+
+
+def _with_prefix(keys: set[str], prefix: str, own: set[str]) -> set[str]:
+    """``keys`` named as ``own`` names them: a base model's keys inside a head model and back."""
+    if prefix == "." or not keys:
+        return keys
+    if any(k.startswith(prefix) for k in keys) and not any(k.startswith(prefix) for k in own):
+        return {k.removeprefix(prefix) for k in keys}  # a head model's file, a base class
+    if any(k.startswith(prefix) for k in own):
+        return {prefix + k for k in keys}
+    return keys
+
+
+def load_strict(
+    model: Any, tensors: dict[str, Any], where: Path, *, non_strict: bool = False
+) -> tuple[list[str], list[str]]:
     """Load ``tensors`` into ``model``; error on any mismatch that is not a tied weight.
 
-    Returns the keys that were absent but tied to a loaded tensor (reported as notes)."""
+    Missing keys (weights that would stay random) are always an error; keys the model does not
+    have are one too unless ``non_strict`` (a training checkpoint's extra entries). Returns the
+    keys restored from the weight they are tied to, and the unexpected keys left out."""
     own = model.state_dict()
     tensors = _match_base_prefix(model, own, tensors)
     result = model.load_state_dict(tensors, strict=False)
@@ -137,16 +221,33 @@ def load_strict(model: Any, tensors: dict[str, Any], where: Path) -> list[str]:
     tied = [k for k in result.missing_keys if model.state_dict()[k].data_ptr() in loaded_ptrs]
     missing = [k for k in result.missing_keys if k not in tied]
     unexpected = list(result.unexpected_keys)
-    if missing or unexpected:
+    if missing or (unexpected and not non_strict):
         raise UnsupportedConversionError(
             "the weights do not fit the model: "
             + (f"missing {missing[:10]}" if missing else "")
             + ("; " if missing and unexpected else "")
             + (f"unexpected {unexpected[:10]}" if unexpected else ""),
             path=where,
-            hint="check --model / config.json, or --key and --keep-prefix for the checkpoint",
+            hint="check --model / config.json, or --key and --keep-prefix for the checkpoint"
+            + ("" if missing else "; --non-strict leaves out keys the model does not have"),
         )
-    return tied
+    return tied, unexpected
+
+
+def choose_target(model: Any, keys: list[str]) -> tuple[str, Any]:
+    """The object among ``load_targets(model)`` whose state dict ``keys`` fit best: fewest of its
+    own keys left missing, then fewest keys left over; the model itself on a tie."""
+    from ptconvert.convert.wrappers import load_targets
+
+    targets = load_targets(model)
+    have = set(keys)
+
+    def misfit(target: Any) -> tuple[int, int]:
+        own = target.state_dict()
+        names = set(_match_base_prefix(target, own, dict.fromkeys(have)))
+        return len(set(own) - names), len(names - set(own))
+
+    return min(targets, key=lambda t: misfit(t[1]))
 
 
 def _match_base_prefix(model: Any, own: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:

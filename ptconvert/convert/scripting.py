@@ -7,11 +7,12 @@ where a trace that froze a branch or a shape shows itself.
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Any
 
 from ptconvert.convert.state import Options, RunState
-from ptconvert.convert.wrappers import positional_tensors
+from ptconvert.convert.wrappers import named_outputs, positional_names
 from ptconvert.errors import MissingRequirementError, UnsupportedConversionError
 
 
@@ -25,7 +26,7 @@ def to_torchscript(state: RunState, opts: Options) -> Any:
                 warnings.simplefilter("ignore", DeprecationWarning)
                 return torch.jit.script(state.module)
         except Exception as exc:  # scripting fails on unsupported Python in many ways
-            errors.append(f"script: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
+            errors.append(f"script: {type(exc).__name__}: {script_reason(exc)}")
             if opts.method == "script":
                 raise UnsupportedConversionError(errors[0], path=state.src) from None
     if state.inputs is None:
@@ -35,22 +36,20 @@ def to_torchscript(state: RunState, opts: Options) -> Any:
             hint="pass --input NAME:SHAPE:DTYPE or --example-inputs FILE",
         )
     sample = state.inputs.at(max(state.inputs.batch, 2))
-    module, names = state.module, list(sample)
+    module = state.module
+    names = positional_names(module, list(sample)) or list(sample)
     if hasattr(module, "config"):  # transformers: the tracer cannot type ModelOutput or caches
-        module = positional_tensors(module, names)
-        state.positional = names
+        module = named_outputs(module, names)
         state.notes.append(
-            "traced a wrapper that takes the inputs positionally "
-            f"{names} and returns the output tensors as a flat tuple (use_cache=False)"
+            f"traced a wrapper that takes {names} (the model's own names and order) and returns "
+            "a dict of named output tensors (use_cache=False)"
         )
+    state.positional = names
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            if state.positional:
-                args = tuple(sample[n] for n in names)
-                traced = torch.jit.trace(module, args, strict=False)
-            else:
-                traced = torch.jit.trace(module, example_kwarg_inputs=sample, strict=False)
+            args = tuple(sample[n] for n in names)
+            traced = torch.jit.trace(module, args, strict=False)
         except Exception as exc:  # the tracer fails in many ways; report the first line
             first = (str(exc).strip().splitlines() or [""])[0][:200]
             raise UnsupportedConversionError(
@@ -65,3 +64,17 @@ def to_torchscript(state: RunState, opts: Options) -> Any:
         state.notes.append(f"scripting failed, traced instead ({errors[0]})")
     state.notes += [f"tracer warning: {t}" for t in tracer]
     return traced
+
+
+_SCHEMA = re.compile(r"^[\w:.]+\(.*\)\s*->.*:?$")
+
+
+def script_reason(exc: BaseException) -> str:
+    """The line of a TorchScript error a user can act on: TorchScript lists the schemas it
+    tried (``aten::pad(Tensor self, …) -> Tensor:``) before saying what did not match."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    telling = [ln for ln in lines if not _SCHEMA.match(ln) and not ln.endswith(":")]
+    preferred = next(
+        (ln for ln in telling if ln.startswith(("Expected", "Unknown", "Python"))), None
+    )
+    return (preferred or next(iter(telling), "") or next(iter(lines), ""))[:300]

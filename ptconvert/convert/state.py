@@ -24,6 +24,7 @@ class Options:
     strict: str = "auto"  # export: auto (non-strict, then strict) | strict | non-strict
     trust: bool = False
     key: str | None = None
+    non_strict: bool = False  # leave out checkpoint keys the model does not have (reported)
     keep_prefix: bool = False
     skip_unsupported: bool = False
     verify: bool = True

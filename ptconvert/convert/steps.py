@@ -4,18 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from ptconvert.convert.inputs import ExampleInputs, from_file, from_specs, parse_input
+from ptconvert.convert.inputs import (
+    ExampleInputs,
+    from_file,
+    from_hf_model,
+    from_specs,
+    parse_input,
+)
 from ptconvert.convert.modelspec import (
     ModelSpec,
+    choose_target,
     load_strict,
     module_from_factory,
     module_from_hf,
 )
-from ptconvert.convert.quiet import quiet_torch
 from ptconvert.convert.state import Options, RunState
 from ptconvert.convert.weights_read import as_tensors, read_weights
 from ptconvert.convert.wrappers import named_outputs
 from ptconvert.errors import MissingRequirementError, UnsupportedConversionError, UsageError
+from ptconvert.quiet import quiet_torch
 from ptconvert.scan.guard import guard
 
 
@@ -55,14 +62,26 @@ def build_module(state: RunState, opts: Options) -> None:
     assert state.weights is not None
     if opts.model:
         model, inputs = module_from_factory(ModelSpec(opts.model, opts.model_args))
-        tied = load_strict(model, as_tensors(state.weights), state.src)
+        tensors = as_tensors(state.weights)
+        label, target = choose_target(model, list(tensors))
+        if target is not model:
+            state.notes.append(f"the weights were loaded into {label}, with their own keys")
+        tied, unexpected = load_strict(target, tensors, state.src, non_strict=opts.non_strict)
         if tied:
             state.notes.append(f"tied weights restored from their source: {tied}")
+        if unexpected:
+            state.notes.append(
+                f"--non-strict: {len(unexpected)} key(s) the model does not have were left out: "
+                f"{unexpected[:10]}"
+            )
     elif state.src_format == "hf":
         # the directory was scanned when its weights were read; transformers loads them
-        model, inputs = module_from_hf(state.src, opts.task)
-        inputs = user_inputs(opts) or inputs
+        loaded = module_from_hf(state.src, opts.task, [e.name for e in state.weights.entries])
+        model = loaded.model
+        # derived only when none were given: a derivation that fails must not block --input
+        inputs = user_inputs(opts) or from_hf_model(model, state.src, seed=opts.seed)
         state.module, state.inputs = model, inputs
+        state.notes += loaded.notes
         # the reference: the same model with use_cache=False and its outputs as named tensors
         state.reference = named_outputs(model, list(inputs.at(1)))
         return
@@ -112,6 +131,8 @@ def script(state: RunState, opts: Options) -> None:
 def ts_to_exported(state: RunState, opts: Options) -> None:
     from torch._export.converter import TS2EPConverter
 
+    from ptconvert.convert.exporting import dynamic_range_words
+
     inputs = _require_inputs(state)
     module = state.scripted if state.scripted is not None else _load_torchscript(state)
     sample = inputs.at(max(inputs.batch, 2))  # batch ≥ 2: dodge the 0/1 specialisation
@@ -129,7 +150,7 @@ def ts_to_exported(state: RunState, opts: Options) -> None:
             hint="export the original nn.Module instead (--model), if its source is available",
         ) from None
     state.positional = names
-    state.dynamic_range = {str(k): str(v) for k, v in state.exported.range_constraints.items()}
+    state.dynamic_range = dynamic_range_words(state.exported)
     state.notes.append(
         "TorchScript converted with torch's TS2EPConverter (branches → torch.cond); "
         f"the program takes its inputs positionally: {names}"
@@ -165,10 +186,10 @@ def program_weights(state: RunState, opts: Options) -> None:
 
 
 def load_pt2(state: RunState, opts: Options) -> None:
-    import torch
+    from ptconvert.formats.pt2 import load_exported
 
     guard(state.src)
-    state.exported = torch.export.load(state.src)
+    state.exported = load_exported(state.src)
     if state.reference is None:
         state.reference = state.exported.module()
     if state.inputs is None and state.exported.example_inputs is not None:
@@ -181,9 +202,9 @@ def _program_sample_inputs(ep: Any) -> ExampleInputs | None:
 
     args, kwargs = ep.example_inputs
     names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    if len(names) != len(args) or not all(hasattr(a, "shape") for a in args):
+    if len(args) > len(names) or not all(hasattr(a, "shape") for a in (*args, *kwargs.values())):
         return None
-    sample = {**dict(zip(names, args, strict=True)), **kwargs}
+    sample = {**dict(zip(names, args, strict=False)), **kwargs}  # keyword inputs by their name
     batch = next((t.shape[0] for t in sample.values() if t.dim() > 0), 1)
     return ExampleInputs(
         lambda b: {k: resize_batch(v, b) for k, v in sample.items()},

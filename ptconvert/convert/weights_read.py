@@ -131,14 +131,11 @@ def read_weights(
 def _older_pt2_weights(path: Path) -> WeightSet:
     """A .pt2 of the older layout keeps its weights in one torch.save archive inside: read
     through torch.export.load, which runs only on a file the scan finds clean."""
-    import torch
-
-    from ptconvert.convert.quiet import quiet_torch
+    from ptconvert.formats.pt2 import load_exported
     from ptconvert.scan.guard import guard
 
     guard(path)
-    with quiet_torch():  # torch warns that the layout is old: the note below says it
-        ws = weights_from_tensors(dict(torch.export.load(path).state_dict))
+    ws = weights_from_tensors(dict(load_exported(path).state_dict))
     ws.notes.append("older .pt2 layout (data/weights/<model>.pt): read with torch.export.load")
     return ws
 

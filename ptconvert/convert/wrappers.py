@@ -2,8 +2,8 @@
 
 - ``NamedOutputs``: a Hugging Face model whose output is a plain dict of tensors named by their
   path (``logits``, ``past_key_values.0.key`` …), so that the saved program loads without
-  transformers' pytree registrations (a ModelOutput in the output spec does not);
-- ``PositionalTensors``: the same flat outputs, inputs taken positionally (what the tracer needs);
+  transformers' pytree registrations (a ModelOutput in the output spec does not), and whose
+  inputs keep the model's own names (positionally in the model's order, or by keyword);
 - ``CallableModule``: any callable (a predictor's bound method) as an ``nn.Module``.
 Built on first use so that importing this module does not import torch.
 """
@@ -34,35 +34,31 @@ def _classes() -> dict[str, type]:
         return "use_cache" in inspect.signature(model.forward).parameters
 
     class NamedOutputs(torch.nn.Module):
-        def __init__(self, model: Any) -> None:
-            super().__init__()
-            self.model = model
-            self.no_cache = _no_cache(model)
-
-        def forward(self, **kwargs: Any) -> dict[str, Any]:  # signature set per input names
-            if self.no_cache:
-                kwargs["use_cache"] = False
-            return {leaf_name(k): v for k, v in output_leaves(self.model(**kwargs)).items()}
-
-    class PositionalTensors(torch.nn.Module):
         def __init__(self, model: Any, names: list[str]) -> None:
             super().__init__()
             self.model, self.names = model, names
             self.no_cache = _no_cache(model)
 
-        def forward(self, *args: Any) -> tuple[Any, ...]:
-            kwargs = dict(zip(self.names, args, strict=True))
+        def forward(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # signature: per names
+            kwargs = {**dict(zip(self.names, args, strict=False)), **kwargs}
             if self.no_cache:
                 kwargs["use_cache"] = False
-            return tuple(output_leaves(self.model(**kwargs)).values())
+            return {leaf_name(k): v for k, v in output_leaves(self.model(**kwargs)).items()}
 
     class CallableModule(torch.nn.Module):
         def __init__(self, fn: Any) -> None:
             super().__init__()
             self.fn = fn
             owner = getattr(fn, "__self__", None)
-            # the modules the method's object holds become this module's: their weights load
-            # and export as ``<attribute>.<name>``
+            if isinstance(owner, torch.nn.Module):
+                # a module's own method: its children, parameters and buffers become this
+                # module's under the same names, so its checkpoint's keys load as they are
+                self._modules.update(owner._modules)
+                self._parameters.update(owner._parameters)
+                self._buffers.update(owner._buffers)
+                return
+            # the modules a plain object (a predictor) holds become this module's: their
+            # weights load and export as ``<attribute>.<name>``
             for attr, value in vars(owner).items() if owner is not None else ():
                 if isinstance(value, torch.nn.Module):
                     self.add_module(attr, value)
@@ -72,29 +68,25 @@ def _classes() -> dict[str, type]:
 
     return {
         "NamedOutputs": NamedOutputs,
-        "PositionalTensors": PositionalTensors,
         "CallableModule": CallableModule,
     }
 
 
 def named_outputs(model: Any, names: list[str]) -> Any:
-    """``model`` taking ``names`` as keyword inputs and returning a dict of named tensors."""
+    """``model`` taking ``names`` (positionally, in this order, or by keyword) and returning a
+    dict of named tensors: the calling convention of the model itself, without ModelOutput."""
     import inspect
 
     base: Any = _classes()["NamedOutputs"]
     params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     params += [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
 
-    def forward(self: Any, **kwargs: Any) -> dict[str, Any]:
-        return base.forward(self, **kwargs)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return base.forward(self, *args, **kwargs)
 
     forward.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     cls = type("NamedOutputs", (base,), {"forward": forward})
-    return cls(model)
-
-
-def positional_tensors(model: Any, names: list[str]) -> Any:
-    return _classes()["PositionalTensors"](model, names)
+    return cls(model, names)
 
 
 def callable_module(fn: Any) -> Any:
@@ -110,3 +102,43 @@ def callable_module(fn: Any) -> Any:
     self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
     forward.__signature__ = inspect.Signature([self_param, *params])  # type: ignore[attr-defined]
     return type("CallableModule", (base,), {"forward": forward})(fn)
+
+
+def _parameters(module: Any) -> list[Any]:
+    import inspect
+
+    try:
+        return list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return []
+
+
+def positional_names(module: Any, names: list[str]) -> list[str] | None:
+    """``names`` in forward's order when they are its leading positional parameters."""
+    params = _parameters(module)
+    leading = [
+        p.name
+        for p in params[: len(names)]
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    return leading if sorted(leading) == sorted(names) else None
+
+
+def load_targets(model: Any) -> list[tuple[str, Any]]:
+    """Where a checkpoint may belong: the model itself and, for a wrapped predictor method, each
+    module the predictor holds (a checkpoint of its ``Sam2Model`` has that model's own keys)."""
+    targets = [(type(model).__name__, model)]
+    owner = getattr(getattr(model, "fn", None), "__self__", None)
+    if owner is not None and isinstance(model, _classes()["CallableModule"]):
+        import torch
+
+        name = type(owner).__name__
+        if isinstance(owner, torch.nn.Module):
+            return [(name, model)]
+        targets = [(name, model)]
+        targets += [
+            (f"{name}.{attr} ({type(v).__name__})", v)
+            for attr, v in vars(owner).items()
+            if isinstance(v, torch.nn.Module)
+        ]
+    return targets

@@ -8,6 +8,7 @@ shared library that runs native code when loaded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -199,6 +200,7 @@ class ExportedProgramFormat(Format):
             for spec in sig.get("output_specs", [])
             if "user_output" in spec
         ]
+        _calling_convention(gm, program.get("range_constraints", {}), info)
         info.opset = {k: int(v) for k, v in program.get("opset_version", {}).items()}
         info.metadata["models"] = [m.rsplit("/", 1)[-1][:-5] for m in models]
         info.metadata["range_constraints"] = program.get("range_constraints", {})
@@ -222,6 +224,52 @@ class ExportedProgramFormat(Format):
         if any("sample_inputs/" in m.name for m in archive.members):
             info.notes.append("holds sample inputs (a torch.save pickle)")
         return info
+
+
+def _spec(text: Any) -> dict[str, Any]:
+    """A serialized treespec (``[1, {"type": …, "context": …, "children_spec": […]}]``)."""
+    try:
+        spec = json.loads(text)[1] if isinstance(text, str) else {}
+    except (json.JSONDecodeError, IndexError, TypeError):
+        return {}
+    return spec if isinstance(spec, dict) else {}
+
+
+def _keys(spec: dict[str, Any]) -> list[str]:
+    try:
+        keys = json.loads(spec.get("context") or "null")
+    except json.JSONDecodeError:
+        return []
+    return [str(k) for k in keys] if isinstance(keys, list) else []
+
+
+def _calling_convention(gm: dict[str, Any], ranges: dict[str, Any], info: FileInfo) -> None:
+    """How a user calls the program (positionally or by keyword, the names, what it returns)
+    and the sizes each dynamic input dim accepts, from the serialized signature."""
+    calls = gm.get("module_call_graph") or [{}]
+    sig = calls[0].get("signature") or {}
+    inputs = _spec(sig.get("in_spec"))
+    children = inputs.get("children_spec") or [{}, {}]
+    keywords = _keys(children[1]) if len(children) > 1 else []
+    names = [i.name for i in info.inputs or []]
+    positional = names[: len(children[0].get("children_spec") or [])]
+    args = positional + [f"{k}=…" for k in keywords]
+    out = _spec(sig.get("out_spec"))
+    returned = (
+        f"dict[{', '.join(_keys(out))}]"
+        if out.get("type") == "builtins.dict"
+        else str(out.get("type") or "a tensor").removeprefix("builtins.")
+    )
+    info.metadata["call"] = f"prog({', '.join(args)}) → {returned}"
+    accepts = []
+    for spec in info.inputs or []:
+        for axis, dim in enumerate(spec.shape or []):
+            bound = ranges.get(dim) if isinstance(dim, str) else None
+            if isinstance(bound, dict):
+                low, high = bound.get("min_val"), bound.get("max_val")
+                span = f"{low} or more" if high is None else f"{low}–{high}"
+                accepts.append(f"{spec.name} dim {axis}: {span} (as torch guarantees)")
+    info.metadata["accepts"] = accepts or ["only the shapes above (no dynamic dims)"]
 
 
 def _io(arg: dict[str, Any], values: dict[str, Any]) -> IOSpec:
@@ -270,3 +318,62 @@ class AotiPackageFormat(Format):
             if m.name.endswith("wrapper_metadata.json"):
                 info.metadata["target"] = json.loads(archive.read(m))
         return info
+
+
+# a type inside a treespec: the specs are JSON strings within the JSON, so their quotes are escaped
+_TREESPEC_TYPE = re.compile(r'\\+"type\\+":\s*\\+"([A-Za-z_][\w.]*)\\+"')
+
+
+def pytree_types(path: Path) -> set[str]:
+    """The Python types the program's input and output specs name (``builtins.dict``,
+    ``transformers.modeling_outputs.BaseModelOutput`` …), read from its serialized JSON."""
+    archive = open_zip(path)
+    root = archive.root()
+    found: set[str] = set()
+    for member in archive.members:
+        if member.name.startswith(root + "models/") and member.name.endswith(".json"):
+            found.update(_TREESPEC_TYPE.findall(archive.read(member).decode("utf-8", "replace")))
+    return found
+
+
+def load_exported(path: Path) -> Any:
+    """``torch.export.load`` of a file the scan has cleared, with the pytree types its specs
+    name registered first. A program exported from a transformers model names its ModelOutput
+    classes; those register themselves when their module is imported. Only transformers'
+    modules are imported for this: a name in a file never chooses what code runs."""
+    import importlib
+
+    import torch
+    from torch.utils._pytree import SERIALIZED_TYPE_TO_PYTHON_TYPE
+
+    from ptconvert.deps import require
+    from ptconvert.quiet import quiet_torch
+
+    for name in sorted(pytree_types(path) - set(SERIALIZED_TYPE_TO_PYTHON_TYPE)):
+        module = name.rpartition(".")[0]
+        if module.split(".")[0] != "transformers":
+            raise UnsupportedConversionError(
+                f"the program's inputs or outputs are {name}, a Python type that torch can only "
+                "rebuild by importing its module; ptconvert imports transformers' output types "
+                "only",
+                path=path,
+                hint="export with plain tensors, tuples or dicts as inputs and outputs",
+            )
+        require("transformers")
+        with contextlib.suppress(ImportError):  # a ModelOutput registers itself when defined
+            importlib.import_module(module)
+        if name not in SERIALIZED_TYPE_TO_PYTHON_TYPE:
+            raise UnsupportedConversionError(
+                f"the program's output type {name} is not in the installed transformers",
+                path=path,
+                hint="install the transformers version the program was exported with",
+            )
+    with quiet_torch():  # torch logs a page per problem; ptconvert reports them itself
+        try:
+            return torch.export.load(path)
+        except Exception as exc:  # torch raises RuntimeError and others for unreadable programs
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise UnsupportedConversionError(
+                f"torch.export.load cannot read this program: {type(exc).__name__}: {first}",
+                path=path,
+            ) from None

@@ -72,6 +72,8 @@ class TorchScriptFormat(Format):
             name, _, annotation = part.partition(":")
             info.inputs.append(IOSpec(name.strip(), annotation.strip() or None, None))
         info.outputs = [IOSpec("output", " ".join(m.group("ret").split()), None)]
+        names = [i.name for i in info.inputs if i.name != "self"]
+        info.metadata["call"] = f"prog({', '.join(names)}), positionally or by keyword"
 
 
 def _split_args(text: str) -> list[str]:

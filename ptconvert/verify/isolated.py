@@ -27,6 +27,7 @@ def _serve(kind: str, path: str, conn: Any) -> None:
         def run(feeds: dict[str, Any]) -> list[Any]:
             return list(session.run(None, {n: feeds[n] for n in names}))
 
+        accepted: list[str] | None = names
     else:
         import torch
 
@@ -37,7 +38,9 @@ def _serve(kind: str, path: str, conn: Any) -> None:
             outs = out if isinstance(out, (list, tuple)) else [out]
             return [o.detach().cpu().numpy() for o in outs]
 
-    conn.send(("ready", None))
+        accepted = None  # the package's call spec does not name its positional inputs
+
+    conn.send(("ready", accepted))
     while True:
         message = conn.recv()
         if message is None:
@@ -56,7 +59,8 @@ class IsolatedRuntime:
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(kind, path, child), daemon=True)
         self._proc.start()
-        self._expect("ready")
+        # the names of the inputs the runtime takes (ONNX: the session's); None when unknown
+        self.input_names: list[str] | None = self._expect("ready")
 
     def _expect(self, what: str) -> Any:
         if not self._conn.poll(_TIMEOUT_S):

@@ -8,16 +8,25 @@ and dtypes first, then ``allclose`` at the dtype's tolerance; when that fails, t
 decides: with an fp64 run of the eager model as ground truth, the candidate passes if its error
 against fp64 is at most ``multiplier × eager's own error + tol / 10``. So precision noise is told
 apart from a broken conversion. Cosine similarity is reported as a secondary measure.
+
+The reference's calls go through ``run_model``: when the model itself raises on the example
+inputs (ids beyond its vocabulary …) that is a ``ModelRaisedError`` naming the inputs, not a
+verdict on the candidate. A model that changes its own state on every call (a counter buffer, a
+hidden state kept in an attribute) is found by ``state_changes`` and run through
+``fresh_each_call``, so that both sides start every call from the same (saved) state.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
+from ptconvert.errors import ModelRaisedError, PtconvertError
 from ptconvert.report import Report
 
 # dtype → tolerance used as both atol and rtol (PyTorch's harness: fp32 1e-4, half types 1e-3…1e-2)
@@ -27,7 +36,15 @@ TOLERANCES: dict[str, float] = {
     "float16": 1e-3,
     "bfloat16": 1e-2,
 }
-STATUSES = ("pass", "fail_accuracy", "fail_shape", "fail_to_run", "eager_nondeterministic")
+STATUSES = (
+    "pass",
+    "fail_accuracy",
+    "fail_shape",
+    "fail_to_run",
+    "eager_nondeterministic",
+    "nothing_compared",  # no batch size was given: a verdict without evidence is not a pass
+)
+COMPARED = ("pass", "fail_accuracy", "fail_shape")  # sizes where the outputs were compared
 
 
 @dataclass
@@ -57,6 +74,7 @@ class ParityReport(Report):
     sizes: list[SizeResult] = field(default_factory=list)
     fp64_reference: bool = True
     tolerance: dict[str, float] = field(default_factory=dict)
+    compared: int = 0  # batch sizes at which the candidate's outputs were compared
 
     @property
     def failed(self) -> list[SizeResult]:
@@ -92,6 +110,176 @@ def fp64_model(reference: Any) -> Any | None:
         return None
 
 
+def describe_inputs(inputs: dict[str, Any]) -> str:
+    """``ids int64[2,16] in [0, 99], scale=0.5``: name, dtype, shape and value range of each."""
+    import torch
+
+    parts = []
+    for name, v in inputs.items():
+        if not isinstance(v, torch.Tensor):
+            parts.append(f"{name}={v!r}"[:60])
+            continue
+        text = f"{name} {str(v.dtype).removeprefix('torch.')}[{','.join(map(str, v.shape))}]"
+        if v.numel() and not v.is_complex():
+            lo, hi = v.min().item(), v.max().item()
+            if isinstance(lo, float):
+                text += f" in [{lo:.4g}, {hi:.4g}]"
+            else:
+                text += f" in [{lo}, {hi}]"
+        parts.append(text)
+    return ", ".join(parts) or "none"
+
+
+def run_model(fn: Callable[..., Any], inputs: dict[str, Any], who: str) -> Any:
+    """``fn(**inputs)``; when the model raises, a ModelRaisedError that names ``who`` (the
+    reference model, the candidate), the exception and the inputs it was given."""
+    try:
+        return fn(**inputs)
+    except PtconvertError:
+        raise
+    except Exception as exc:  # the model's own failure, told apart from ptconvert's bugs
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise ModelRaisedError(
+            f"{who} raised {type(exc).__name__} on the example inputs"
+            + (f": {first}" if first else "")
+            + f" (inputs: {describe_inputs(inputs)})",
+            hint="the inputs may lie outside what the model takes (ids beyond its vocabulary, a "
+            "shape it rejects): give each input its shape and range with --input "
+            "NAME:SHAPE:DTYPE:LOW:HIGH (values in [LOW, HIGH)), or pass --example-inputs FILE",
+        ) from exc
+
+
+# bookkeeping, never model state: nn.Module's own, and transformers' record of the warnings it
+# has logged once (a padded input without a mask sets it on the first call)
+_MODULE_INTERNALS = frozenset(
+    {
+        "_parameters",
+        "_buffers",
+        "_modules",
+        "_non_persistent_buffers_set",
+        "training",
+        "warnings_issued",
+    }
+)
+_UNTRACKED = object()  # a value whose change is not followed (an object, a function)
+
+
+def _snap(value: Any, depth: int = 0) -> Any:
+    """A copy of ``value`` to compare after a call: tensors, numbers, strings, None, and
+    containers of them; anything else is not followed."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if value is None or isinstance(value, (bool, int, float, complex, str)):
+        return value
+    if isinstance(value, (list, tuple)) and depth < 3 and len(value) <= 1000:
+        items = tuple(_snap(v, depth + 1) for v in value)
+        return _UNTRACKED if any(i is _UNTRACKED for i in items) else items
+    if isinstance(value, dict) and depth < 3 and len(value) <= 1000:
+        pairs = tuple((str(k), _snap(v, depth + 1)) for k, v in value.items())
+        return _UNTRACKED if any(v is _UNTRACKED for _, v in pairs) else pairs
+    return _UNTRACKED
+
+
+def _same_snap(a: Any, b: Any) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        same = a == b
+        if a.is_floating_point() or a.is_complex():
+            same |= a.isnan() & b.isnan()  # a NaN kept in a buffer is not a change
+        return bool(same.all())
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same_snap(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return type(a) is type(b) and a == b
+
+
+def _module_state(module: Any) -> dict[str, tuple[str, Any]]:
+    """Buffers, and tensor/number attributes of the module and its submodules, by name."""
+    import torch
+
+    out: dict[str, tuple[str, Any]] = {}
+    for name, buf in module.named_buffers():
+        out[name] = ("buffer", _snap(buf))
+    for prefix, sub in module.named_modules():
+        if isinstance(sub, torch.jit.ScriptModule):
+            try:  # TorchScript keeps its attributes in C++: the debug iterator lists them
+                iterators = torch._C._jit_debug_module_iterators  # type: ignore[attr-defined]
+                attrs = dict(iterators(sub._c)["named_attributes"])
+            except Exception:  # a private API: without it only the buffers are followed
+                attrs = {}
+        else:
+            attrs = vars(sub)
+        for key, value in attrs.items():
+            full = f"{prefix}.{key}" if prefix else key
+            if key in _MODULE_INTERNALS or full in out or key.startswith("__"):
+                continue
+            snap = _snap(value)
+            if snap is not _UNTRACKED:
+                out[full] = ("attribute", snap)
+    return out
+
+
+def state_changes(
+    module: Any, call_of: Callable[[Any], Callable[..., Any]], inputs: dict[str, Any], who: str
+) -> list[str] | None:
+    """The state of ``module`` that one call on ``inputs`` changes (``"calls (buffer)"``), found
+    on a copy so that ``module`` keeps its initial state; None when it cannot be copied. The
+    call goes through ``run_model``: a model that raises says so here."""
+    import torch
+
+    try:
+        with warnings.catch_warnings():  # torch's deprecation notes from copying pytree specs
+            warnings.simplefilter("ignore")
+            probe = copy.deepcopy(module)
+    except Exception:  # some modules cannot be copied: their state is then not checked
+        return None
+    before = _module_state(probe)
+    with torch.no_grad():
+        run_model(call_of(probe), copy.deepcopy(inputs), who)
+    after = _module_state(probe)
+    changed = []
+    for name in dict.fromkeys([*before, *after]):
+        old, new = before.get(name), after.get(name)
+        if old is None or new is None or not _same_snap(old[1], new[1]):
+            changed.append(f"{name} ({(old or new or ('state', None))[0]})")
+    return changed
+
+
+@cache
+def _fresh_class() -> type:
+    import torch
+
+    class FreshEachCall(torch.nn.Module):
+        """Runs a fresh copy of ``pristine`` on every call (a cast casts the pristine copy)."""
+
+        def __init__(self, pristine: Any, call_of: Callable[[Any], Callable[..., Any]]) -> None:
+            super().__init__()
+            self.pristine = pristine
+            self.call_of = call_of
+
+        def forward(self, **kwargs: Any) -> Any:
+            with warnings.catch_warnings():  # as in state_changes: copying warns, not the model
+                warnings.simplefilter("ignore")
+                fresh = copy.deepcopy(self.pristine)
+            return self.call_of(fresh)(**kwargs)
+
+    return FreshEachCall
+
+
+def fresh_each_call(module: Any, call_of: Callable[[Any], Callable[..., Any]]) -> Any:
+    """An ``nn.Module`` that calls ``call_of(copy.deepcopy(module))``: every call of a stateful
+    model starts from the state it was saved with."""
+    return _fresh_class()(module, call_of)
+
+
 def compare(
     reference: Any,
     candidate: Callable[..., Any],
@@ -111,9 +299,12 @@ def compare(
     for b in batches:
         inputs = make_inputs(b)
         with torch.no_grad():
-            first = output_leaves(reference(**copy.deepcopy(inputs)))
-            second = output_leaves(reference(**copy.deepcopy(inputs)))
-            if not all(torch.equal(first[k], second[k]) for k in first):
+            who = "the reference model"
+            first = output_leaves(run_model(reference, copy.deepcopy(inputs), who))
+            second = output_leaves(run_model(reference, copy.deepcopy(inputs), who))
+            if first.keys() != second.keys() or not all(
+                torch.equal(first[k], second[k]) for k in first
+            ):
                 sizes.append(
                     SizeResult(b, "eager_nondeterministic", detail="eager ran twice and differed")
                 )
@@ -132,8 +323,12 @@ def compare(
                 )
                 continue
         sizes.append(_compare_leaves(b, first, got, gold, tols, atol, rtol))
+    compared = sum(1 for s in sizes if s.status in COMPARED)
     status = next((s.status for s in sizes if s.status != "pass"), "pass")
-    return ParityReport(status, sizes, ref64 is not None, {k: v for k, v in tols.items()})
+    if not sizes:  # no evidence: never a pass
+        status = "nothing_compared"
+    tolerance = {k: v for k, v in tols.items()}
+    return ParityReport(status, sizes, ref64 is not None, tolerance, compared)
 
 
 def _compare_leaves(

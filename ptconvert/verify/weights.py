@@ -294,10 +294,9 @@ def _program_reference(ws: WeightSet, may_load: bool) -> _Reference:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if ws.format == "pt2":
-            from ptconvert.convert.quiet import quiet_torch
+            from ptconvert.formats.pt2 import load_exported
 
-            with quiet_torch():
-                state = dict(torch.export.load(ws.origin).state_dict)
+            state = dict(load_exported(ws.origin).state_dict)
             reader = "torch.export.load(...).state_dict"
         else:
             state = torch.jit.load(str(ws.origin), map_location="cpu").state_dict()

@@ -1,0 +1,479 @@
+"""What users bring: Hugging Face directories as they are, programs other tools wrote, models
+that branch on sizes, need scalars or raise on bad inputs. Every model is built in the test
+(tiny config, random weights) and every artifact is read back by the format's own loader."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from fixtures.build import _more_hf_models, _tiny_bert_config, _tiny_gpt2_config
+from ptconvert.convert.engine import convert_program
+from ptconvert.convert.state import Options
+from ptconvert.errors import MissingRequirementError, ModelRaisedError, UnsupportedConversionError
+from tests.conftest import run_cli
+
+transformers = pytest.importorskip("transformers")
+
+
+def _without_architectures(directory: Path) -> Path:
+    config = json.loads((directory / "config.json").read_text())
+    config.pop("architectures", None)
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def gpt2_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An older GPT-2 directory: config.json without architectures, a pytorch_model.bin that
+    holds lm_head.weight (tied to the embeddings) beside the transformer's weights."""
+    directory = tmp_path_factory.mktemp("gpt2-bin")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(_tiny_gpt2_config()).eval()
+    model.config.save_pretrained(directory)
+    torch.save(model.state_dict(), directory / "pytorch_model.bin")
+    return _without_architectures(directory)
+
+
+def test_directory_without_architectures_takes_the_class_its_weights_fit(
+    gpt2_bin: Path, tmp_path: Path
+) -> None:
+    report = convert_program(gpt2_bin, "pt2", tmp_path / "g.pt2", Options(dynamic_batch=True))
+    assert report.parity is not None and report.parity.status == "pass"
+    assert any("chose GPT2LMHeadModel" in n for n in report.notes)
+    # GPT-2's forward has past_key_values between input_ids and attention_mask: by keyword
+    assert report.interface["call"] == "prog(input_ids=…, attention_mask=…)"
+    program = torch.export.load(tmp_path / "g.pt2").module()
+    ids = torch.randint(0, 99, (3, 16))
+    out = program(input_ids=ids, attention_mask=torch.ones_like(ids))
+    assert out["logits"].shape == (3, 16, 99)
+
+
+def test_task_overrides_and_unused_weights_are_reported_not_refused(
+    gpt2_bin: Path, tmp_path: Path
+) -> None:
+    report = convert_program(gpt2_bin, "pt2", tmp_path / "g.pt2", Options(task="GPT2Model"))
+    assert report.parity is not None and report.parity.status == "pass"
+    assert any("lm_head.weight" in n and "not used by GPT2Model" in n for n in report.notes)
+
+
+def test_missing_weights_stay_an_error(tmp_path: Path) -> None:
+    directory = tmp_path / "bert"
+    transformers.BertModel(_tiny_bert_config()).save_pretrained(directory)
+    with pytest.raises(UnsupportedConversionError, match="missing"):
+        convert_program(
+            directory, "pt2", tmp_path / "b.pt2", Options(task="BertForSequenceClassification")
+        )
+
+
+def test_pretraining_checkpoint_into_a_masked_lm(tmp_path: Path) -> None:
+    """transformers loads a BertForPreTraining checkpoint into BertForMaskedLM, the
+    next-sentence head left over: so does ptconvert, and says which keys it left out."""
+    directory = tmp_path / "bert-pretraining"
+    transformers.BertForPreTraining(_tiny_bert_config()).save_pretrained(directory)
+    _without_architectures(directory)
+    report = convert_program(
+        directory, "torchscript", tmp_path / "b.ts", Options(task="BertForMaskedLM")
+    )
+    assert report.parity is not None and report.parity.status == "pass"
+    assert any("cls.seq_relationship.weight" in n for n in report.notes)
+
+
+@pytest.mark.parametrize("target", ["pt2", "torchscript"])
+def test_t5_directory_without_architectures(target: str, tmp_path: Path) -> None:
+    config, cls = _more_hf_models()["t5"]
+    directory = tmp_path / "t5"
+    torch.manual_seed(0)
+    cls(config).eval().save_pretrained(directory)
+    _without_architectures(directory)
+    report = convert_program(
+        directory, target, tmp_path / f"t5.{target}", Options(dynamic_batch=target == "pt2")
+    )
+    assert report.parity is not None and report.parity.status == "pass"
+    assert any("chose T5ForConditionalGeneration" in n for n in report.notes)
+    assert "logits" in report.interface["outputs"][0]
+
+
+def test_torchscript_keeps_the_models_input_and_output_names(
+    samples: dict[str, Path], tmp_path: Path
+) -> None:
+    convert_program(samples["hf_bert"], "torchscript", tmp_path / "b.ts", Options())
+    program = torch.jit.load(str(tmp_path / "b.ts"))
+    names = [a.name for a in program.forward.schema.arguments[1:]]
+    assert names == ["input_ids", "attention_mask"]
+    ids = torch.randint(0, 99, (2, 16))
+    out = program(input_ids=ids, attention_mask=torch.ones_like(ids))  # the model's keywords
+    assert set(out) == {"last_hidden_state", "pooler_output"}
+
+
+def test_hand_exported_transformers_program_converts_to_safetensors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A .pt2 exported by torch.export directly: its output spec names a ModelOutput class."""
+    model = transformers.BertModel(_tiny_bert_config()).eval()
+    ids = torch.randint(0, 99, (2, 16))
+    ep = torch.export.export(model, (), {"input_ids": ids}, strict=False)
+    torch.export.save(ep, tmp_path / "hand.pt2")
+    code, report, _ = run_cli(
+        [str(tmp_path / "hand.pt2"), "--to", "safetensors", "-o", str(tmp_path / "w.st")], capsys
+    )
+    assert code == 0, report["error"]
+    with safe_open(tmp_path / "w.st", "pt") as f:
+        got = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    own = model.state_dict()
+    assert got and all(torch.equal(got[k], own[k]) for k in got)
+    code, report, _ = run_cli(
+        [str(tmp_path / "hand.pt2"), "--to", "pt2", "-o", str(tmp_path / "copy.pt2")], capsys
+    )
+    assert code == 0, report
+
+
+def test_program_of_unknown_python_types_is_refused_by_name(tmp_path: Path) -> None:
+    from ptconvert.formats.pt2 import load_exported
+
+    model = transformers.BertModel(_tiny_bert_config()).eval()
+    ep = torch.export.export(model, (), {"input_ids": torch.randint(0, 99, (2, 8))})
+    torch.export.save(ep, tmp_path / "p.pt2")
+    raw = (
+        (tmp_path / "p.pt2")
+        .read_bytes()
+        .replace(b"transformers.modeling_outputs", b"evilpkgxxxxx.modeling_outputs")
+    )
+    (tmp_path / "q.pt2").write_bytes(raw)
+    with pytest.raises(UnsupportedConversionError, match="evilpkgxxxxx"):
+        load_exported(tmp_path / "q.pt2")
+    assert "evilpkgxxxxx" not in sys.modules
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "pt2"])
+def test_same_format_is_a_verified_copy(
+    samples: dict[str, Path], fmt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = samples["mlp_scripted" if fmt == "torchscript" else "mlp_pt2"]
+    out = tmp_path / f"copy.{fmt}"
+    code, report, _ = run_cli([str(src), "--to", fmt, "-o", str(out)], capsys)
+    assert code == 0, report
+    assert out.read_bytes() == src.read_bytes()
+    assert report["route"] == [f"{fmt} → {fmt}"]
+    loaded = torch.jit.load(str(out)) if fmt == "torchscript" else torch.export.load(out).module()
+    assert loaded(torch.randn(2, 8)).shape == (2, 4)
+
+
+def test_static_program_says_which_shapes_it_accepts(
+    samples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [str(samples["mlp_zip"]), "--to", "pt2", "--model", "fixtures.models:MLP"]
+    code, report, _ = run_cli(
+        [*args, "--input", "x:4x8:float32", "-o", str(tmp_path / "s.pt2")], capsys
+    )
+    assert code == 0, report
+    assert report["interface"]["call"] == "prog(x)"
+    assert "--dynamic-batch" in report["interface"]["accepts"][0]
+    with pytest.raises(Exception, match=r"Guard|shape|size"):
+        torch.export.load(tmp_path / "s.pt2").module()(torch.randn(3, 8))  # as it said
+    code, report, _ = run_cli(
+        [*args, "--input", "x:4x8:float32", "--dynamic-batch", "-o", str(tmp_path / "d.pt2")],
+        capsys,
+    )
+    assert code == 0 and not any("--dynamic-batch" in a for a in report["interface"]["accepts"])
+
+
+MODELS = '''
+import torch
+from torch import nn
+
+
+class Lookup(nn.Module):
+    """Takes label ids: ids past 10 are outside its table."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(10, 4)
+
+    def forward(self, ids):
+        return self.table(ids).sum(1)
+
+
+class WithRate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x, sr: int):
+        return self.lin(x) * (sr / 16000)
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 6)
+        self.b = nn.Linear(6, 6)
+
+    def forward(self, x):
+        if x.shape[0] > 2:  # a Python branch on the batch size
+            return self.a(x)
+        return self.b(x) * 2
+'''
+
+
+@pytest.fixture
+def user_models(tmp_path: Path) -> Path:
+    (tmp_path / "user_models.py").write_text(MODELS)
+    return tmp_path / "user_models.py"
+
+
+def _weights(user_models: Path, name: str, tmp_path: Path) -> Path:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("user_models_for_weights", user_models)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(0)
+    path = tmp_path / f"{name}.pt"
+    torch.save(getattr(module, name)().state_dict(), path)
+    return path
+
+
+def test_the_models_own_error_is_reported_as_such(
+    user_models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = _weights(user_models, "Lookup", tmp_path)
+    args = [
+        str(src),
+        "--to",
+        "pt2",
+        "--model",
+        f"{user_models}:Lookup",
+        "-o",
+        str(tmp_path / "l.pt2"),
+    ]
+    code, report, _ = run_cli([*args, "--input", "ids:2x5:int64"], capsys)
+    assert code == ModelRaisedError.exit_code, report
+    assert report["error"]["kind"] == "model_error" and "IndexError" in report["error"]["message"]
+    code, report, _ = run_cli([*args, "--input", "ids:2x5:int64:0:10"], capsys)
+    assert code == 0, report
+
+
+def test_a_missing_scalar_input_is_named_with_its_input_line(
+    user_models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = _weights(user_models, "WithRate", tmp_path)
+    args = [str(src), "--to", "torchscript", "--model", f"{user_models}:WithRate"]
+    args += ["--input", "x:2x8:float32", "-o", str(tmp_path / "w.ts")]
+    code, report, _ = run_cli(args, capsys)
+    assert code == MissingRequirementError.exit_code, report
+    assert "--input sr::int64=VALUE" in report["error"]["hint"]
+    code, report, _ = run_cli([*args, "--input", "sr::int64=16000"], capsys)
+    assert code == 0, report
+    program = torch.jit.load(str(tmp_path / "w.ts"))
+    assert program(torch.randn(2, 8), 16000).shape == (2, 8)
+
+
+def test_a_branch_on_the_batch_size_is_kept_by_the_torchscript_route(
+    user_models: Path, tmp_path: Path
+) -> None:
+    src = _weights(user_models, "Branchy", tmp_path)
+    opts = Options(model=f"{user_models}:Branchy", inputs=["x:4x6:float32"])
+    report = convert_program(src, "torchscript", tmp_path / "b.ts", opts)
+    assert report.parity is not None and report.parity.status == "pass"
+    program = torch.jit.load(str(tmp_path / "b.ts"))
+    x = torch.randn(1, 6)
+    torch.testing.assert_close(program(x), program.b(x) * 2)
+
+
+def test_non_strict_leaves_out_training_keys_and_says_so(
+    samples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fixtures.models import MLP, seeded
+
+    state = seeded(MLP()).state_dict()
+    torch.save({**state, "ema.decay": torch.tensor(0.99)}, tmp_path / "train.pt")
+    args = [str(tmp_path / "train.pt"), "--to", "pt2", "--model", "fixtures.models:MLP"]
+    args += ["--input", "x:2x8:float32", "-o", str(tmp_path / "m.pt2")]
+    code, report, _ = run_cli(args, capsys)
+    assert (
+        code == UnsupportedConversionError.exit_code and "ema.decay" in report["error"]["message"]
+    )
+    assert "--non-strict" in report["error"]["hint"]
+    code, report, _ = run_cli([*args, "--non-strict"], capsys)
+    assert code == 0, report
+    assert any("ema.decay" in n for n in report["notes"])
+
+
+def test_converted_program_loads_without_transformers(
+    samples: dict[str, Path], tmp_path: Path
+) -> None:
+    convert_program(samples["hf_bert"], "pt2", tmp_path / "b.pt2", Options(dynamic_batch=True))
+    code = (
+        "import sys, torch\n"
+        "m = torch.export.load(sys.argv[1]).module()\n"
+        "ids = torch.randint(0, 99, (3, 16))\n"
+        "print(sorted(m(input_ids=ids, attention_mask=torch.ones_like(ids))))\n"
+        "assert 'transformers' not in sys.modules\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "b.pt2")], capture_output=True, text=True
+    )
+    assert out.stdout.strip() == "['last_hidden_state', 'pooler_output']", out.stderr[-2000:]
+
+
+PREDICTOR = '''
+import torch
+from tests.convert.test_inputs import sam2
+
+
+class Predictor:
+    """Not an nn.Module: holds the model, as SAM2's image predictor does."""
+
+    def __init__(self):
+        torch.manual_seed(1)  # weights unlike the checkpoint's: the checkpoint must load
+        self.model = sam2().eval()
+
+    def embed(self, pixel_values):
+        return self.model.get_image_embeddings(pixel_values)
+
+
+def predictor_method():
+    return Predictor().embed
+
+
+def module_method():
+    torch.manual_seed(1)
+    return sam2().eval().get_image_embeddings
+'''
+
+
+@pytest.mark.parametrize("factory", ["predictor_method", "module_method"])
+def test_sam2_method_with_the_users_own_checkpoint(
+    factory: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.convert.test_inputs import sam2
+
+    if not hasattr(transformers, "Sam2Model"):
+        pytest.skip("this transformers has no Sam2Model")
+    (tmp_path / "sam2_predictor.py").write_text(PREDICTOR)
+    torch.manual_seed(0)
+    model = sam2().eval()
+    torch.save(model.state_dict(), tmp_path / "sam2.pt")  # the model's own keys
+    out = tmp_path / "embed.pt2"
+    code, report, _ = run_cli(
+        [
+            str(tmp_path / "sam2.pt"),
+            "--to",
+            "pt2",
+            "--dynamic-batch",
+            "--model",
+            f"{tmp_path / 'sam2_predictor.py'}:{factory}",
+            "--input",
+            "pixel_values:1x3x64x64:float32",
+            "-o",
+            str(out),
+        ],
+        capsys,
+    )
+    assert code == 0, report
+    if factory == "predictor_method":
+        assert any("Predictor.model (Sam2Model)" in n for n in report["notes"]), report["notes"]
+    x = torch.randn(2, 3, 64, 64)
+    got = torch.export.load(out).module()(x)
+    want = model.get_image_embeddings(x)
+    torch.testing.assert_close(got, want)
+
+
+def test_a_branch_on_the_batch_size_narrows_the_exported_range_and_says_so(
+    user_models: Path, tmp_path: Path
+) -> None:
+    """Export keeps the branch the example took and guards it (batch ≥ 3): the report says
+    which batch sizes the program takes, and only those are compared."""
+    src = _weights(user_models, "Branchy", tmp_path)
+    opts = Options(model=f"{user_models}:Branchy", inputs=["x:4x6:float32"], dynamic_batch=True)
+    report = convert_program(src, "pt2", tmp_path / "b.pt2", opts)
+    assert report.parity is not None and report.parity.status == "pass"
+    assert report.dynamic_range["x dim 0"].startswith("batch 3 or more"), report.dynamic_range
+    assert [s.batch for s in report.parity.sizes] == [3, 5, 7]
+    program = torch.export.load(tmp_path / "b.pt2").module()
+    with pytest.raises(Exception, match="Guard failed"):
+        program(torch.randn(2, 6))
+
+
+def _wrong_program(step):  # type: ignore[no-untyped-def]
+    """``step``, then its program swapped for one that runs but has other weights."""
+    from fixtures.models import MLP, seeded
+
+    def run(state, opts) -> None:  # type: ignore[no-untyped-def]
+        step(state, opts)
+        other = seeded(MLP(), seed=9)
+        state.exported = torch.export.export(other, (torch.randn(2, 8),))
+
+    return run
+
+
+def test_a_program_that_fails_the_parity_check_sends_the_graph_down_another_route(
+    samples: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exported program that runs but computes something else is not written: the graph
+    tries the next route (script → TorchScript's converter) and says why."""
+    from ptconvert.convert import steps
+
+    monkeypatch.setitem(steps.STEPS, "export", _wrong_program(steps.STEPS["export"]))
+    opts = Options(model="fixtures.models:MLP", inputs=["x:2x8:float32"])
+    report = convert_program(samples["mlp_zip"], "pt2", tmp_path / "m.pt2", opts)
+    assert report.parity is not None and report.parity.status == "pass"
+    assert "module → torchscript" in report.route and "torchscript → exported" in report.route
+    assert any("failed the parity check" in n for n in report.notes)
+
+
+def test_when_every_route_fails_the_parity_check_the_error_names_each(
+    samples: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ptconvert.convert import steps
+    from ptconvert.errors import VerificationError
+
+    for name in ("export", "ts_to_exported"):
+        monkeypatch.setitem(steps.STEPS, name, _wrong_program(steps.STEPS[name]))
+    opts = Options(model="fixtures.models:MLP", inputs=["x:2x8:float32"])
+    with pytest.raises(VerificationError, match=r"tried: export: .*script"):
+        convert_program(samples["mlp_zip"], "pt2", tmp_path / "m.pt2", opts)
+    assert not (tmp_path / "m.pt2").exists()
+
+
+def test_scripting_errors_say_what_did_not_match() -> None:
+    from ptconvert.convert.scripting import script_reason
+
+    text = (
+        "Arguments for call are not valid.\n"
+        "The following variants are available:\n\n"
+        '  aten::pad(Tensor self, SymInt[] pad, str mode="constant", float? value=None) -> '
+        "Tensor:\n"
+        "  Expected a value of type 'List[int]' for argument 'pad' but instead found type "
+        "'Tensor (inferred)'.\n"
+    )
+    assert script_reason(RuntimeError(text)).startswith("Expected a value of type 'List[int]'")
+
+
+@pytest.mark.parametrize("kind", ["wav2vec2", "blip"])
+def test_audio_and_image_text_directories_convert_without_inputs(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Wav2Vec2 directory (waveform input) and a BLIP one (image size in vision_config):
+    the inputs come from the model, no --input needed."""
+    from tests.convert.test_inputs import blip, wav2vec2
+
+    torch.manual_seed(0)
+    model = {"wav2vec2": wav2vec2, "blip": blip}[kind]().eval()
+    model.save_pretrained(tmp_path / kind)
+    out = tmp_path / f"{kind}.pt2"
+    code, report, _ = run_cli(
+        [str(tmp_path / kind), "--to", "pt2", "--dynamic-batch", "-o", str(out)], capsys
+    )
+    assert code == 0, report
+    assert [s["batch"] for s in report["parity"]["sizes"]] == [1, 2, 3, 5, 7]
+    code, info, _ = run_cli(["info", str(out)], capsys)
+    assert code == 0 and info["metadata"]["call"].startswith("prog(")
