@@ -176,6 +176,7 @@ def test_hf_program_runs_in_a_fresh_process(samples: dict[str, Path], tmp_path: 
         "    ids = torch.randint(0, 99, (b, 16))\n"
         "    out = m(input_ids=ids, attention_mask=torch.ones_like(ids))\n"
         "    assert out['logits'].shape == (b, 16, 99), out['logits'].shape\n"
+        "assert 'transformers' not in sys.modules\n"
         "print('ok')"
     )
     out = subprocess.run(

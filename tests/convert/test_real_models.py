@@ -5,7 +5,6 @@ that branch on sizes, need scalars or raise on bad inputs. Every model is built 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -305,23 +304,6 @@ def test_non_strict_leaves_out_training_keys_and_says_so(
     code, report, _ = run_cli([*args, "--non-strict"], capsys)
     assert code == 0, report
     assert any("ema.decay" in n for n in report["notes"])
-
-
-def test_converted_program_loads_without_transformers(
-    samples: dict[str, Path], tmp_path: Path
-) -> None:
-    convert_program(samples["hf_bert"], "pt2", tmp_path / "b.pt2", Options(dynamic_batch=True))
-    code = (
-        "import sys, torch\n"
-        "m = torch.export.load(sys.argv[1]).module()\n"
-        "ids = torch.randint(0, 99, (3, 16))\n"
-        "print(sorted(m(input_ids=ids, attention_mask=torch.ones_like(ids))))\n"
-        "assert 'transformers' not in sys.modules\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "b.pt2")], capture_output=True, text=True
-    )
-    assert out.stdout.strip() == "['last_hidden_state', 'pooler_output']", out.stderr[-2000:]
 
 
 PREDICTOR = '''

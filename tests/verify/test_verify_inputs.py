@@ -165,15 +165,10 @@ class IdsOnly(nn.Module):
 def bert(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A tiny BERT directory, a correct export taking input_ids only, and a perturbed one."""
     transformers = pytest.importorskip("transformers")
+    from fixtures.build import _tiny_bert_config
+
     out = tmp_path_factory.mktemp("bert")
-    config = transformers.BertConfig(
-        vocab_size=99,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=64,
-    )
+    config = _tiny_bert_config()
     torch.manual_seed(0)
     model = transformers.BertModel(config).eval()
     model.save_pretrained(out / "bert")
