@@ -3,10 +3,20 @@
 The public API (the CLI is a thin layer over it)::
 
     import ptconvert
-    ptconvert.detect("model.bin")    # Detection(path, format="pt", layout="zip")
-    ptconvert.describe("model.bin")  # FileInfo: tensors, dtypes, signature, needs_code, …
 
-Heavy packages (torch, onnx, transformers) are imported only inside the code that needs them.
+    ptconvert.detect("model.bin")     # Detection(path, format="pt", layout="zip")
+    ptconvert.describe("model.bin")   # FileInfo: tensors, dtypes, signature, needs_code, …
+    ptconvert.scan("model.bin")       # ScanReport: safe / needs-code / dangerous
+    ptconvert.plan("model.bin", "pt2", model="mypkg.nets:make")
+    report = ptconvert.convert("model.bin", "pt2", model="mypkg.nets:make",
+                               inputs=["x:2x3x224x224:float32"], dynamic_batch=True)
+    report.check                      # "parity": the program ran against the eager model
+    ptconvert.verify("model.bin", "model.pt2", model="mypkg.nets:make")
+    ptconvert.bench("model.pt2", reference="model.bin", model="mypkg.nets:make")
+
+Options are keywords (the fields of ``ptconvert.Options``); results are dataclasses with
+``to_dict()`` and ``to_json()``; errors are ``ptconvert.errors`` classes, each with its exit
+code. Heavy packages (torch, onnx, transformers) are imported only inside the code that needs them.
 """
 
 from __future__ import annotations
@@ -15,15 +25,77 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# The subpackages convert/, scan/ and verify/ share their names with the API functions: they are
+# imported first (their __init__ is empty), so that the functions bound below are what
+# ``ptconvert.convert`` and friends name; ``from ptconvert.convert import engine`` still works.
+import ptconvert.convert
+import ptconvert.scan
+import ptconvert.verify  # noqa: F401
+from ptconvert.api import bench, convert, format_names, options, plan, scan, verify
+
 if TYPE_CHECKING:
+    from ptconvert.convert.state import Options
+    from ptconvert.errors import (
+        InputError,
+        MissingRequirementError,
+        ModelRaisedError,
+        NeedsTrustError,
+        PtconvertError,
+        UnsafeInputError,
+        UnsupportedConversionError,
+        UsageError,
+        VerificationError,
+    )
     from ptconvert.formats import Detection, FileInfo, describe, detect
 
-__all__ = ["Detection", "FileInfo", "__version__", "describe", "detect"]
+_ERRORS = (
+    "InputError",
+    "MissingRequirementError",
+    "ModelRaisedError",
+    "NeedsTrustError",
+    "PtconvertError",
+    "UnsafeInputError",
+    "UnsupportedConversionError",
+    "UsageError",
+    "VerificationError",
+)
+__all__ = [
+    "Detection",
+    "FileInfo",
+    "InputError",
+    "MissingRequirementError",
+    "ModelRaisedError",
+    "NeedsTrustError",
+    "Options",
+    "PtconvertError",
+    "UnsafeInputError",
+    "UnsupportedConversionError",
+    "UsageError",
+    "VerificationError",
+    "__version__",
+    "bench",
+    "convert",
+    "describe",
+    "detect",
+    "format_names",
+    "options",
+    "plan",
+    "scan",
+    "verify",
+]
 
 
 def __getattr__(name: str) -> Any:
     if name in ("detect", "describe", "Detection", "FileInfo"):
-        from ptconvert import formats
+        from ptconvert import formats as _formats
 
-        return getattr(formats, name)
+        return getattr(_formats, name)
+    if name == "Options":
+        from ptconvert.convert.state import Options
+
+        return Options
+    if name in _ERRORS:
+        from ptconvert import errors
+
+        return getattr(errors, name)
     raise AttributeError(f"module 'ptconvert' has no attribute {name!r}")

@@ -153,29 +153,20 @@ def conversion_options(fn: Any) -> Any:
 def convert(src: str, to: str, as_json: bool, **options: Any) -> None:
     """Convert SRC to the format named by --to."""
     progress.set_quiet(as_json)
-    from ptconvert.convert.weights import WEIGHT_SOURCES, WEIGHT_TARGETS, convert_weights
-    from ptconvert.formats import detect
-    from ptconvert.scan.guard import refuse_unsafe
+    from ptconvert.api import convert as run_convert
+    from ptconvert.convert.engine import ConversionReport
 
-    refuse_unsafe(src)  # before detection: an unrecognised file may still be a payload
-    if to not in WEIGHT_TARGETS or detect(src).format not in WEIGHT_SOURCES:
-        _convert_program(src, to, as_json, options)
-        return
-    report = convert_weights(
-        src,
-        to,
-        options["output"],
-        force=options["force"],
-        key=options["key"],
-        keep_prefix=options["keep_prefix"],
-        max_shard_size=options["max_shard_size"],
-        metadata=_key_values(options["metadata"], "--metadata"),
-        skip_unsupported=options["skip_unsupported"],
-        verify=not options["no_verify"],
-        trust=options["trust"],
-    )
+    report = run_convert(src, to, options["output"], _options(options))
+    if isinstance(report, ConversionReport) and options["bench"]:
+        _bench_result(report, src, options)
     if as_json:
         _emit_json(report.to_dict())
+    elif isinstance(report, ConversionReport):
+        from ptconvert.render import render_bench, render_conversion
+
+        render_conversion(report)
+        if report.bench is not None:
+            render_bench(report.bench)
     else:
         from ptconvert.render import render_weights
 
@@ -195,33 +186,23 @@ def _options(options: dict[str, Any]) -> Any:
         skip_unsupported=options["skip_unsupported"],
         verify=not options["no_verify"],
         force=options["force"],
+        max_shard_size=options["max_shard_size"],
+        metadata=_key_values(options["metadata"], "--metadata"),
     )
 
 
-def _convert_program(src: str, to: str, as_json: bool, options: dict[str, Any]) -> None:
-    from ptconvert.convert.engine import convert_program
+def _bench_result(report: Any, src: str, options: dict[str, Any]) -> None:
+    """``--bench``: time the written program against the eager source and torch.compile."""
+    from ptconvert.api import bench
 
-    opts = _options(options)
-    report = convert_program(src, to, options["output"], opts)
-    if options["bench"]:
-        from ptconvert.verify.bench import bench_artifact
-
-        sizes = options["batch_sizes"]
-        with progress.step("timing eager, torch.compile and the result"):
-            report.bench = bench_artifact(
-                report.output,
-                opts,
-                reference=src,
-                batch_sizes=[int(b) for b in sizes.split(",")] if sizes else None,
-            )
-    if as_json:
-        _emit_json(report.to_dict())
-    else:
-        from ptconvert.render import render_bench, render_conversion
-
-        render_conversion(report)
-        if report.bench is not None:
-            render_bench(report.bench)
+    sizes = options["batch_sizes"]
+    with progress.step("timing eager, torch.compile and the result"):
+        report.bench = bench(
+            report.output,
+            _options(options),
+            reference=src,
+            batch_sizes=[int(b) for b in sizes.split(",")] if sizes else None,
+        )
 
 
 def _key_values(items: tuple[str, ...], option: str) -> dict[str, str]:
@@ -298,7 +279,7 @@ def scan(paths: tuple[str, ...], as_json: bool, jobs: int, allow: tuple[str, ...
     Exit code 0 when every file is clean, 10 when any is dangerous, 3 when any cannot be read
     completely, 11 when any needs user code (or runs native code) to load.
     """
-    from ptconvert.scan.scanner import scan as run_scan
+    from ptconvert.api import scan as run_scan
 
     progress.set_quiet(as_json)
     report = run_scan(paths, allow=allow, jobs=jobs)
@@ -323,21 +304,10 @@ def plan(src: str, to: str, as_json: bool, **options: Any) -> None:
     """Show the route from SRC to a format, each step, and what is missing.
 
     It takes every option of the conversion it plans."""
-    from ptconvert.convert.engine import plan_for
+    from ptconvert.api import plan as run_plan
 
-    opts = _options(options)
-    result = plan_for(src, to, opts)
-    payload = {
-        "source": src,
-        "from": result.src,
-        "to": result.dst,
-        "runnable": result.runnable,
-        "steps": [
-            {"from": e.src, "to": e.dst, "step": e.step, "needs": list(e.needs), "what": e.label}
-            for e in result.edges
-        ],
-        "missing": result.missing,
-    }
+    result = run_plan(src, to, _options(options))
+    payload = result.to_dict()
     if as_json:
         _emit_json(payload)
     else:
@@ -387,7 +357,7 @@ def verify(
     """Check that CANDIDATE computes (or holds) the same numbers as REFERENCE.
 
     Both are fed exactly the example inputs CANDIDATE accepts."""
-    from ptconvert.verify.check import verify as run_verify
+    from ptconvert.api import verify as run_verify
 
     progress.set_quiet(as_json)
     opts = _spec_options(options, key=key, keep_prefix=keep_prefix)
@@ -444,13 +414,13 @@ def bench(
     **options: Any,
 ) -> None:
     """Time ARTIFACT against eager and torch.compile on the same inputs."""
-    from ptconvert.verify.bench import bench_artifact
+    from ptconvert.api import bench as run_bench
 
     progress.set_quiet(as_json)
     opts = _spec_options(options)
     sizes = [int(b) for b in batch_sizes.split(",")] if batch_sizes else None
     with progress.step("timing eager, torch.compile and the artifact"):
-        report = bench_artifact(
+        report = run_bench(
             artifact,
             opts,
             reference=reference,

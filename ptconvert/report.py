@@ -26,3 +26,8 @@ class Report:
         out = to_jsonable(self)
         assert isinstance(out, dict)
         return out
+
+    def to_json(self, indent: int | None = 2) -> str:
+        import json
+
+        return json.dumps(self.to_dict(), indent=indent, default=str)

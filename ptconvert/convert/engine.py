@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ptconvert import progress
 from ptconvert.atomic import atomic_path, check_output
@@ -24,6 +24,9 @@ from ptconvert.formats.pt2 import load_exported
 from ptconvert.report import Report
 from ptconvert.scan.guard import refuse_unsafe
 from ptconvert.verify.parity import ParityReport, compare
+
+if TYPE_CHECKING:
+    from ptconvert.convert.weights import WeightsReport
 
 SUFFIXES = {"pt2": ".pt2", "torchscript": ".ts.pt", "safetensors": ".safetensors", "pt": ".pt"}
 
@@ -43,6 +46,9 @@ class ConversionReport(Report):
     # how to call the result: {"call": "prog(x, mask)", "inputs": [...], "keyword": bool,
     # "outputs": [...], "accepts": [...]} (programs only)
     interface: dict[str, Any] = field(default_factory=dict)
+    # the check that ran: "parity" (run against eager), "bitwise" (weights read back),
+    # "copy" (bytes compared), or "none" (--no-verify, or nothing to run it against)
+    check: str = "none"
     bench: Any = None  # a verify.bench.BenchReport when --bench was given
 
 
@@ -71,13 +77,48 @@ def inapplicable(d: Detection) -> frozenset[Edge]:
 def plan_for(src: str | Path, to: str, opts: Options) -> Plan:
     refuse_unsafe(src)
     d = detect(src)
-    return plan(d.format, to, available_needs(d.format, opts), inapplicable(d))
+    result = plan(d.format, to, available_needs(d.format, opts), inapplicable(d))
+    result.source = str(src)
+    return result
+
+
+def convert(
+    src: str | Path, to: str, output: str | Path | None = None, opts: Options | None = None
+) -> ConversionReport | WeightsReport:
+    """The one conversion entry: weights to weights by byte copies checked bitwise
+    (``convert_weights``), anything else through the converter graph, checked by the target's
+    kind. Every result says in ``check`` which check ran."""
+    from ptconvert.convert.weights import WEIGHT_SOURCES, WEIGHT_TARGETS, convert_weights
+
+    opts = opts or Options()
+    refuse_unsafe(src)  # before detection: an unrecognised file may still be a payload
+    if to in WEIGHT_TARGETS and detect(src).format in WEIGHT_SOURCES:
+        return convert_weights(
+            src,
+            to,
+            output,
+            force=opts.force,
+            key=opts.key,
+            keep_prefix=opts.keep_prefix,
+            max_shard_size=opts.max_shard_size,
+            metadata=opts.metadata,
+            skip_unsupported=opts.skip_unsupported,
+            verify=opts.verify,
+            trust=opts.trust,
+        )
+    if opts.max_shard_size or opts.metadata:
+        raise UnsupportedConversionError(
+            "--max-shard-size and --metadata apply to weights written from weights "
+            f"(not {detect(src).format} → {to})",
+            path=src,
+        )
+    return convert_program(src, to, output, opts)
 
 
 def convert_program(
     src: str | Path, to: str, output: str | Path | None = None, opts: Options | None = None
 ) -> ConversionReport:
-    """Convert ``src`` to ``to`` through the converter graph."""
+    """Convert ``src`` to ``to`` through the converter graph (``convert`` picks this path)."""
     opts = opts or Options()
     started = time.perf_counter()
     src = Path(src)
@@ -157,6 +198,19 @@ def convert_program(
                 cut = route.index(f"{capture.src} → {capture.dst}")
                 route, taken = route[:cut], taken[:cut]
                 node, queue = "module", list(replanned.edges)
+        check = "parity" if parity is not None else "none"
+        if to in ("safetensors", "pt") and opts.verify and state.weights is not None:
+            from ptconvert.verify.weights import verify_weights
+
+            if state.weights.origin is None:
+                state.notes.append(
+                    "no check ran: the weights come from a program built in memory, with no "
+                    "file to read them from independently"
+                )
+            else:
+                with progress.step("verifying every tensor bitwise"):
+                    verify_weights(state.weights, tmp)
+                check = "bitwise"
     return ConversionReport(
         str(src),
         f"{d.format}/{d.layout}",
@@ -169,6 +223,7 @@ def convert_program(
         state.dynamic_range,
         parity,
         _interface(state, to, opts, parity),
+        check,
     )
 
 
@@ -276,6 +331,7 @@ def _verified_copy(src: Path, d: Detection, out: Path, started: float) -> Conver
         [step],
         round(time.perf_counter() - started, 3),
         [note],
+        check="copy",
     )
 
 

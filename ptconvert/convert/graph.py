@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import Any
 
 from ptconvert.errors import NotImplementedYetError, UnsupportedConversionError
+from ptconvert.report import Report
 
 STAGES = ("weights", "module", "exported")
 FILE_NODES = ("pt", "safetensors", "sharded", "hf", "torchscript", "pt2", "aoti", "onnx")
@@ -56,15 +58,35 @@ EDGES: tuple[Edge, ...] = (
 
 
 @dataclass
-class Plan:
+class Plan(Report):
     src: str
     dst: str
     edges: list[Edge]
     missing: dict[str, str] = field(default_factory=dict)  # need → how to provide it
+    source: str = ""  # the file planned for
 
     @property
     def runnable(self) -> bool:
         return not self.missing
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "from": self.src,
+            "to": self.dst,
+            "runnable": self.runnable,
+            "steps": [
+                {
+                    "from": e.src,
+                    "to": e.dst,
+                    "step": e.step,
+                    "needs": list(e.needs),
+                    "what": e.label,
+                }
+                for e in self.edges
+            ],
+            "missing": self.missing,
+        }
 
     def describe(self) -> list[str]:
         return [f"{e.src} → {e.dst}: {e.label or e.step}" for e in self.edges]

@@ -30,6 +30,8 @@ class Options:
     verify: bool = True
     force: bool = False
     seed: int = 0  # example inputs are drawn from this seed (and the batch size)
+    max_shard_size: str | None = None  # safetensors targets: shards of at most this (e.g. "5GB")
+    metadata: dict[str, str] = field(default_factory=dict)  # safetensors header metadata
 
 
 @dataclass

@@ -183,6 +183,9 @@ def program_weights(state: RunState, opts: Options) -> None:
         assert state.exported is not None
         tensors = dict(state.exported.state_dict)
     state.weights = weights_from_tensors(tensors)
+    if state.module is None and state.src_format in ("torchscript", "pt2"):
+        # read from the file itself: the bitwise check re-reads it with the program's loader
+        state.weights.origin, state.weights.format = state.src, state.src_format
 
 
 def load_pt2(state: RunState, opts: Options) -> None:

@@ -48,6 +48,7 @@ class WeightsReport(Report):
     notes: list[str] = field(default_factory=list)
     verification: WeightsCheck | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # left out (--skip-unsupported): why
+    check: str = "bitwise"  # the check that ran: "bitwise" (read back, compared) or "none"
 
 
 def default_output(src: Path, fmt: str, source_format: str, sharded: bool) -> Path:
@@ -131,6 +132,7 @@ def convert_weights(
         ws.notes,
         check,
         ws.skipped,
+        "bitwise" if check is not None else "none",
     )
 
 

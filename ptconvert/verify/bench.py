@@ -12,9 +12,12 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ptconvert.report import Report
+
+if TYPE_CHECKING:
+    from ptconvert.convert.state import Options
 
 
 @dataclass
@@ -122,7 +125,7 @@ def bench(
 
 def bench_artifact(
     artifact: str,
-    opts: Any,
+    opts: Options,
     *,
     reference: str | None = None,
     batch_sizes: list[int] | None = None,

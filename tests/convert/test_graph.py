@@ -125,6 +125,7 @@ def test_torchscript_script_and_weights_back(tmp_path: Path) -> None:
     # weights back out of the TorchScript archive, without the Python source
     back = convert_program(tmp_path / "cnn.ts", "safetensors", tmp_path / "cnn.safetensors")
     assert back.route[0] == "torchscript → weights"
+    assert back.check == "bitwise"  # the graph's weights targets are checked too
     from safetensors.torch import load_file
 
     sd = load_file(tmp_path / "cnn.safetensors")

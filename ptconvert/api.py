@@ -1,0 +1,164 @@
+"""The public API: every command of the CLI is one of these calls (and the CLI calls only these).
+
+Each takes the options of its command as keywords (the fields of ``Options``), or an ``Options``
+object; each result is a dataclass with ``to_dict()`` and ``to_json()``, the CLI's ``--json``.
+Errors are the classes in ``ptconvert.errors`` (each with the CLI's exit code).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ptconvert.errors import UsageError
+
+if TYPE_CHECKING:
+    from ptconvert.convert.engine import ConversionReport
+    from ptconvert.convert.graph import Plan
+    from ptconvert.convert.state import Options
+    from ptconvert.convert.weights import WeightsReport
+    from ptconvert.scan.scanner import ScanReport
+    from ptconvert.verify.bench import BenchReport
+    from ptconvert.verify.check import VerifyReport
+
+
+def options(base: Options | None = None, **overrides: Any) -> Options:
+    """``base`` (or the defaults) with ``overrides`` applied; an unknown name is a UsageError.
+
+    >>> options(dynamic_batch=True, inputs=["x:2x8:float32"]).dynamic_batch
+    True
+    """
+    from ptconvert.convert.state import Options
+
+    known = {f.name for f in dataclasses.fields(Options)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise UsageError(f"unknown option(s) {unknown}", hint=f"known: {', '.join(sorted(known))}")
+    opts = dataclasses.replace(base or Options(), **overrides)
+    if opts.example_inputs is not None:
+        opts.example_inputs = Path(opts.example_inputs)
+    return opts
+
+
+def convert(
+    src: str | Path,
+    to: str,
+    output: str | Path | None = None,
+    opts: Options | None = None,
+    **overrides: Any,
+) -> ConversionReport | WeightsReport:
+    """Convert ``src`` to the format ``to``, scanned first and checked after: weights bitwise
+    against an independent reading of the source, programs by running them against the eager
+    model (``result.check`` says which check ran). The output is written atomically.
+
+    >>> report = ptconvert.convert("model.bin", "pt2", model="mypkg.nets:make",
+    ...                            inputs=["x:2x3x224x224:float32"], dynamic_batch=True)
+    >>> report.check, report.output
+    ('parity', 'model.pt2')
+    """
+    from ptconvert.convert.engine import convert as run
+
+    return run(src, to, output, options(opts, **overrides))
+
+
+def plan(src: str | Path, to: str, opts: Options | None = None, **overrides: Any) -> Plan:
+    """The route ``convert`` would take from ``src`` to ``to``, and what it lacks.
+
+    >>> p = ptconvert.plan("model.bin", "pt2")
+    >>> p.runnable, p.missing
+    (False, {'model_spec': 'pass --model pkg.module:factory ...', ...})
+    """
+    from ptconvert.convert.engine import plan_for
+
+    return plan_for(src, to, options(opts, **overrides))
+
+
+def scan(
+    paths: str | Path | Iterable[str | Path], *, allow: Sequence[str] = (), jobs: int = 1
+) -> ScanReport:
+    """Scan pickle-based files (and directories, recursively) without executing them.
+
+    >>> report = ptconvert.scan("model.bin")
+    >>> report.verdict            # "clean" | "needs-code" | "dangerous" | "error"
+    'clean'
+    """
+    from ptconvert.scan.scanner import scan as run
+
+    items = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    return run(items, allow=allow, jobs=jobs)
+
+
+def verify(
+    reference: str | Path,
+    candidate: str | Path,
+    opts: Options | None = None,
+    *,
+    batch_sizes: list[int] | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    warn_only: bool = False,
+    device: str = "cpu",
+    input_map: dict[str, str] | None = None,
+    **overrides: Any,
+) -> VerifyReport:
+    """Check that ``candidate`` computes (or holds) what ``reference`` does; raises
+    ``VerificationError`` unless they agree (or ``warn_only``).
+
+    >>> ptconvert.verify("model.bin", "model.pt2", model="mypkg.nets:make").status
+    'pass'
+    """
+    from ptconvert.verify.check import verify as run
+
+    return run(
+        reference,
+        candidate,
+        options(opts, **overrides),
+        batch_sizes=batch_sizes,
+        atol=atol,
+        rtol=rtol,
+        warn_only=warn_only,
+        device=device,
+        input_map=input_map,
+    )
+
+
+def bench(
+    artifact: str | Path,
+    opts: Options | None = None,
+    *,
+    reference: str | Path | None = None,
+    batch_sizes: list[int] | None = None,
+    compile_mode: str = "default",
+    repeats: int = 30,
+    warmup: int = 5,
+    threads: int | None = None,
+    device: str = "cpu",
+    **overrides: Any,
+) -> BenchReport:
+    """Time ``artifact`` against eager (``reference``) and ``torch.compile`` on the same inputs.
+
+    >>> r = ptconvert.bench("model.pt2", reference="model.bin", model="mypkg.nets:make")
+    >>> [(row.runtime, row.batch, row.median_ms) for row in r.rows]
+    """
+    from ptconvert.verify.bench import bench_artifact
+
+    return bench_artifact(
+        str(artifact),
+        options(opts, **overrides),
+        reference=str(reference) if reference is not None else None,
+        batch_sizes=batch_sizes,
+        compile_mode=compile_mode,
+        repeats=repeats,
+        warmup=warmup,
+        threads=threads,
+        device=device,
+    )
+
+
+def format_names() -> list[str]:
+    """The names of the formats ptconvert knows (the values ``to`` takes are among them)."""
+    from ptconvert.formats import FORMATS
+
+    return [f.name for f in FORMATS]

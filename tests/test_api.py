@@ -1,0 +1,112 @@
+"""The public API: the names it pins, and that a library call gives the CLI's guarantees."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import ptconvert
+
+PUBLIC = {
+    "Detection",
+    "FileInfo",
+    "InputError",
+    "MissingRequirementError",
+    "ModelRaisedError",
+    "NeedsTrustError",
+    "Options",
+    "PtconvertError",
+    "UnsafeInputError",
+    "UnsupportedConversionError",
+    "UsageError",
+    "VerificationError",
+    "__version__",
+    "bench",
+    "convert",
+    "describe",
+    "detect",
+    "format_names",
+    "options",
+    "plan",
+    "scan",
+    "verify",
+}
+
+
+def test_the_public_names_are_pinned() -> None:
+    assert set(ptconvert.__all__) == PUBLIC
+    for name in PUBLIC - {"__version__"}:
+        value = getattr(ptconvert, name)
+        assert value.__doc__, name  # each documented
+    for name in ("convert", "plan", "scan", "verify", "bench"):
+        assert callable(getattr(ptconvert, name))  # not the subpackage of the same name
+
+
+def test_unknown_options_are_a_usage_error() -> None:
+    with pytest.raises(ptconvert.UsageError, match="dynamic_batches"):
+        ptconvert.options(dynamic_batches=True)
+
+
+def test_convert_scans_converts_and_names_its_check(
+    samples: dict[str, Path], tmp_path: Path
+) -> None:
+    program = ptconvert.convert(
+        samples["mlp_zip"],
+        "pt2",
+        tmp_path / "m.pt2",
+        model="fixtures.models:MLP",
+        inputs=["x:2x8:float32"],
+        dynamic_batch=True,
+    )
+    assert program.check == "parity" and program.parity is not None
+    assert [s.batch for s in program.parity.sizes] == [1, 2, 3, 5, 7]
+    assert '"check": "parity"' in program.to_json()
+    weights = ptconvert.convert(samples["mlp_scripted"], "safetensors", tmp_path / "w.st")
+    assert weights.check == "bitwise" and weights.verification is not None
+    with safe_open(tmp_path / "w.st", "pt") as f:
+        assert set(f.keys()) == set(torch.jit.load(str(samples["mlp_scripted"])).state_dict())
+    copy = ptconvert.convert(samples["mlp_pt2"], "pt2", tmp_path / "c.pt2")
+    assert copy.check == "copy"
+    unchecked = ptconvert.convert(samples["mlp_zip"], "pt", tmp_path / "u.pt", verify=False)
+    assert unchecked.check == "none"
+
+
+def test_convert_refuses_what_the_scanner_refuses(tmp_path: Path) -> None:
+    import pickle
+
+    class Payload:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            return (os.system, ("true",))
+
+    (tmp_path / "evil.pt").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(ptconvert.UnsafeInputError):
+        ptconvert.convert(tmp_path / "evil.pt", "safetensors", tmp_path / "out.st")
+    assert not (tmp_path / "out.st").exists()
+
+
+def test_shard_options_are_not_dropped_on_a_program_route(
+    samples: dict[str, Path], tmp_path: Path
+) -> None:
+    with pytest.raises(ptconvert.UnsupportedConversionError, match="max-shard-size"):
+        ptconvert.convert(
+            samples["mlp_zip"], "pt2", tmp_path / "m.pt2", max_shard_size="1MB",
+            model="fixtures.models:MLP", inputs=["x:2x8:float32"],
+        )  # fmt: skip
+
+
+def test_the_guides_pipeline_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/guide.md's code, as written: nets.py, then the pipeline."""
+    text = (Path(__file__).parent.parent / "docs" / "guide.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    nets, pipeline = blocks
+    (tmp_path / "nets.py").write_text(nets)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    exec(compile(pipeline, "docs/guide.md", "exec"), {})
+    program = torch.export.load(tmp_path / "net.pt2").module()
+    assert program(torch.randn(3, 8)).shape == (3, 4)
