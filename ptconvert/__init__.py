@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# The subpackages convert/, scan/ and verify/ share their names with the API functions: they are
+# The modules convert/, options, scan/ and verify/ share their names with API functions: they are
 # imported first (their __init__ is empty), so that the functions bound below are what
 # ``ptconvert.convert`` and friends name; ``from ptconvert.convert import engine`` still works.
 import ptconvert.convert
+import ptconvert.options
 import ptconvert.scan
 import ptconvert.verify  # noqa: F401
 from ptconvert.api import bench, convert, format_names, options, plan, scan, verify
 
 if TYPE_CHECKING:
-    from ptconvert.convert.state import Options
     from ptconvert.errors import (
         InputError,
         MissingRequirementError,
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         VerificationError,
     )
     from ptconvert.formats import Detection, FileInfo, describe, detect
+    from ptconvert.options import Options
 
 _ERRORS = (
     "InputError",
@@ -91,7 +92,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(_formats, name)
     if name == "Options":
-        from ptconvert.convert.state import Options
+        from ptconvert.options import Options
 
         return Options
     if name in _ERRORS:

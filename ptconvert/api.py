@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ptconvert.errors import UsageError
+from ptconvert.plugins import load_plugins
 
 if TYPE_CHECKING:
     from ptconvert.convert.engine import ConversionReport
     from ptconvert.convert.graph import Plan
-    from ptconvert.convert.state import Options
     from ptconvert.convert.weights import WeightsReport
+    from ptconvert.options import Options
     from ptconvert.scan.scanner import ScanReport
     from ptconvert.verify.bench import BenchReport
     from ptconvert.verify.check import VerifyReport
@@ -30,7 +31,7 @@ def options(base: Options | None = None, **overrides: Any) -> Options:
     >>> options(dynamic_batch=True, inputs=["x:2x8:float32"]).dynamic_batch
     True
     """
-    from ptconvert.convert.state import Options
+    from ptconvert.options import Options
 
     known = {f.name for f in dataclasses.fields(Options)}
     unknown = sorted(set(overrides) - known)
@@ -60,6 +61,7 @@ def convert(
     """
     from ptconvert.convert.engine import convert as run
 
+    load_plugins()
     return run(src, to, output, options(opts, **overrides))
 
 
@@ -72,6 +74,7 @@ def plan(src: str | Path, to: str, opts: Options | None = None, **overrides: Any
     """
     from ptconvert.convert.engine import plan_for
 
+    load_plugins()
     return plan_for(src, to, options(opts, **overrides))
 
 
@@ -111,6 +114,7 @@ def verify(
     """
     from ptconvert.verify.check import verify as run
 
+    load_plugins()
     return run(
         reference,
         candidate,
@@ -144,6 +148,7 @@ def bench(
     """
     from ptconvert.verify.bench import bench_artifact
 
+    load_plugins()
     return bench_artifact(
         str(artifact),
         options(opts, **overrides),
@@ -161,4 +166,5 @@ def format_names() -> list[str]:
     """The names of the formats ptconvert knows (the values ``to`` takes are among them)."""
     from ptconvert.formats import FORMATS
 
+    load_plugins()
     return [f.name for f in FORMATS]

@@ -48,6 +48,9 @@ def cli(debug: bool) -> None:
       ptconvert info PATH                describe a model file without running it
       ptconvert formats                  list the formats ptconvert knows
     """
+    from ptconvert.plugins import load_plugins
+
+    load_plugins()  # formats and converters of installed plugins, for every command
 
 
 def _emit_json(payload: Any) -> None:
@@ -86,8 +89,8 @@ def _spec_options(options: dict[str, Any], **extra: Any) -> Any:
     """Options from the model_options values (plus command-specific fields)."""
     from pathlib import Path
 
-    from ptconvert.convert.modelspec import parse_model_args
-    from ptconvert.convert.state import Options
+    from ptconvert.model.spec import parse_model_args
+    from ptconvert.options import Options
 
     return Options(
         model=options["model"],

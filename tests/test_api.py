@@ -43,7 +43,7 @@ def test_the_public_names_are_pinned() -> None:
     for name in PUBLIC - {"__version__"}:
         value = getattr(ptconvert, name)
         assert value.__doc__, name  # each documented
-    for name in ("convert", "plan", "scan", "verify", "bench"):
+    for name in ("convert", "options", "plan", "scan", "verify", "bench"):
         assert callable(getattr(ptconvert, name))  # not the subpackage of the same name
 
 
@@ -64,10 +64,12 @@ def test_convert_scans_converts_and_names_its_check(
         dynamic_batch=True,
     )
     assert program.check == "parity" and program.parity is not None
+    assert program.parity.status == "pass"
     assert [s.batch for s in program.parity.sizes] == [1, 2, 3, 5, 7]
     assert '"check": "parity"' in program.to_json()
     weights = ptconvert.convert(samples["mlp_scripted"], "safetensors", tmp_path / "w.st")
     assert weights.check == "bitwise" and weights.verification is not None
+    assert weights.verification.status == "pass"
     with safe_open(tmp_path / "w.st", "pt") as f:
         assert set(f.keys()) == set(torch.jit.load(str(samples["mlp_scripted"])).state_dict())
     copy = ptconvert.convert(samples["mlp_pt2"], "pt2", tmp_path / "c.pt2")

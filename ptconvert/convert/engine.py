@@ -16,14 +16,28 @@ from typing import TYPE_CHECKING, Any
 from ptconvert import progress
 from ptconvert.atomic import atomic_path, check_output
 from ptconvert.convert.graph import EDGES, Edge, Plan, plan
-from ptconvert.convert.state import Options, RunState, StepRecord
-from ptconvert.convert.steps import STEPS, user_inputs
-from ptconvert.errors import PtconvertError, UnsupportedConversionError, VerificationError
+from ptconvert.convert.state import RunState, StepRecord
+from ptconvert.convert.steps import STEPS
+from ptconvert.errors import (
+    ModelRaisedError,
+    PtconvertError,
+    UnsupportedConversionError,
+    UsageError,
+    VerificationError,
+)
 from ptconvert.formats import Detection, detect
 from ptconvert.formats.pt2 import load_exported
+from ptconvert.model.build import user_inputs
+from ptconvert.options import Options
 from ptconvert.report import Report
 from ptconvert.scan.guard import refuse_unsafe
-from ptconvert.verify.parity import ParityReport, compare
+from ptconvert.verify.parity import (
+    STATEFUL_CALLS,
+    ParityReport,
+    compare,
+    fresh_each_call,
+    state_changes,
+)
 
 if TYPE_CHECKING:
     from ptconvert.convert.weights import WeightsReport
@@ -52,6 +66,13 @@ class ConversionReport(Report):
     bench: Any = None  # a verify.bench.BenchReport when --bench was given
 
 
+def _suffix(fmt: str) -> str:
+    from ptconvert.formats import FORMATS_BY_NAME
+
+    known = FORMATS_BY_NAME.get(fmt)
+    return SUFFIXES.get(fmt) or (known.suffixes[0] if known and known.suffixes else f".{fmt}")
+
+
 def available_needs(src_format: str, opts: Options) -> frozenset[str]:
     have = set()
     if opts.model or src_format == "hf":
@@ -77,6 +98,10 @@ def inapplicable(d: Detection) -> frozenset[Edge]:
 def plan_for(src: str | Path, to: str, opts: Options) -> Plan:
     refuse_unsafe(src)
     d = detect(src)
+    if d.format == to and Path(src).is_file():
+        _copy_cannot_change(Path(src), to, opts)
+        copy = Edge(to, to, "copy", 0, label="a byte copy, compared with the source")
+        return Plan(to, to, [copy], source=str(src))
     result = plan(d.format, to, available_needs(d.format, opts), inapplicable(d))
     result.source = str(src)
     return result
@@ -125,7 +150,8 @@ def convert_program(
     refuse_unsafe(src)
     d = detect(src)
     if d.format == to and src.is_file():
-        out = Path(output) if output else src.with_name(src.name.split(".")[0] + SUFFIXES[to])
+        _copy_cannot_change(src, to, opts)
+        out = Path(output) if output else src.with_name(src.name.split(".")[0] + _suffix(to))
         check_output(out, [src], opts.force)
         return _verified_copy(src, d, out, started)
     banned: set[Edge] = set(inapplicable(d))
@@ -143,7 +169,7 @@ def convert_program(
             path=src,
             hint=hint,
         )
-    out = Path(output) if output else src.with_name(src.name.split(".")[0] + SUFFIXES[to])
+    out = Path(output) if output else src.with_name(src.name.split(".")[0] + _suffix(to))
     check_output(out, [src], opts.force)
     state = RunState(src, d.format, inputs=user_inputs(opts))
     records: list[StepRecord] = []
@@ -161,6 +187,8 @@ def convert_program(
                 try:
                     with progress.step(f"{edge.src} → {edge.dst} ({edge.step})"):
                         STEPS[edge.step](state, opts)
+                except (UsageError, ModelRaisedError):
+                    raise  # the user's options or the model itself: no other route helps
                 except PtconvertError as exc:
                     records.append(_record(edge, t0, "failed", state, notes_before, exc.message))
                     banned.add(edge)
@@ -199,6 +227,8 @@ def convert_program(
                 route, taken = route[:cut], taken[:cut]
                 node, queue = "module", list(replanned.edges)
         check = "parity" if parity is not None else "none"
+        if opts.verify and to not in ("pt2", "torchscript", "safetensors", "pt"):
+            state.notes.append(f"no check ran: ptconvert has no check for {to} files")
         if to in ("safetensors", "pt") and opts.verify and state.weights is not None:
             from ptconvert.verify.weights import verify_weights
 
@@ -233,14 +263,26 @@ def _interface(
     """The calling convention of the written program, as a user calls it."""
     if to not in ("pt2", "torchscript") or state.inputs is None:
         return {}
-    names = state.positional or list(state.inputs.at(state.inputs.batch))
-    keyword = state.positional is None
-    args = ", ".join(f"{n}=…" if keyword else n for n in names)
-    from ptconvert.convert.wrappers import leaf_name
+    from ptconvert.model.wrappers import leaf_name
 
+    sample = state.inputs.at(state.inputs.batch)
+    names = state.positional or list(sample)
+    keyword = state.positional is None and to == "pt2"  # TorchScript binds either way
+    args = ", ".join(f"{n}=…" if keyword else n for n in names)
+    if to == "torchscript":
+        args += ", positionally or by keyword"
     sizes = parity.sizes if parity else []
     outputs = [leaf_name(o.name) for o in sizes[0].outputs] if sizes else []
+    if outputs and all(o.startswith("call ") for o in outputs):  # a stateful model's calls
+        outputs = [o.partition(".")[2] or "output" for o in outputs if o.startswith("call 1")]
     accepts: list[str] = []
+    fixed = [n for n, v in sample.items() if not hasattr(v, "shape")]
+    if fixed and to == "pt2":
+        accepts.append(
+            "the scalar inputs are fixed at their example values ("
+            + ", ".join(f"{n}={sample[n]!r}" for n in fixed)
+            + "): torch.export specialises Python numbers; TorchScript takes any"
+        )
     if to == "pt2" and not (opts.dynamic_batch or opts.dynamic):
         shapes = {
             n: list(v.shape)
@@ -269,7 +311,7 @@ def _check_eager(state: RunState) -> None:
     such, not as a failure of every route."""
     import copy
 
-    from ptconvert.convert.inputs import check_provided, required_inputs
+    from ptconvert.model.inputs import check_provided, required_inputs
     from ptconvert.verify.parity import run_model
 
     if state.inputs is None or state.module is None:
@@ -303,6 +345,27 @@ def _tried_all(exc: VerificationError, rejected: list[str], records: list[StepRe
         path=exc.path,
         hint=exc.hint,
     )
+
+
+def _copy_cannot_change(src: Path, to: str, opts: Options) -> None:
+    """A file already in the format asked for is copied: options that ask for another program
+    (dynamic dims, another capture method) cannot be met by a copy."""
+    asked = [
+        flag
+        for flag, on in (
+            ("--dynamic-batch", opts.dynamic_batch),
+            ("--dynamic", bool(opts.dynamic)),
+            ("--method", opts.method != "auto"),
+        )
+        if on
+    ]
+    if asked:
+        raise UsageError(
+            f"the file is already {to}: a copy cannot apply {', '.join(asked)}",
+            path=src,
+            hint="convert from the model's source (its weights with --model, or its Hugging "
+            "Face directory) to get that program",
+        )
 
 
 def _verified_copy(src: Path, d: Detection, out: Path, started: float) -> ConversionReport:
@@ -374,28 +437,52 @@ def _verify(state: RunState, to: str, artifact: Path, opts: Options) -> ParityRe
     program = ep.module() if ep is not None else torch.jit.load(str(artifact))
     names = state.positional
 
-    def candidate(**kwargs: Any) -> Any:
-        return program(*[kwargs[n] for n in names]) if names else program(**kwargs)
+    def call_of(m: Any) -> Any:
+        def call(**kwargs: Any) -> Any:
+            return m(*[kwargs[n] for n in names]) if names else m(**kwargs)
 
+        return call
+
+    candidate: Any = call_of(program)
+    reference: Any = state.reference
     # several sizes (and so several input draws): a frozen branch or shape shows at one of them
     varied = [1, 2, 3, 5, 7]
     batches = varied if opts.dynamic_batch or to == "torchscript" else [state.inputs.batch]
+    changed = state_changes(reference, lambda m: m, state.inputs.at(batches[0]), "the model")
+    if changed:
+        # the model updates its own state on every call: both sides start from the saved state
+        # and make the same calls in a row, every call's outputs compared
+        reference = fresh_each_call(reference, lambda m: m, STATEFUL_CALLS)
+        candidate = fresh_each_call(program, call_of, STATEFUL_CALLS)
+        state.notes.append(
+            f"stateful model: a call changes its {', '.join(changed)}; the program and the eager "
+            f"model were each run {STATEFUL_CALLS} times in a row from their saved state and "
+            "every call compared"
+        )
     if ep is not None and (opts.dynamic_batch or opts.dynamic):
-        batches = _check_dynamic_dims(state, ep, candidate, opts, batches)
-    report = compare(state.reference, candidate, state.inputs.at, batches)
+        batches = _check_dynamic_dims(state, ep, reference, candidate, opts, batches)
+    report = compare(reference, candidate, state.inputs.at, batches)
     if report.status != "pass":
         bad = report.failed[0]
         raise VerificationError(
             f"the converted program differs from eager at batch {bad.batch}: {bad.status} "
             f"({bad.detail})",
             path=state.src,
-            hint="a trace may have frozen a branch or a shape: try --method script, or export",
+            hint=_hint_for(bad.status, to, opts),
         )
     return report
 
 
+def _hint_for(status: str, to: str, opts: Options) -> str:
+    if status == "eager_nondeterministic":
+        return "the eager model gives different outputs on the same inputs: eval mode, no dropout"
+    if to == "torchscript" and opts.method != "trace":
+        return "the graph tried the routes it has; --method trace or export (--to pt2) differ"
+    return "a trace may have frozen a branch or a shape: try --method script, or export"
+
+
 def _check_dynamic_dims(
-    state: RunState, ep: Any, candidate: Any, opts: Options, batches: list[int]
+    state: RunState, ep: Any, reference: Any, candidate: Any, opts: Options, batches: list[int]
 ) -> list[int]:
     """Run every dynamic dim at its ends and between (``verify.ranges``); record the range that
     holds, in words. Returns the batch sizes of ``batches`` inside the batch dim's range."""
@@ -408,7 +495,7 @@ def _check_dynamic_dims(
         max(state.inputs.batch, 2) if opts.dynamic_batch else state.inputs.batch
     )
     with progress.step("checking every dynamic dimension at its ends"):
-        ranges = check_program(ep, example, partial(compare, state.reference, candidate))
+        ranges = check_program(ep, example, partial(compare, reference, candidate))
     if not ranges.dims:
         return batches
     state.dynamic_range = {r.dim.where: r.text for r in ranges.dims}

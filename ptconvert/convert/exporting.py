@@ -13,10 +13,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ptconvert.convert.inputs import ExampleInputs
-from ptconvert.convert.state import Options, RunState
-from ptconvert.convert.wrappers import named_outputs, positional_names
+from ptconvert.convert.state import RunState
 from ptconvert.errors import UnsupportedConversionError, UsageError
+from ptconvert.model.inputs import ExampleInputs
+from ptconvert.model.wrappers import named_outputs, positional_names
+from ptconvert.options import Options
 from ptconvert.quiet import quiet_torch
 
 _DYNAMIC = re.compile(r"^(?P<name>\w+):(?P<axis>\d+)(?::(?P<min>\d+):(?P<max>\d+))?$")
@@ -35,8 +36,23 @@ def dynamic_shapes(opts: Options, sample: dict[str, Any]) -> dict[str, Any] | No
     for spec in opts.dynamic:
         m = _DYNAMIC.match(spec)
         if m is None or m["name"] not in sample:
-            raise UsageError(f"--dynamic {spec!r} is not NAME:AXIS[:MIN:MAX] of a known input")
+            raise UsageError(
+                f"--dynamic {spec!r} is not NAME:AXIS[:MIN:MAX] of a known input",
+                hint=f"the inputs are {', '.join(sample)}",
+            )
         axis = int(m["axis"])
+        rank = getattr(sample[m["name"]], "dim", lambda: 0)()
+        if axis >= rank:
+            raise UsageError(f"--dynamic {spec!r}: {m['name']} has {rank} dims (axes 0–{rank - 1})")
+        if m["min"] and int(m["min"]) > int(m["max"]):
+            raise UsageError(f"--dynamic {spec!r}: MIN is larger than MAX")
+        size = sample[m["name"]].shape[axis]
+        if m["min"] and not int(m["min"]) <= size <= int(m["max"]):
+            raise UsageError(
+                f"--dynamic {spec!r}: the example's {m['name']} dim {axis} is {size}, outside "
+                f"{m['min']}–{m['max']}",
+                hint="give an example inside the range (--input), or widen the range",
+            )
         # DYNAMIC (not a named Dim): torch works out which dims must be equal (a sequence
         # length shared by input_ids and attention_mask) and fails if one gets specialised
         dim = Dim.DYNAMIC(min=int(m["min"]), max=int(m["max"])) if m["min"] else Dim.DYNAMIC
@@ -57,8 +73,9 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
         names = None
         state.notes.append(
             "exported a wrapper whose outputs are a plain dict of named tensors (loads without "
-            "transformers), with use_cache=False: cache objects are not pytrees; it takes its "
-            "inputs by keyword, as transformers models are called"
+            "transformers)"
+            + (", with use_cache=False: cache objects are not pytrees" if module.no_cache else "")
+            + "; it takes its inputs by keyword, as transformers models are called"
         )
     batch = inputs.batch
     if opts.dynamic_batch and batch < 2:

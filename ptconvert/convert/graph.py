@@ -12,11 +12,11 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
-from ptconvert.errors import NotImplementedYetError, UnsupportedConversionError
+from ptconvert.errors import NotImplementedYetError, UnsupportedConversionError, UsageError
 from ptconvert.report import Report
 
 STAGES = ("weights", "module", "exported")
-FILE_NODES = ("pt", "safetensors", "sharded", "hf", "torchscript", "pt2", "aoti", "onnx")
+FILE_NODES = ["pt", "safetensors", "sharded", "hf", "torchscript", "pt2", "aoti", "onnx"]
 
 # what provides each need, for the message when it is missing
 NEED_HINTS: dict[str, str] = {
@@ -37,7 +37,7 @@ class Edge:
     label: str = ""
 
 
-EDGES: tuple[Edge, ...] = (
+EDGES: list[Edge] = [
     Edge("pt", "weights", "read_weights", 1, label="read tensors (opcode-level, no unpickling)"),
     Edge("safetensors", "weights", "read_weights", 1, label="read tensors"),
     Edge("sharded", "weights", "read_weights", 1, label="read every shard"),
@@ -54,7 +54,21 @@ EDGES: tuple[Edge, ...] = (
     Edge("pt2", "weights", "program_weights", 1, label="extract the weights"),
     Edge("exported", "pt2", "save_pt2", 1, label="torch.export.save"),
     Edge("exported", "weights", "program_weights", 1, label="the program's state dict"),
-)
+]
+
+
+def register_edge(edge: Edge, step: Any) -> None:
+    """Add a converter (a plugin's): ``step(state, options)`` runs the edge. A node it names that
+    is not a stage becomes a file node (a target ``--to`` accepts)."""
+    from ptconvert.convert.steps import STEPS
+
+    if edge.step in STEPS and STEPS[edge.step] is not step:
+        raise UsageError(f"a converter step named {edge.step!r} is registered already")
+    STEPS[edge.step] = step
+    for node in (edge.src, edge.dst):
+        if node not in STAGES and node not in FILE_NODES:
+            FILE_NODES.append(node)
+    EDGES.append(edge)
 
 
 @dataclass
@@ -122,9 +136,7 @@ def plan(
 ) -> Plan:
     """The cheapest route from ``src`` to ``dst`` given the needs that are met."""
     if dst not in FILE_NODES:
-        raise UnsupportedConversionError(
-            f"unknown target format {dst!r} (known: {', '.join(FILE_NODES)})"
-        )
+        raise UsageError(f"unknown target format {dst!r} (known: {', '.join(FILE_NODES)})")
     if dst in ("aoti", "onnx"):
         raise NotImplementedYetError(
             f"conversion to {dst} is not available in this version of ptconvert",

@@ -11,9 +11,10 @@ import re
 import warnings
 from typing import Any
 
-from ptconvert.convert.state import Options, RunState
-from ptconvert.convert.wrappers import named_outputs, positional_names
+from ptconvert.convert.state import RunState
 from ptconvert.errors import MissingRequirementError, UnsupportedConversionError
+from ptconvert.model.wrappers import named_outputs, positional_names
+from ptconvert.options import Options
 
 
 def to_torchscript(state: RunState, opts: Options) -> Any:
@@ -77,4 +78,5 @@ def script_reason(exc: BaseException) -> str:
     preferred = next(
         (ln for ln in telling if ln.startswith(("Expected", "Unknown", "Python"))), None
     )
-    return (preferred or next(iter(telling), "") or next(iter(lines), ""))[:300]
+    line = preferred or next(iter(telling), "") or next(iter(lines), "")
+    return re.sub(r" at 0x[0-9a-f]+", "", line)[:300]  # no memory addresses in a report

@@ -13,9 +13,6 @@ from pathlib import Path
 
 from ptconvert import progress
 from ptconvert.atomic import atomic_path, check_output
-from ptconvert.convert.torch_zip import write_torch_zip
-from ptconvert.convert.weights_read import WeightSet, read_weights
-from ptconvert.convert.weights_write import parse_size, write_safetensors
 from ptconvert.errors import NoWeightsError, UnsupportedConversionError, VerificationError
 from ptconvert.formats import detect
 from ptconvert.formats.hf import WEIGHT_NAMES
@@ -24,6 +21,9 @@ from ptconvert.formats.sharded import read_index
 from ptconvert.report import Report
 from ptconvert.scan.guard import guard, refuse_unsafe
 from ptconvert.verify.weights import WeightsCheck, verify_weights
+from ptconvert.weights.read import WeightSet, read_weights
+from ptconvert.weights.torch_zip import write_torch_zip
+from ptconvert.weights.write import parse_size, write_safetensors
 
 WEIGHT_TARGETS = ("safetensors", "pt")
 WEIGHT_SOURCES = ("pt", "safetensors", "sharded", "hf", "torchscript", "pt2")

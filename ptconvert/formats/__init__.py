@@ -3,7 +3,7 @@
 Detection has two stages (as Netron does it): negative signatures first (an empty file, a Git LFS
 pointer, an HTML page, a truncated zip), then every format's cheap ``match`` on the content; the
 highest ``priority`` wins and the file suffix only breaks ties. Adding a format is adding one
-module and one line to ``FORMATS``.
+module and one line to ``FORMATS`` (or, from another package, a plugin: ``ptconvert.plugins``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ptconvert.formats.safetensors import SafetensorsFormat
 from ptconvert.formats.sharded import ShardedFormat
 from ptconvert.formats.torchscript import TorchScriptFormat
 
-FORMATS: tuple[Format, ...] = (
+FORMATS: list[Format] = [
     CheckpointFormat(),
     SafetensorsFormat(),
     ShardedFormat(),
@@ -38,8 +38,18 @@ FORMATS: tuple[Format, ...] = (
     AotiPackageFormat(),
     OnnxFormat(),
     HuggingFaceFormat(),
-)
+]
 FORMATS_BY_NAME: dict[str, Format] = {f.name: f for f in FORMATS}
+
+
+def register_format(fmt: Format) -> None:
+    """Add a format (a plugin's) to the registry: detection, ``info`` and ``formats`` see it."""
+    from ptconvert.errors import UsageError
+
+    if fmt.name in FORMATS_BY_NAME:
+        raise UsageError(f"a format named {fmt.name!r} is registered already")
+    FORMATS.append(fmt)  # in place: modules that imported the list see it
+    FORMATS_BY_NAME[fmt.name] = fmt
 
 
 @dataclass(frozen=True)

@@ -223,6 +223,14 @@ class ExportedProgramFormat(Format):
             info.add_tensors(entries)
         if any("sample_inputs/" in m.name for m in archive.members):
             info.notes.append("holds sample inputs (a torch.save pickle)")
+        # torch registers builtins, collections and its own types: others need their module
+        known = ("builtins.", "collections.", "torch.")
+        foreign = sorted(t for t in pytree_types(path) if not t.startswith(known))
+        if foreign:
+            info.notes.append(
+                f"its inputs or outputs are {', '.join(foreign)}: torch.export.load needs those "
+                "types registered first (ptconvert registers transformers' own when it loads it)"
+            )
         return info
 
 
@@ -255,6 +263,11 @@ def _calling_convention(gm: dict[str, Any], ranges: dict[str, Any], info: FileIn
     positional = names[: len(children[0].get("children_spec") or [])]
     args = positional + [f"{k}=…" for k in keywords]
     out = _spec(sig.get("out_spec"))
+    keys = _keys(out) if out.get("type") == "builtins.dict" else []
+    if info.outputs and len(keys) == len(info.outputs):  # named as the caller sees them
+        info.outputs = [
+            IOSpec(k, o.dtype, o.shape) for k, o in zip(keys, info.outputs, strict=True)
+        ]
     returned = (
         f"dict[{', '.join(_keys(out))}]"
         if out.get("type") == "builtins.dict"

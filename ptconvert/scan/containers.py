@@ -250,9 +250,11 @@ def _inflate(data: bytes | mmap.mmap, make: Callable[[], object]) -> bytes:
 
 def _zip_kind(archive: ZipArchive) -> tuple[bool, bool]:
     """(TorchScript, pt2) by the members each writes."""
-    names = [n.lower() for n in archive.names]
-    torchscript = any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
-    pt2 = any(n.endswith("/archive_format") or "/models/" in n for n in names)
+    # by the folders right under the archive's root, as torch reads them: TorchScript code of a
+    # transformers model lives in code/__torch__/transformers/models/…, which is no pt2 folder
+    tops = {tuple(n.lower().split("/")[1:2]) for n in archive.names}
+    torchscript = ("constants.pkl",) in tops or ("code",) in tops
+    pt2 = ("archive_format",) in tops or ("models",) in tops
     return torchscript, pt2
 
 

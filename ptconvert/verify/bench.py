@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ptconvert.report import Report
 
 if TYPE_CHECKING:
-    from ptconvert.convert.state import Options
+    from ptconvert.options import Options
 
 
 @dataclass

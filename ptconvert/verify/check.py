@@ -23,16 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptconvert.convert.state import Options
 from ptconvert.errors import (
     MissingRequirementError,
     ModelRaisedError,
     UsageError,
     VerificationError,
 )
+from ptconvert.options import Options
 from ptconvert.report import Report
 from ptconvert.scan.guard import refuse_unsafe
 from ptconvert.verify.parity import (
+    STATEFUL_CALLS,
     ParityReport,
     compare,
     fresh_each_call,
@@ -338,8 +339,8 @@ def _verify(
     ref = open_runtime(reference, opts)
     cand = open_runtime(candidate, opts)
     if ref.call is None and cand.call is None:
-        from ptconvert.convert.weights_read import read_weights
         from ptconvert.verify.weights import verify_weights
+        from ptconvert.weights.read import read_weights
 
         if input_map:
             raise UsageError("--input-map applies to programs: weights are compared by name")
@@ -360,6 +361,10 @@ def _verify(
             hint="pass --model pkg.module:factory (or a directory with config.json)",
         )
     inputs = ref.inputs or cand.inputs
+    given = bool(opts.inputs or opts.example_inputs)
+    if not given and cand.exported is not None and not cand.dynamic and cand.inputs is not None:
+        # a program with fixed shapes runs on its own sample inputs' shapes only
+        inputs = cand.inputs
     if inputs is None:
         raise MissingRequirementError(
             "no example inputs: the reference and the candidate define none",
@@ -392,12 +397,19 @@ def _verify(
     if state is not None and state.reference:
         # one call changes the model: compare every call from the same (saved) state
         assert ref.module is not None and ref.call_of is not None
-        reference_call = fresh_each_call(ref.module, ref.call_of)
+        resettable = cand.module is not None and cand.call_of is not None
+        calls = STATEFUL_CALLS if resettable else 1
+        reference_call = fresh_each_call(ref.module, ref.call_of, calls)
         how = "every call ran on a fresh copy of the reference"
-        if cand.module is not None and cand.call_of is not None:
-            fresh = fresh_each_call(cand.module, cand.call_of)
+        if resettable:
+            assert cand.module is not None and cand.call_of is not None
+            fresh = fresh_each_call(cand.module, cand.call_of, calls)
             candidate_runtime = dataclasses.replace(cand, call=fresh)
-            how += " and of the candidate, from their initial (saved) state"
+            how = (
+                f"both were run {calls} times in a row from their initial (saved) state, on "
+                "fresh copies, and every call's outputs compared (a wrong state update shows "
+                "in the later calls)"
+            )
         else:
             how += (
                 f"; the candidate ({cand.format}) runs in another process and cannot be reset: "
@@ -471,8 +483,7 @@ def _verify(
                 "--warn-only reports without failing",
             )
         raise VerificationError(
-            f"{candidate} differs from {reference} at batch {bad.batch}: {bad.status} "
-            f"({bad.detail})",
+            f"differs from {reference} at batch {bad.batch}: {bad.status} ({bad.detail})",
             path=candidate,
             hint="--warn-only reports without failing; --atol/--rtol override the tolerances",
         )

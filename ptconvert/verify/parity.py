@@ -27,6 +27,7 @@ from functools import cache
 from typing import Any
 
 from ptconvert.errors import ModelRaisedError, PtconvertError
+from ptconvert.model.wrappers import output_leaves
 from ptconvert.report import Report
 
 # dtype → tolerance used as both atol and rtol (PyTorch's harness: fp32 1e-4, half types 1e-3…1e-2)
@@ -79,17 +80,6 @@ class ParityReport(Report):
     @property
     def failed(self) -> list[SizeResult]:
         return [s for s in self.sizes if s.status != "pass"]
-
-
-def output_leaves(out: Any) -> dict[str, Any]:
-    """Every tensor of a model output by its pytree path (ModelOutput as a dict)."""
-    import torch
-    from torch.utils._pytree import keystr, tree_flatten_with_path
-
-    if hasattr(out, "to_tuple") and hasattr(out, "keys"):  # transformers ModelOutput
-        out = dict(out.items())
-    pairs, _ = tree_flatten_with_path(out)
-    return {keystr(p) or "output": v for p, v in pairs if isinstance(v, torch.Tensor)}
 
 
 def _to_fp64(value: Any) -> Any:
@@ -260,24 +250,38 @@ def _fresh_class() -> type:
     class FreshEachCall(torch.nn.Module):
         """Runs a fresh copy of ``pristine`` on every call (a cast casts the pristine copy)."""
 
-        def __init__(self, pristine: Any, call_of: Callable[[Any], Callable[..., Any]]) -> None:
+        def __init__(
+            self, pristine: Any, call_of: Callable[[Any], Callable[..., Any]], calls: int
+        ) -> None:
             super().__init__()
             self.pristine = pristine
             self.call_of = call_of
+            self.calls = calls
 
         def forward(self, **kwargs: Any) -> Any:
             with warnings.catch_warnings():  # as in state_changes: copying warns, not the model
                 warnings.simplefilter("ignore")
                 fresh = copy.deepcopy(self.pristine)
-            return self.call_of(fresh)(**kwargs)
+            call = self.call_of(fresh)
+            if self.calls == 1:
+                return call(**kwargs)
+            # several calls in a row: the state each call leaves is what the next one computes
+            # with, so a wrong state update shows in the later outputs
+            return {f"call {i + 1}": call(**copy.deepcopy(kwargs)) for i in range(self.calls)}
 
     return FreshEachCall
 
 
-def fresh_each_call(module: Any, call_of: Callable[[Any], Callable[..., Any]]) -> Any:
+STATEFUL_CALLS = 3  # a stateful model is compared over this many calls in a row
+
+
+def fresh_each_call(
+    module: Any, call_of: Callable[[Any], Callable[..., Any]], calls: int = 1
+) -> Any:
     """An ``nn.Module`` that calls ``call_of(copy.deepcopy(module))``: every call of a stateful
-    model starts from the state it was saved with."""
-    return _fresh_class()(module, call_of)
+    model starts from the state it was saved with; with ``calls`` > 1 it makes that many calls
+    in a row from there and returns each one's outputs (``{"call 1": …, "call 2": …}``)."""
+    return _fresh_class()(module, call_of, calls)
 
 
 def compare(

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ptconvert.convert.inputs import ExampleInputs
-from ptconvert.convert.state import Options, RunState
 from ptconvert.errors import MissingRequirementError
 from ptconvert.formats import detect
+from ptconvert.model.inputs import ExampleInputs
+from ptconvert.options import Options
 from ptconvert.scan.guard import guard
 
 WEIGHT_FORMATS = ("pt", "safetensors", "sharded", "hf")
@@ -106,28 +106,26 @@ def module_signature(module: Any, source: str = "forward") -> Signature | None:
 
 
 def open_runtime(path: str | Path, opts: Options) -> Runtime:
-    from ptconvert.convert import steps
+    from ptconvert.model import build
 
     path = Path(path)
     d = detect(path)
     if d.format in WEIGHT_FORMATS:
         if not (opts.model or d.format == "hf" or (d.format == "pt" and opts.trust)):
             return Runtime(path, d.format, None)
-        state = RunState(path, d.format, inputs=steps.user_inputs(opts))
         if d.format == "pt" and opts.trust and not opts.model:
-            steps.unpickle_module(state, opts)
+            eager = build.eager_from_pickle(path, opts)
         else:
-            steps.read_weights_step(state, opts)
-            steps.build_module(state, opts)
+            eager = build.eager_from_weights(path, d.format, build.source_weights(path, opts), opts)
         # a Hugging Face reference wraps the model (named outputs): the model's own forward
         # says what it accepts
-        own = state.module if d.format == "hf" and state.module is not None else state.reference
+        own = eager.module if d.format == "hf" else eager.reference
         return Runtime(
             path,
             d.format,
-            state.reference,
-            state.reference,
-            state.inputs,
+            eager.reference,
+            eager.reference,
+            eager.inputs,
             signature=module_signature(own),
             call_of=_same,
         )
@@ -144,14 +142,18 @@ def open_runtime(path: str | Path, opts: Options) -> Runtime:
             d.format,
             by_position(ts, names),
             ts,
-            steps.user_inputs(opts),
+            build.user_inputs(opts),
             signature=Signature(names, required, source="TorchScript forward"),
             call_of=lambda m: by_position(m, names),
         )
     if d.format == "pt2":
-        state = RunState(path, d.format, inputs=steps.user_inputs(opts))
-        steps.load_pt2(state, opts)
-        ep = state.exported
+        from ptconvert.formats.pt2 import load_exported
+
+        guard(path)
+        ep = load_exported(path)
+        inputs = build.user_inputs(opts)
+        if inputs is None and ep.example_inputs is not None:
+            inputs = build.program_sample_inputs(ep)
         names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
         args_spec, kwargs_spec = (
             ep.call_spec.in_spec.children() if ep.call_spec.in_spec else (None, None)
@@ -171,7 +173,7 @@ def open_runtime(path: str | Path, opts: Options) -> Runtime:
             d.format,
             call_of(program),
             program,
-            state.inputs,
+            inputs,
             bool(ep.range_constraints),
             _max_batch(ep),
             Signature(names, list(names), source="program inputs"),
@@ -200,7 +202,7 @@ def open_runtime(path: str | Path, opts: Options) -> Runtime:
             if accepted is None
             else Signature(accepted, list(accepted), source="ONNX session inputs")
         )
-        return Runtime(path, d.format, runtime, None, steps.user_inputs(opts), signature=signature)
+        return Runtime(path, d.format, runtime, None, build.user_inputs(opts), signature=signature)
     raise MissingRequirementError(f"no runtime for {d.format} files", path=path)
 
 

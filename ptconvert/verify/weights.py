@@ -30,18 +30,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptconvert.convert.weights_read import (
+from ptconvert.errors import VerificationError
+from ptconvert.formats.safetensors import DTYPES as SAFETENSORS_DTYPES
+from ptconvert.formats.torch_objects import flatten_tensors
+from ptconvert.report import Report
+from ptconvert.weights.read import (
     ALIASES_KEY,
     ByteRange,
     WeightEntry,
     WeightSet,
     read_weights,
 )
-from ptconvert.convert.weights_write import tensor_bytes
-from ptconvert.errors import VerificationError
-from ptconvert.formats.safetensors import DTYPES as SAFETENSORS_DTYPES
-from ptconvert.formats.torch_objects import flatten_tensors
-from ptconvert.report import Report
+from ptconvert.weights.write import tensor_bytes
 
 CHUNK = 2 << 20
 DROP_EVERY = CHUNK  # bytes read through a loader's mapping between two page drops

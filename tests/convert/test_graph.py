@@ -12,8 +12,8 @@ import torch
 from fixtures.models import MLP, ControlFlow, SmallCNN, seeded
 from ptconvert.convert.engine import convert_program
 from ptconvert.convert.graph import EDGES, plan
-from ptconvert.convert.state import Options
 from ptconvert.errors import MissingRequirementError, VerificationError
+from ptconvert.options import Options
 from tests.conftest import run_cli
 
 
@@ -152,7 +152,15 @@ def test_missing_model_spec_names_the_option(samples: dict[str, Path], tmp_path:
 HF_MODELS = ["hf_bert", "hf_gpt2_bin", "hf_llama", "hf_vit", "hf_t5", "hf_whisper"]
 
 
-@pytest.mark.parametrize("name", HF_MODELS)
+def _hf_params(default: set[str]) -> list:
+    """HF_MODELS with all but ``default`` marked slow: one tiny model per kind in the default
+    run (`make test`), every model in CI's slow step."""
+    return [pytest.param(n, marks=() if n in default else pytest.mark.slow) for n in HF_MODELS]
+
+
+# pt2 by default: GPT-2 (decoder-only, tied .bin), ViT (vision), Whisper (encoder-decoder, audio
+# features); BERT (text encoder) in test_example_inputs_file_and_dynamic_sequence
+@pytest.mark.parametrize("name", _hf_params({"hf_gpt2_bin", "hf_vit", "hf_whisper"}))
 def test_hf_directory_to_pt2(samples: dict[str, Path], name: str, tmp_path: Path) -> None:
     report = convert_program(samples[name], "pt2", tmp_path / "m.pt2", Options(dynamic_batch=True))
     assert report.route[-2:] == ["module → exported", "exported → pt2"]
@@ -161,13 +169,25 @@ def test_hf_directory_to_pt2(samples: dict[str, Path], name: str, tmp_path: Path
     assert report.dynamic_range
 
 
-@pytest.mark.parametrize("name", HF_MODELS)
+# TorchScript by default: GPT-2, ViT and Whisper here; BERT in test_real_models.py
+# (test_torchscript_keeps_the_models_input_and_output_names, the pretraining checkpoint), T5 in
+# test_t5_directory_without_architectures[torchscript]
+@pytest.mark.parametrize("name", _hf_params({"hf_gpt2_bin", "hf_vit", "hf_whisper"}))
 def test_hf_directory_to_torchscript(samples: dict[str, Path], name: str, tmp_path: Path) -> None:
     report = convert_program(samples[name], "torchscript", tmp_path / "m.ts", Options())
     assert report.parity is not None and report.parity.status == "pass"
-    assert torch.jit.load(str(tmp_path / "m.ts")) is not None
+    # the file written takes the inputs the report tells the user to call it with
+    program = torch.jit.load(str(tmp_path / "m.ts"))
+    assert isinstance(program, torch.jit.ScriptModule)
+    names = [a.name for a in program.forward.schema.arguments[1:]]
+    assert names[: len(report.interface["inputs"])] == report.interface["inputs"]
+    assert report.interface["outputs"]
 
 
+# slow: every pt2 conversion is loaded in a fresh process with only torch imported (the engine's
+# own check, in test_hf_directory_to_pt2 by default), and test_state_dict_to_pt2_with_dynamic_batch
+# runs its program in one
+@pytest.mark.slow
 def test_hf_program_runs_in_a_fresh_process(samples: dict[str, Path], tmp_path: Path) -> None:
     convert_program(samples["hf_llama"], "pt2", tmp_path / "l.pt2", Options(dynamic_batch=True))
     code = (
@@ -277,16 +297,24 @@ FIXTURE_MODELS = {
 }
 
 
+# by default: each prefix and each target once (a plain state dict goes through the CLI by default
+# in test_static_program_says_which_shapes_it_accepts); the CNN's and the control-flow model's
+# routes run by default in test_whole_module_pickle_with_trust,
+# test_torchscript_script_and_weights_back and test_control_flow_reaches_pt2_through_torchscript
+DEFAULT_CLI_CASES = {("mlp", "pt2", "module."), ("mlp", "torchscript", "_orig_mod.")}
 CLI_CASES = [
-    *[("mlp", t, p) for t in ("pt2", "torchscript") for p in ("", "_orig_mod.", "module.")],
-    *[(n, t, "") for n in ("cnn", "control_flow") for t in ("pt2", "torchscript")],
+    pytest.param(*case, marks=() if case in DEFAULT_CLI_CASES else pytest.mark.slow)
+    for case in [
+        *[("mlp", t, p) for t in ("pt2", "torchscript") for p in ("", "_orig_mod.", "module.")],
+        *[(n, t, "") for n in ("cnn", "control_flow") for t in ("pt2", "torchscript")],
+    ]
 ]
 
 
 @pytest.mark.parametrize(("name", "target", "prefix"), CLI_CASES)
 def test_cli_converts_fixture_state_dicts(name, target, prefix, tmp_path, capsys) -> None:
     """`ptconvert SRC --to pt2|torchscript --dynamic-batch` on plain, torch.compile'd and
-    DDP-saved state dicts: loaded in a fresh process, verified at batch 1–7, equal to eager."""
+    DDP-saved state dicts: verified at batch 1–7, read back by torch's loader, equal to eager."""
     factory, spec, cls = FIXTURE_MODELS[name]
     model = seeded(cls())
     src = tmp_path / "sd.pt"
@@ -297,8 +325,10 @@ def test_cli_converts_fixture_state_dicts(name, target, prefix, tmp_path, capsys
     assert code == 0, report
     assert report["parity"]["status"] == "pass"
     assert [s["batch"] for s in report["parity"]["sizes"]] == [1, 2, 3, 5, 7]
-    if prefix:
-        assert any(s["step"] == "read_weights" for s in report["steps"])
+    if prefix:  # it loaded because the prefix was stripped: kept, no key fits the model
+        kept = [str(src), "--to", target, "-o", str(tmp_path / "kept"), "--model", factory]
+        code, report, _ = run_cli([*kept, "--input", spec, "--keep-prefix"], capsys)
+        assert code == 4 and f"unexpected ['{prefix}fc1.weight'" in report["error"]["message"]
     shape = [int(d) for d in spec.split(":")[1].split("x")]
     x = torch.randn(4, *shape[1:])
     program = torch.export.load(out).module() if target == "pt2" else torch.jit.load(str(out))

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from ptconvert.convert.inputs import (
+from ptconvert.errors import MissingRequirementError, UsageError
+from ptconvert.model.inputs import (
     ExampleInputs,
     InputSpec,
     check_provided,
@@ -27,7 +28,6 @@ from ptconvert.convert.inputs import (
     required_inputs,
     resize_batch,
 )
-from ptconvert.errors import MissingRequirementError, UsageError
 
 # --- the --input grammar -------------------------------------------------------------------
 

@@ -20,7 +20,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fixtures.scan_corpus import benign_corpus
-from ptconvert.convert.weights_read import _Storages
 from ptconvert.errors import PtconvertError
 from ptconvert.formats import detect
 from ptconvert.formats.checkpoint import read_checkpoint
@@ -32,6 +31,7 @@ from ptconvert.formats.torch_objects import (
 )
 from ptconvert.scan.scanner import scan_file
 from ptconvert.verify.weights import _plain
+from ptconvert.weights.read import _Storages
 from tests.convert.test_layouts import CONVERTS, big_endian, pairs_pickler, raw, state_dict
 
 

@@ -13,7 +13,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from ptconvert.convert.weights import convert_weights
-from ptconvert.errors import OutputExistsError, TruncatedFileError, UnsupportedConversionError
+from ptconvert.errors import (
+    OutputExistsError,
+    TruncatedFileError,
+    UnsupportedConversionError,
+    UsageError,
+)
 from tests.conftest import run_cli
 
 
@@ -229,8 +234,8 @@ def test_unsupported_tensor_is_named(tmp_path: Path) -> None:
 
 
 def test_verification_catches_a_corrupted_output(samples, tmp_path: Path, monkeypatch) -> None:
-    from ptconvert.convert import weights_write
     from ptconvert.errors import VerificationError
+    from ptconvert.weights import write as weights_write
 
     real = weights_write.write_safetensors_file
 
@@ -285,7 +290,7 @@ def test_torch_zip_writer_zip64_records(samples, tmp_path: Path, monkeypatch) ->
     """Checkpoints over 4 GiB need zip64 records: force them on a small file."""
     import zipfile
 
-    from ptconvert.convert import torch_zip
+    from ptconvert.weights import torch_zip
 
     monkeypatch.setattr(torch_zip, "_ZIP64_LIMIT", 16)
     out = tmp_path / "w64.pt"
@@ -315,7 +320,7 @@ def test_inputs_are_never_modified(samples: dict[str, Path], tmp_path: Path) -> 
         before = state(samples[name])
         convert_weights(samples[name], to, tmp_path / f"{name}-{to}")
         assert state(samples[name]) == before
-    with pytest.raises(Exception, match="overwrite the input"):
+    with pytest.raises(UsageError, match="overwrite the input"):
         convert_weights(samples["mlp_zip"], "pt", samples["mlp_zip"], force=True)
 
 

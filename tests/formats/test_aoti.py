@@ -27,7 +27,7 @@ def test_aoti_package_is_native_code(tmp_path: Path) -> None:
     scan = scan_file(path)  # the scanner reports the library as native code
     assert scan.verdict == "needs-code"
     assert any(f.member.endswith(".so") and "native code" in f.reason for f in scan.findings)
-    from ptconvert.convert.state import Options
+    from ptconvert.options import Options
     from ptconvert.verify.runtime import open_runtime
 
     isolated = open_runtime(path, Options(trust=True))  # in a spawned process

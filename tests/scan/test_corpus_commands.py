@@ -72,3 +72,34 @@ def test_every_command_refuses_every_sample(corpus, name: str, tmp_path: Path, c
             wrong[label] = f"exit {code}: {str(why)[:160]}"
     written = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
     assert wrong == {} and written == [], (wrong, written)
+
+
+def test_torchscript_code_under_a_models_folder_is_not_a_pt2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transformers model's TorchScript code lives in code/__torch__/…/models/…: that is not a
+    pt2 archive, and its weight bytes (here shaped like a pickle with an EXT4 opcode) are data."""
+    import torch
+
+    package = tmp_path / "zoo" / "models"
+    package.mkdir(parents=True)
+    (tmp_path / "zoo" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "net.py").write_text(
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.register_buffer('table', torch.tensor([0x80, 2, 0x84, 1, 0, 0, 0, 0x2E],"
+        " dtype=torch.uint8))\n"
+        "    def forward(self, x):\n"
+        "        return x + self.table.float().sum()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from zoo.models.net import Net  # type: ignore[import-not-found]
+
+    torch.jit.script(Net()).save(str(tmp_path / "net.ts"))
+    from ptconvert.scan.scanner import scan_file
+
+    result = scan_file(tmp_path / "net.ts")
+    assert result.verdict == "clean", result.findings

@@ -44,9 +44,14 @@ def test_a_correct_conversion_passes() -> None:
     )
     report = compare(model, _positional(program.module()), _inputs(), BATCHES)
     assert report.status == "pass" and report.fp64_reference
-    out = report.sizes[0].outputs[0]
-    assert out.rmse_vs_fp64 is not None and out.eager_rmse_vs_fp64 is not None
-    assert out.cosine is not None and out.cosine > 0.999
+    for size in report.sizes:
+        (out,) = size.outputs
+        assert out.outside_tolerance == 0.0 and out.max_abs_error <= 1e-6
+        # measured against the fp64 run: eager's float32 error, and the program's of its size
+        assert out.eager_rmse_vs_fp64 is not None and 0 < out.eager_rmse_vs_fp64 < 1e-6
+        assert out.rmse_vs_fp64 is not None
+        assert 0 < out.rmse_vs_fp64 <= 2 * out.eager_rmse_vs_fp64 + 1e-7
+        assert out.cosine is not None and out.cosine > 0.999999
 
 
 def test_a_perturbed_weight_fails() -> None:
@@ -134,3 +139,90 @@ def test_tolerance_overrides() -> None:
         broken.fc2.bias += 1e-3
     assert compare(model, broken, _inputs(), [2]).status == "fail_accuracy"
     assert compare(model, broken, _inputs(), [2], atol=1e-2).status == "pass"
+
+
+# --- the RMSE-ratio rule: outside allclose, judged against eager's own error vs fp64 ----------
+
+
+class Oscillator(nn.Module):
+    """A high-frequency feature, sin(3000·x + 10⁴): float32 rounds the argument to ~1e-3, so
+    eager itself is ~2e-4 (RMSE) from the fp64 run, well above float32's 1e-4 tolerance."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x * 3000.0 + 10000.0)
+
+
+def _error_scaled(model: nn.Module, scale: float):
+    """A candidate whose error against fp64 is ``scale`` × eager's own, element by element
+    (−1: the same error mirrored, as another rounding order gives; 1.9: nearly twice as far)."""
+
+    def candidate(x: torch.Tensor) -> torch.Tensor:
+        gold = model(x.double())
+        return (gold + scale * (model(x).double() - gold)).float()
+
+    return candidate
+
+
+@pytest.mark.parametrize(
+    ("width", "batches", "scale", "multiplier"),
+    [
+        (512, [2, 4], -1.0, 2.0),  # ≥ 1000 elements: within 2 × eager's error
+        (512, [2, 4], 1.9, 2.0),
+        (64, [3], 2.9, 3.0),  # < 1000 elements: within 3 ×
+    ],
+)
+def test_precision_noise_outside_allclose_passes_on_the_rmse_rule(
+    width: int, batches: list[int], scale: float, multiplier: float
+) -> None:
+    model = Oscillator()
+    report = compare(model, _error_scaled(model, scale), _inputs(width), batches)
+    assert report.status == "pass", [s.detail for s in report.sizes]
+    for size in report.sizes:
+        (out,) = size.outputs
+        assert out.status == "pass" and out.outside_tolerance > 0.1  # allclose failed …
+        assert out.eager_rmse_vs_fp64 is not None and out.eager_rmse_vs_fp64 > 1e-4
+        assert out.rmse_vs_fp64 == pytest.approx(abs(scale) * out.eager_rmse_vs_fp64, rel=1e-3)
+        # … and the verdict came from the RMSE rule, saying so
+        assert out.detail == f"output: outside allclose but within {multiplier}× eager's fp64 error"
+
+
+@pytest.mark.parametrize(
+    ("width", "batches", "scale"),
+    [
+        (512, [2, 4], 2.1),  # just past 2 × eager's error (+ tol/10) at ≥ 1000 elements
+        (64, [3], 3.1),  # just past 3 × at < 1000 elements
+    ],
+)
+def test_error_beyond_the_multiplier_of_eagers_own_fails(
+    width: int, batches: list[int], scale: float
+) -> None:
+    model = Oscillator()
+    report = compare(model, _error_scaled(model, scale), _inputs(width), batches)
+    assert report.status == "fail_accuracy"
+    assert [s.status for s in report.sizes] == ["fail_accuracy"] * len(batches)
+    out = report.sizes[0].outputs[0]
+    assert out.rmse_vs_fp64 is not None and out.eager_rmse_vs_fp64 is not None
+    assert out.rmse_vs_fp64 == pytest.approx(scale * out.eager_rmse_vs_fp64, rel=1e-3)
+    assert "outside tolerance" in out.detail and "RMSE vs fp64" in out.detail
+    assert f"against eager's {out.eager_rmse_vs_fp64:.3g}" in report.sizes[0].detail
+
+
+@pytest.mark.parametrize(("spikes", "expected"), [(1, "pass"), (16, "fail_accuracy")])
+def test_a_few_elements_off_pass_only_within_the_rmse_floor(spikes: int, expected: str) -> None:
+    """Eager float32 is ~1e-7 from fp64 here, so the floor tol/10 = 1e-5 decides: one element
+    off by 3e-4 among 2048 is RMSE 6.6e-6 (passes), sixteen are 2.7e-5 (fails)."""
+    model = seeded(Net(nn.Linear(16, 512)))
+
+    def candidate(x: torch.Tensor) -> torch.Tensor:
+        y = model(x).clone()
+        y.view(-1)[:spikes] += 3e-4
+        return y
+
+    report = compare(model, candidate, _inputs(16), [4])
+    out = report.sizes[0].outputs[0]
+    assert 0 < out.outside_tolerance <= spikes / 2048 and out.max_abs_error > 2.9e-4
+    assert report.status == expected, out.detail
+    if expected == "pass":
+        assert out.detail.startswith("output: outside allclose but within 2.0×")
+    else:
+        assert "RMSE vs fp64" in out.detail

@@ -346,6 +346,11 @@ def pnet_weights(tmp_path: Path) -> tuple[Path, str]:
     return tmp_path / "pnet.pt", f"{tmp_path / 'pnet_factory.py'}:make"
 
 
+# slow (PNet traced and checked up to 2048 × 2048): a conversion's ranges are reported by default
+# in test_a_branch_on_the_batch_size_narrows_the_exported_range_and_says_so, PNet's narrowed
+# range by test_the_face_detector_fails_at_its_low_end_and_the_range_narrows and, through the
+# CLI, by test_verify_checks_every_dynamic_dim_of_a_hand_exported_program
+@pytest.mark.slow
 def test_conversion_reports_the_range_that_holds_for_every_dim(
     pnet_weights: tuple[Path, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -365,7 +370,7 @@ def test_conversion_reports_the_range_that_holds_for_every_dim(
     program = torch.export.load(out).module()
     program(torch.randn(1, 3, 13, 13))
     program(torch.randn(2, 3, 200, 13))
-    with pytest.raises(Exception, match="Guard failed"):
+    with pytest.raises(AssertionError, match="Guard failed"):
         program(torch.randn(1, 3, 12, 12))
 
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ptconvert.convert.inputs import ExampleInputs
 from ptconvert.errors import MissingRequirementError, UnsupportedConversionError, UsageError
+from ptconvert.model.inputs import ExampleInputs
 
 
 @dataclass
@@ -74,14 +74,25 @@ def _import_factory(spec: str) -> tuple[Callable[..., Any], Any]:
 
 def module_from_factory(spec: ModelSpec) -> tuple[Any, ExampleInputs | None]:
     """Call the factory; also return the inputs its module defines, if any."""
+    import inspect
+
     import torch
 
     factory, module = _import_factory(spec.factory)
+    try:
+        inspect.signature(factory).bind(**spec.args)
+    except TypeError as exc:
+        raise UsageError(
+            f"--model-arg does not fit {spec.factory}: {exc}",
+            hint=f"it takes {inspect.signature(factory)}",
+        ) from None
+    except ValueError:  # no signature to check (a builtin): the call says
+        pass
     model = factory(**spec.args)
     if not isinstance(model, torch.nn.Module):
         if not callable(model):
             raise UsageError(f"{spec.factory} returned a {type(model).__name__}, not a model")
-        from ptconvert.convert.wrappers import callable_module
+        from ptconvert.model.wrappers import callable_module
 
         model = callable_module(model)  # e.g. a predictor's bound method: wrapped as a module
     inputs = None
@@ -97,12 +108,14 @@ class HfModel:
     notes: list[str]
 
 
-def module_from_hf(directory: Path, task: str | None, keys: list[str]) -> HfModel:
+def module_from_hf(
+    directory: Path, task: str | None, shapes: dict[str, tuple[int, ...]]
+) -> HfModel:
     """The transformers model of ``config.json``, loaded by transformers itself from the local
     directory (its key renames and weight tying apply; never the hub).
 
     The class: ``--task``, else ``architectures``, else the auto class of the config's model type
-    whose parameters the file's ``keys`` cover. As transformers does, keys the class ignores by
+    whose parameters the file's tensors cover. As transformers does, keys the class ignores by
     design are silent, other unexpected keys are reported; missing keys (weights that would be
     random) are an error."""
     from ptconvert.deps import require
@@ -118,7 +131,7 @@ def module_from_hf(directory: Path, task: str | None, keys: list[str]) -> HfMode
     elif names and hasattr(transformers, names[0]):
         cls = getattr(transformers, names[0])
     else:
-        cls = _class_from_keys(transformers, config, keys)
+        cls = _class_from_keys(transformers, config, shapes)
         notes.append(
             f"config.json names no architectures: chose {cls.__name__}, the class for model type "
             f"{config.model_type!r} whose parameters the weights cover (--task overrides)"
@@ -150,10 +163,11 @@ def module_from_hf(directory: Path, task: str | None, keys: list[str]) -> HfMode
     return HfModel(model.eval(), notes)
 
 
-def _class_from_keys(transformers: Any, config: Any, keys: list[str]) -> Any:
-    """Among the auto classes of ``config.model_type``, the one whose parameters ``keys`` cover
-    (none missing, tied ones counted as their source), with the fewest keys left over; of equals,
-    the one with more parameters (a head made only of tied weights, as GPT-2's ``lm_head``)."""
+def _class_from_keys(transformers: Any, config: Any, shapes: dict[str, tuple[int, ...]]) -> Any:
+    """Among the auto classes of ``config.model_type``, the one whose parameters the file's
+    tensors (name → shape) cover — by name and shape (tied ones counted as their source), else,
+    for keys transformers renames as it loads, by shape alone — with the fewest left over; of
+    equals, the one with more parameters (a head made only of tied weights, GPT-2's lm_head)."""
     import torch
     from transformers.models.auto import modeling_auto
 
@@ -169,8 +183,10 @@ def _class_from_keys(transformers: Any, config: Any, keys: list[str]) -> Any:
             for name in [found] if isinstance(found, str) else list(found or ()):
                 if name not in names and hasattr(transformers, name):
                     names.append(name)
-    have = set(keys)
-    best: tuple[tuple[int, int], Any] | None = None
+    from collections import Counter
+
+    have = set(shapes)
+    best: tuple[tuple[int, int, int], Any] | None = None
     for name in names:
         cls = getattr(transformers, name)
         try:
@@ -178,14 +194,24 @@ def _class_from_keys(transformers: Any, config: Any, keys: list[str]) -> Any:
                 candidate = cls._from_config(config)
         except Exception:  # a class may need config fields this config lacks: not a candidate
             continue
-        own = set(candidate.state_dict())
-        prefix = getattr(candidate, "base_model_prefix", "") + "."
-        file_keys = have if have & own else _with_prefix(have, prefix, own)
+        own_shapes = {k: tuple(v.shape) for k, v in candidate.state_dict().items()}
+        own = set(own_shapes)
         tied = getattr(candidate, "all_tied_weights_keys", None) or {}
+        prefix = getattr(candidate, "base_model_prefix", "") + "."
+        renamed = shapes if have & own else _with_prefix(shapes, prefix, own)
+        file_keys = set(renamed)
         missing = {k for k in own - file_keys if tied.get(k) not in file_keys}
-        if missing:
-            continue
-        score = (len(file_keys - own), -len(own))
+        wrong = {k for k in own & file_keys if renamed.get(k, own_shapes[k]) != own_shapes[k]}
+        if not missing and not wrong:  # the names fit
+            score = (0, len(file_keys - own), -len(own))
+        else:
+            # transformers renames keys as it loads (v5: attention.attention.query → q_proj):
+            # then the shapes tell, every own tensor (but tied ones) matched by one in the file
+            needed = Counter(s for k, s in own_shapes.items() if k not in tied)
+            offered = Counter(shapes.values())
+            if needed - offered:
+                continue
+            score = (1, sum((offered - needed).values()), -len(own))
         if best is None or score < best[0]:
             best = (score, cls)
     if best is None:
@@ -193,15 +219,17 @@ def _class_from_keys(transformers: Any, config: Any, keys: list[str]) -> Any:
     return best[1]
 
 
-def _with_prefix(keys: set[str], prefix: str, own: set[str]) -> set[str]:
-    """``keys`` named as ``own`` names them: a base model's keys inside a head model and back."""
-    if prefix == "." or not keys:
-        return keys
-    if any(k.startswith(prefix) for k in keys) and not any(k.startswith(prefix) for k in own):
-        return {k.removeprefix(prefix) for k in keys}  # a head model's file, a base class
+def _with_prefix(
+    shapes: dict[str, tuple[int, ...]], prefix: str, own: set[str]
+) -> dict[str, tuple[int, ...]]:
+    """``shapes`` keyed as ``own`` names them: a base model's keys in a head model and back."""
+    if prefix == "." or not shapes:
+        return shapes
+    if any(k.startswith(prefix) for k in shapes) and not any(k.startswith(prefix) for k in own):
+        return {k.removeprefix(prefix): s for k, s in shapes.items()}  # a head model's file
     if any(k.startswith(prefix) for k in own):
-        return {prefix + k for k in keys}
-    return keys
+        return {prefix + k: s for k, s in shapes.items()}
+    return shapes
 
 
 def load_strict(
@@ -237,7 +265,7 @@ def load_strict(
 def choose_target(model: Any, keys: list[str]) -> tuple[str, Any]:
     """The object among ``load_targets(model)`` whose state dict ``keys`` fit best: fewest of its
     own keys left missing, then fewest keys left over; the model itself on a tie."""
-    from ptconvert.convert.wrappers import load_targets
+    from ptconvert.model.wrappers import load_targets
 
     targets = load_targets(model)
     have = set(keys)

@@ -22,11 +22,20 @@ def leaf_name(path: str) -> str:
     return ".".join(a or b for a, b in _PATH_PART.findall(path)) or "output"
 
 
+def output_leaves(out: Any) -> dict[str, Any]:
+    """Every tensor of a model output by its pytree path (ModelOutput as a dict)."""
+    import torch
+    from torch.utils._pytree import keystr, tree_flatten_with_path
+
+    if hasattr(out, "to_tuple") and hasattr(out, "keys"):  # transformers ModelOutput
+        out = dict(out.items())
+    pairs, _ = tree_flatten_with_path(out)
+    return {keystr(p) or "output": v for p, v in pairs if isinstance(v, torch.Tensor)}
+
+
 @cache
 def _classes() -> dict[str, type]:
     import torch
-
-    from ptconvert.verify.parity import output_leaves
 
     def _no_cache(model: Any) -> bool:
         import inspect

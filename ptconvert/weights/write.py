@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert.atomic import open_output
-from ptconvert.convert.weights_read import ALIASES_KEY, WeightEntry, WeightSet
 from ptconvert.errors import UnsupportedConversionError, UsageError
 from ptconvert.formats.safetensors import TORCH_TO_SAFETENSORS
+from ptconvert.weights.read import ALIASES_KEY, WeightEntry, WeightSet
 
 COPY_CHUNK = 1 << 30
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ptconvert.atomic import open_output
-from ptconvert.convert.weights_read import WeightEntry, WeightSet
-from ptconvert.convert.weights_write import copy_range, tensor_bytes
+from ptconvert.weights.read import WeightEntry, WeightSet
+from ptconvert.weights.write import copy_range, tensor_bytes
 
 ROOT = "archive"
 ALIGN = 64

@@ -92,7 +92,8 @@ def _value(raw: str, dtype: Any, text: str, what: str = "value") -> Value:
         return int(raw)
     except ValueError:
         kind = str(dtype).removeprefix("torch.")
-        raise _usage(text, f"{what} {raw!r} is not a {kind} value") from None
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise _usage(text, f"{what} {raw!r} is not {article} {kind} value") from None
 
 
 def parse_input(text: str) -> InputSpec:
@@ -478,8 +479,8 @@ def from_hf_model(
 
 def from_file(path: Path) -> ExampleInputs:
     """Inputs saved in a safetensors file (or a weights-only torch file): used as they are."""
-    from ptconvert.convert.weights_read import as_tensors, read_weights
     from ptconvert.scan.guard import guard
+    from ptconvert.weights.read import as_tensors, read_weights
 
     guard(path)
     tensors = as_tensors(read_weights(path, keep_prefix=True))

@@ -1,0 +1,108 @@
+"""Eager modules from what a file holds: weights with a model spec (``--model`` or a Hugging Face
+directory), or a whole pickled module with ``--trust``. The conversion's steps and verify's
+runtimes both build their eager models here, the same way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ptconvert.errors import MissingRequirementError, UsageError
+from ptconvert.model.inputs import ExampleInputs, from_file, from_hf_model, from_specs, parse_input
+from ptconvert.model.spec import (
+    ModelSpec,
+    choose_target,
+    load_strict,
+    module_from_factory,
+    module_from_hf,
+)
+from ptconvert.model.wrappers import named_outputs
+from ptconvert.options import Options
+from ptconvert.scan.guard import guard
+from ptconvert.weights.read import WeightSet, as_tensors, read_weights
+
+
+@dataclass
+class Eager:
+    module: Any  # the nn.Module as built
+    reference: Any  # what results are compared through (a transformers model: named outputs)
+    inputs: ExampleInputs | None
+    notes: list[str] = field(default_factory=list)
+
+
+def user_inputs(opts: Options) -> ExampleInputs | None:
+    """The example inputs the user gave (``--example-inputs`` or ``--input``), if any."""
+    if opts.example_inputs is not None:
+        return from_file(opts.example_inputs)
+    if opts.inputs:
+        return from_specs([parse_input(s) for s in opts.inputs], seed=opts.seed)
+    return None
+
+
+def source_weights(src: Path, opts: Options) -> WeightSet:
+    """The weights of ``src``, after the scan (trust as the options say)."""
+    guard(src, trust=opts.trust)
+    return read_weights(
+        src, key=opts.key, keep_prefix=opts.keep_prefix, skip_unsupported=opts.skip_unsupported
+    )
+
+
+def eager_from_weights(src: Path, src_format: str, weights: WeightSet, opts: Options) -> Eager:
+    """The model the options name (``--model``, or the directory's transformers class) with
+    ``weights`` loaded into the object they fit."""
+    if opts.model:
+        model, own_inputs = module_from_factory(ModelSpec(opts.model, opts.model_args))
+        tensors = as_tensors(weights)
+        label, target = choose_target(model, list(tensors))
+        notes = []
+        if target is not model:
+            notes.append(f"the weights were loaded into {label}, with their own keys")
+        tied, unexpected = load_strict(target, tensors, src, non_strict=opts.non_strict)
+        if tied:
+            notes.append(f"tied weights restored from their source: {tied}")
+        if unexpected:
+            notes.append(
+                f"--non-strict: {len(unexpected)} key(s) the model does not have were left out: "
+                f"{unexpected[:10]}"
+            )
+        return Eager(model, model, user_inputs(opts) or own_inputs, notes)
+    if src_format == "hf":
+        # the directory was scanned when its weights were read; transformers loads them
+        loaded = module_from_hf(src, opts.task, {e.name: tuple(e.shape) for e in weights.entries})
+        model = loaded.model
+        # derived only when none were given: a derivation that fails must not block --input
+        inputs = user_inputs(opts) or from_hf_model(model, src, seed=opts.seed)
+        # the reference: the same model with use_cache=False and its outputs as named tensors
+        return Eager(model, named_outputs(model, list(inputs.at(1))), inputs, loaded.notes)
+    raise MissingRequirementError("weights → module needs a model spec", path=src)
+
+
+def eager_from_pickle(src: Path, opts: Options) -> Eager:
+    """A whole pickled module, loaded only with trust after a scan that found no danger."""
+    import torch
+
+    scans = guard(src, trust=True)  # dangerous is refused even with --trust
+    classes = sorted({c for s in scans for c in s.classes})
+    model = torch.load(src, map_location="cpu", weights_only=False)
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"the pickle holds a {type(model).__name__}, not an nn.Module", path=src)
+    note = f"loaded a whole pickled module with --trust (imports {classes})"
+    return Eager(model.eval(), model, user_inputs(opts), [note])
+
+
+def program_sample_inputs(ep: Any) -> ExampleInputs | None:
+    """A .pt2's own sample inputs (saved by torch.export.save), named by the signature."""
+    from ptconvert.model.inputs import resize_batch
+
+    args, kwargs = ep.example_inputs
+    names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    if len(args) > len(names) or not all(hasattr(a, "shape") for a in (*args, *kwargs.values())):
+        return None
+    sample = {**dict(zip(names, args, strict=False)), **kwargs}  # keyword inputs by their name
+    batch = next((t.shape[0] for t in sample.values() if t.dim() > 0), 1)
+    return ExampleInputs(
+        lambda b: {k: resize_batch(v, b) for k, v in sample.items()},
+        batch,
+        "the .pt2's sample inputs",
+    )

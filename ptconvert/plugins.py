@@ -1,0 +1,62 @@
+"""Plugins: formats and converters from other packages.
+
+A package declares an entry point in the group ``ptconvert.plugins``; it names a function that
+takes a ``Registry`` and adds to it::
+
+    # pyproject.toml of the plugin
+    [project.entry-points."ptconvert.plugins"]
+    toy = "ptconvert_toy:register"
+
+    # ptconvert_toy.py
+    def register(registry):
+        registry.add_format(ToyFormat())                                   # formats/, info
+        registry.add_edge(Edge("weights", "toy", "write_toy", 1), write_toy)  # the graph, --to
+
+Plugins are loaded once, by every API call and CLI command, before anything is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ptconvert.errors import UsageError
+
+GROUP = "ptconvert.plugins"
+_loaded: list[str] = []  # the entry points loaded, by name (loading happens once)
+
+
+class Registry:
+    """What a plugin may add: a format (detection, ``info``, ``formats``) and converters."""
+
+    def add_format(self, fmt: Any) -> None:
+        from ptconvert.formats import register_format
+
+        register_format(fmt)
+
+    def add_edge(self, edge: Any, step: Callable[..., None]) -> None:
+        from ptconvert.convert.graph import register_edge
+
+        register_edge(edge, step)
+
+
+def load_plugins() -> list[str]:
+    """Load every ``ptconvert.plugins`` entry point (once); return their names."""
+    if _loaded:
+        return list(_loaded)
+    from importlib.metadata import entry_points
+
+    _loaded.append("")  # loading starts: a plugin that calls the API does not load again
+    for ep in entry_points(group=GROUP):
+        try:
+            ep.load()(Registry())
+        except UsageError:
+            raise
+        except Exception as exc:  # a plugin's own failure: say whose
+            raise UsageError(
+                f"the ptconvert plugin {ep.name!r} ({ep.value}) failed to load: "
+                f"{type(exc).__name__}: {exc}",
+                hint=f"uninstall it, or fix it: it is registered under {GROUP!r}",
+            ) from None
+        _loaded.append(ep.name)
+    return [n for n in _loaded if n]

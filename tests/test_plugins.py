@@ -1,0 +1,115 @@
+"""A plugin adds a format and a converter from outside the package: one module, one entry
+point. The toy format holds tensor names and shapes as JSON after a magic number."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import run_cli
+
+MAGIC = b"TOYW"
+
+
+def _toy_format() -> Any:
+    from ptconvert.formats.base import FileInfo, Format, Probe, file_entry
+
+    class ToyFormat(Format):
+        name = "toy"
+        suffixes = (".toy",)
+        holds = "tensor names and shapes (a plugin's format)"
+        priority = 10
+
+        def match(self, probe: Probe) -> str | None:
+            return "json" if not probe.is_dir and probe.head.startswith(MAGIC) else None
+
+        def info(self, path: Path, layout: str) -> FileInfo:
+            info = FileInfo(str(path), self.name, layout, path.stat().st_size, [file_entry(path)])
+            info.metadata["tensors"] = json.loads(path.read_bytes()[len(MAGIC) :])
+            return info
+
+    return ToyFormat()
+
+
+def write_toy(state: Any, opts: Any) -> None:
+    shapes = {e.name: list(e.shape) for e in state.weights.entries}
+    state.output.write_bytes(MAGIC + json.dumps(shapes).encode())
+
+
+def register(registry: Any) -> None:
+    from ptconvert.convert.graph import Edge
+
+    registry.add_format(_toy_format())
+    registry.add_edge(Edge("weights", "toy", "write_toy", 1, label="write the toy file"), write_toy)
+
+
+class _EntryPoint:
+    name, value = "toy", "tests.test_plugins:register"
+
+    def load(self) -> Any:
+        return register
+
+
+@pytest.fixture
+def toy_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plugin installed (its entry point listed), the registries restored afterwards."""
+    import importlib.metadata
+
+    from ptconvert import plugins
+    from ptconvert.convert import graph, steps
+    from ptconvert.formats import FORMATS, FORMATS_BY_NAME
+
+    saved = (list(FORMATS), dict(FORMATS_BY_NAME), list(graph.EDGES), list(graph.FILE_NODES))
+    saved_steps = dict(steps.STEPS)
+    monkeypatch.setattr(
+        importlib.metadata,
+        "entry_points",
+        lambda group=None: [_EntryPoint()] if group == plugins.GROUP else [],
+    )
+    monkeypatch.setattr(plugins, "_loaded", [])
+    yield
+    FORMATS[:], graph.EDGES[:], graph.FILE_NODES[:] = saved[0], saved[2], saved[3]
+    FORMATS_BY_NAME.clear()
+    FORMATS_BY_NAME.update(saved[1])
+    steps.STEPS.clear()
+    steps.STEPS.update(saved_steps)
+
+
+def test_a_plugin_format_and_edge_reach_formats_plan_and_to(
+    toy_plugin: None, samples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, listing, _ = run_cli(["formats"], capsys)
+    assert code == 0 and "toy" in json.dumps(listing)
+    code, plan, _ = run_cli(["plan", str(samples["mlp_zip"]), "--to", "toy"], capsys)
+    assert code == 0 and [s["step"] for s in plan["steps"]] == ["read_weights", "write_toy"]
+    out = tmp_path / "mlp.toy"
+    code, report, _ = run_cli([str(samples["mlp_zip"]), "--to", "toy", "-o", str(out)], capsys)
+    assert code == 0, report
+    assert json.loads(out.read_bytes()[len(MAGIC) :]) == {
+        "fc1.weight": [16, 8],
+        "fc1.bias": [16],
+        "fc2.weight": [4, 16],
+        "fc2.bias": [4],
+    }
+    assert report["check"] == "none" and any("no check" in n for n in report["notes"])
+    code, info, _ = run_cli(["info", str(out)], capsys)
+    assert code == 0 and info["format"] == "toy"
+
+
+def test_a_plugin_that_fails_to_load_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    import ptconvert
+    from ptconvert import plugins
+
+    class Broken(_EntryPoint):
+        def load(self) -> Any:
+            raise ImportError("no module named ptconvert_toy")
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [Broken()])
+    monkeypatch.setattr(plugins, "_loaded", [])
+    with pytest.raises(ptconvert.UsageError, match="plugin 'toy'"):
+        ptconvert.format_names()
