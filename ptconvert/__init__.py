@@ -6,7 +6,7 @@ The public API (the CLI is a thin layer over it)::
 
     ptconvert.detect("model.bin")     # Detection(path, format="pt", layout="zip")
     ptconvert.describe("model.bin")   # FileInfo: tensors, dtypes, signature, needs_code, …
-    ptconvert.scan("model.bin")       # ScanReport: safe / needs-code / dangerous
+    ptconvert.scan("model.bin")       # ScanReport: clean / needs-code / dangerous / error
     ptconvert.plan("model.bin", "pt2", model="mypkg.nets:make")
     report = ptconvert.convert("model.bin", "pt2", model="mypkg.nets:make",
                                inputs=["x:2x3x224x224:float32"], dynamic_batch=True)
@@ -21,18 +21,53 @@ code. Heavy packages (torch, onnx, transformers) are imported only inside the co
 
 from __future__ import annotations
 
+import functools
+import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
 # The modules convert/, options, scan/ and verify/ share their names with API functions: they are
-# imported first (their __init__ is empty), so that the functions bound below are what
-# ``ptconvert.convert`` and friends name; ``from ptconvert.convert import engine`` still works.
+# imported first (cheap: their __init__ is empty), then the names are bound to the functions,
+# each wrapped so that it still leads into its module: ``ptconvert.verify(...)`` verifies, and
+# ``import ptconvert.verify.check as c`` or ``ptconvert.verify.check`` still reach the module.
 import ptconvert.convert
 import ptconvert.options
 import ptconvert.scan
 import ptconvert.verify  # noqa: F401
-from ptconvert.api import bench, convert, format_names, options, plan, scan, verify
+from ptconvert import api as _api
+from ptconvert.api import bench, describe, detect, format_names, plan
+
+
+class _Entry:
+    """An API function that is also the way into the module of the same name."""
+
+    def __init__(self, fn: Any, module: str) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn, self._module = fn, module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        module = importlib.import_module(self._module)
+        if hasattr(module, name):
+            return getattr(module, name)
+        try:
+            return importlib.import_module(f"{self._module}.{name}")
+        except ModuleNotFoundError:
+            raise AttributeError(name) from None
+
+    def __repr__(self) -> str:
+        return f"<function ptconvert.{self._fn.__name__} (and the module {self._module})>"
+
+
+convert = _Entry(_api.convert, "ptconvert.convert")
+options = _Entry(_api.options, "ptconvert.options")
+scan = _Entry(_api.scan, "ptconvert.scan")
+verify = _Entry(_api.verify, "ptconvert.verify")
 
 if TYPE_CHECKING:
     from ptconvert.errors import (
@@ -46,7 +81,7 @@ if TYPE_CHECKING:
         UsageError,
         VerificationError,
     )
-    from ptconvert.formats import Detection, FileInfo, describe, detect
+    from ptconvert.formats import Detection, FileInfo
     from ptconvert.options import Options
 
 _ERRORS = (
@@ -87,7 +122,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("detect", "describe", "Detection", "FileInfo"):
+    if name in ("Detection", "FileInfo"):
         from ptconvert import formats as _formats
 
         return getattr(_formats, name)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ptconvert.convert.engine import ConversionReport
     from ptconvert.convert.graph import Plan
     from ptconvert.convert.weights import WeightsReport
+    from ptconvert.formats import Detection, FileInfo
     from ptconvert.options import Options
     from ptconvert.scan.scanner import ScanReport
     from ptconvert.verify.bench import BenchReport
@@ -89,6 +90,7 @@ def scan(
     """
     from ptconvert.scan.scanner import scan as run
 
+    load_plugins()
     items = [paths] if isinstance(paths, (str, Path)) else list(paths)
     return run(items, allow=allow, jobs=jobs)
 
@@ -144,7 +146,7 @@ def bench(
     """Time ``artifact`` against eager (``reference``) and ``torch.compile`` on the same inputs.
 
     >>> r = ptconvert.bench("model.pt2", reference="model.bin", model="mypkg.nets:make")
-    >>> [(row.runtime, row.batch, row.median_ms) for row in r.rows]
+    >>> [(t.runtime, t.batch, t.median_ms) for t in r.timings]
     """
     from ptconvert.verify.bench import bench_artifact
 
@@ -168,3 +170,28 @@ def format_names() -> list[str]:
 
     load_plugins()
     return [f.name for f in FORMATS]
+
+
+def detect(path: str | Path) -> Detection:
+    """Recognise ``path`` from its content (plugins' formats included), reading nothing else.
+
+    >>> ptconvert.detect("pytorch_model.bin")
+    Detection(path=PosixPath('pytorch_model.bin'), format='pt', layout='zip')
+    """
+    from ptconvert import formats
+
+    load_plugins()
+    return formats.detect(path)
+
+
+def describe(path: str | Path) -> FileInfo:
+    """What ``path`` holds (tensors, signature, what loading it would import), without
+    executing anything in it: the ``info`` command.
+
+    >>> ptconvert.describe("model.pt2").metadata["call"]
+    'prog(x) → a tensor'
+    """
+    from ptconvert import formats
+
+    load_plugins()
+    return formats.describe(path)

@@ -131,7 +131,12 @@ _CONVERSION_OPTIONS = (
     click.option(
         "--task", help="transformers class for a Hugging Face directory (e.g. AutoModel)."
     ),
-    click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu"),
+    click.option(
+        "--device",
+        type=click.Choice(["cpu", "cuda"]),
+        default="cpu",
+        help="With --bench: where to time (the parity check runs on the CPU).",
+    ),
     click.option("--bench", is_flag=True, help="Time the result against eager and torch.compile."),
     click.option(
         "--skip-unsupported", is_flag=True, help="Leave out quantized/sparse/nested tensors."
@@ -204,8 +209,22 @@ def _bench_result(report: Any, src: str, options: dict[str, Any]) -> None:
             report.output,
             _options(options),
             reference=src,
-            batch_sizes=[int(b) for b in sizes.split(",")] if sizes else None,
+            batch_sizes=_batch_sizes(sizes),
+            device=options["device"],
         )
+
+
+def _batch_sizes(text: str | None) -> list[int] | None:
+    """``--batch-sizes 1,8,32``: positive integers, or a usage error naming the bad part."""
+    if not text:
+        return None
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--batch-sizes {text!r} is not comma-separated integers") from None
+    if any(b < 1 for b in sizes):
+        raise UsageError(f"--batch-sizes {text!r}: a batch size is 1 or more")
+    return sizes
 
 
 def _key_values(items: tuple[str, ...], option: str) -> dict[str, str]:
@@ -364,7 +383,7 @@ def verify(
 
     progress.set_quiet(as_json)
     opts = _spec_options(options, key=key, keep_prefix=keep_prefix)
-    sizes = [int(b) for b in batch_sizes.split(",")] if batch_sizes else None
+    sizes = _batch_sizes(batch_sizes)
     with progress.step("verifying"):
         report = run_verify(
             reference,
@@ -421,7 +440,7 @@ def bench(
 
     progress.set_quiet(as_json)
     opts = _spec_options(options)
-    sizes = [int(b) for b in batch_sizes.split(",")] if batch_sizes else None
+    sizes = _batch_sizes(batch_sizes)
     with progress.step("timing eager, torch.compile and the artifact"):
         report = run_bench(
             artifact,

@@ -8,11 +8,14 @@ takes a ``Registry`` and adds to it::
     toy = "ptconvert_toy:register"
 
     # ptconvert_toy.py
+    from ptconvert.convert.graph import Edge
+
     def register(registry):
         registry.add_format(ToyFormat())                                   # formats/, info
         registry.add_edge(Edge("weights", "toy", "write_toy", 1), write_toy)  # the graph, --to
 
-Plugins are loaded once, by every API call and CLI command, before anything is read.
+Plugins are loaded once, by every API call and CLI command, before anything is read. A plugin
+that fails to load fails every later call too (what it registered before failing stays).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ptconvert.errors import UsageError
 
 GROUP = "ptconvert.plugins"
 _loaded: list[str] = []  # the entry points loaded, by name (loading happens once)
+_failed: list[UsageError] = []  # a plugin that failed keeps failing every call, as it did first
 
 
 class Registry:
@@ -42,21 +46,24 @@ class Registry:
 
 def load_plugins() -> list[str]:
     """Load every ``ptconvert.plugins`` entry point (once); return their names."""
+    if _failed:
+        raise _failed[0]
     if _loaded:
-        return list(_loaded)
+        return [n for n in _loaded if n]
     from importlib.metadata import entry_points
 
     _loaded.append("")  # loading starts: a plugin that calls the API does not load again
     for ep in entry_points(group=GROUP):
         try:
             ep.load()(Registry())
-        except UsageError:
-            raise
         except Exception as exc:  # a plugin's own failure: say whose
-            raise UsageError(
-                f"the ptconvert plugin {ep.name!r} ({ep.value}) failed to load: "
-                f"{type(exc).__name__}: {exc}",
-                hint=f"uninstall it, or fix it: it is registered under {GROUP!r}",
-            ) from None
+            _failed.append(
+                UsageError(
+                    f"the ptconvert plugin {ep.name!r} ({ep.value}) failed to load: "
+                    f"{type(exc).__name__}: {exc}",
+                    hint=f"uninstall it, or fix it: it is registered under {GROUP!r}",
+                )
+            )
+            raise _failed[0] from None
         _loaded.append(ep.name)
     return [n for n in _loaded if n]

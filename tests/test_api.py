@@ -112,3 +112,24 @@ def test_the_guides_pipeline_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     exec(compile(pipeline, "docs/guide.md", "exec"), {})
     program = torch.export.load(tmp_path / "net.pt2").module()
     assert program(torch.randn(3, 8)).shape == (3, 4)
+
+
+def test_the_api_names_still_lead_into_their_modules() -> None:
+    """``ptconvert.verify`` is a function, and the way into ptconvert/verify/ as before."""
+    import importlib
+
+    check = importlib.import_module("ptconvert.verify.check")
+    assert ptconvert.verify.check is check
+    exec("import ptconvert.convert.engine as e\nassert e.convert_program", {})
+    assert ptconvert.scan.scanner.scan_file is not ptconvert.scan
+    assert "candidate" in ptconvert.verify.__doc__
+
+
+@pytest.mark.parametrize("sizes", ["1,x", "0", ","])
+def test_bad_batch_sizes_are_a_usage_error(
+    samples: dict[str, Path], sizes: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.conftest import run_cli
+
+    code, report, _ = run_cli(["bench", str(samples["mlp_pt2"]), "--batch-sizes", sizes], capsys)
+    assert code == 2 and "--batch-sizes" in report["error"]["message"]

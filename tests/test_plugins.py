@@ -70,6 +70,7 @@ def toy_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
         lambda group=None: [_EntryPoint()] if group == plugins.GROUP else [],
     )
     monkeypatch.setattr(plugins, "_loaded", [])
+    monkeypatch.setattr(plugins, "_failed", [])
     yield
     FORMATS[:], graph.EDGES[:], graph.FILE_NODES[:] = saved[0], saved[2], saved[3]
     FORMATS_BY_NAME.clear()
@@ -111,5 +112,8 @@ def test_a_plugin_that_fails_to_load_is_named(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [Broken()])
     monkeypatch.setattr(plugins, "_loaded", [])
+    monkeypatch.setattr(plugins, "_failed", [])  # both restored after the test
     with pytest.raises(ptconvert.UsageError, match="plugin 'toy'"):
         ptconvert.format_names()
+    with pytest.raises(ptconvert.UsageError, match="plugin 'toy'"):  # not forgotten
+        ptconvert.describe(Path(__file__))

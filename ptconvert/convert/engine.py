@@ -161,10 +161,12 @@ def convert_program(
         exc.path = exc.path or str(src)  # name the file in the message
         raise
     if not current.runnable:
-        from ptconvert.errors import MissingRequirementError
+        from ptconvert.errors import MissingRequirementError, NeedsTrustError
 
         need, hint = next(iter(current.missing.items()))
-        raise MissingRequirementError(
+        # a file that needs code to load is refused as the scanner's gate refuses it (exit 11)
+        error = NeedsTrustError if need == "trust" else MissingRequirementError
+        raise error(
             f"{' → '.join([current.src, *[e.dst for e in current.edges]])} needs {need}",
             path=src,
             hint=hint,

@@ -84,7 +84,15 @@ def eager_from_pickle(src: Path, opts: Options) -> Eager:
 
     scans = guard(src, trust=True)  # dangerous is refused even with --trust
     classes = sorted({c for s in scans for c in s.classes})
-    model = torch.load(src, map_location="cpu", weights_only=False)
+    try:
+        model = torch.load(src, map_location="cpu", weights_only=False)
+    except ModuleNotFoundError as exc:  # the classes the pickle names live in the user's code
+        raise MissingRequirementError(
+            f"the pickled module needs the Python module {exc.name!r}, which is not importable",
+            path=src,
+            hint="run where that code is importable (PYTHONPATH), or convert its state dict "
+            "with --model",
+        ) from None
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"the pickle holds a {type(model).__name__}, not an nn.Module", path=src)
     note = f"loaded a whole pickled module with --trust (imports {classes})"

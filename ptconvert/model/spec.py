@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ptconvert.errors import MissingRequirementError, UnsupportedConversionError, UsageError
+from ptconvert.errors import (
+    MissingRequirementError,
+    ModelRaisedError,
+    UnsupportedConversionError,
+    UsageError,
+)
 from ptconvert.model.inputs import ExampleInputs
 
 
@@ -88,7 +93,14 @@ def module_from_factory(spec: ModelSpec) -> tuple[Any, ExampleInputs | None]:
         ) from None
     except ValueError:  # no signature to check (a builtin): the call says
         pass
-    model = factory(**spec.args)
+    try:
+        model = factory(**spec.args)
+    except Exception as exc:  # the user's factory, with the user's --model-arg values
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise ModelRaisedError(
+            f"the model factory {spec.factory} raised {type(exc).__name__}: {first}",
+            hint=f"check --model-arg against {spec.factory}'s parameters",
+        ) from None
     if not isinstance(model, torch.nn.Module):
         if not callable(model):
             raise UsageError(f"{spec.factory} returned a {type(model).__name__}, not a model")

@@ -138,6 +138,12 @@ def bench_artifact(
     """Eager (the reference's module, or the artifact's own), torch.compile of it, and the
     artifact's runtime, on the artifact's (or the reference's) example inputs, all on
     ``device``."""
+    from ptconvert.errors import UsageError
+
+    if repeats < 1 or warmup < 0:
+        raise UsageError("bench needs --repeats 1 or more and --warmup 0 or more")
+    if batch_sizes is not None and (not batch_sizes or min(batch_sizes) < 1):
+        raise UsageError(f"batch sizes are 1 or more, got {batch_sizes}")
     import torch
 
     from ptconvert.errors import MissingRequirementError

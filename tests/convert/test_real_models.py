@@ -670,3 +670,31 @@ def test_info_names_a_programs_outputs_as_its_caller_sees_them(
     assert info["metadata"]["call"].endswith("→ dict[last_hidden_state, pooler_output]")
     code, report, _ = run_cli([str(samples["mlp_zip"]), "--to", "nope"], capsys)
     assert code == 2 and "unknown target format 'nope'" in report["error"]["message"]
+
+
+def test_user_code_errors_are_named_not_internal(
+    samples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A factory that raises on its --model-arg (exit 4), a whole-module pickle whose code is
+    gone (exit 5), and one given without --trust (exit 11, as the scan's gate says)."""
+    import sys
+
+    args = [str(samples["mlp_zip"]), "--to", "pt2", "--model", "fixtures.models:MLP"]
+    args += ["--model-arg", "d_hidden='abc'", "--input", "x:2x8:float32"]
+    code, report, _ = run_cli([*args, "-o", str(tmp_path / "m.pt2")], capsys)
+    assert code == 4 and "factory fixtures.models:MLP raised" in report["error"]["message"]
+    (tmp_path / "gone_module.py").write_text(
+        "import torch\nclass Gone(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import gone_module  # type: ignore[import-not-found]
+
+    torch.save(gone_module.Gone(), tmp_path / "gone.pt")
+    (tmp_path / "gone_module.py").unlink()
+    monkeypatch.delitem(sys.modules, "gone_module")
+    args = [str(tmp_path / "gone.pt"), "--to", "pt2", "--input", "x:2x8:float32"]
+    code, report, _ = run_cli([*args, "--trust", "-o", str(tmp_path / "g.pt2")], capsys)
+    assert code == 5 and "'gone_module'" in report["error"]["message"], report
+    code, report, _ = run_cli([*args, "-o", str(tmp_path / "g.pt2")], capsys)
+    assert code == 11, report
