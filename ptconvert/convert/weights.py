@@ -86,7 +86,8 @@ def convert_weights(
     d = detect(src)
     if d.format not in WEIGHT_SOURCES:
         raise UnsupportedConversionError(
-            f"{d.format} → {to} needs the converter graph (not landed yet)", path=src
+            f"{d.format} → {to} goes through the converter graph: use ptconvert.convert",
+            path=src,
         )
     shard_bytes = parse_size(max_shard_size) if max_shard_size else None
     if shard_bytes is not None and to != "safetensors":
