@@ -91,6 +91,13 @@ class UnsupportedConversionError(PtconvertError):
     kind = "unsupported"
 
 
+class RuntimeDiedError(UnsupportedConversionError):
+    """A runtime that runs in its own process (onnxruntime, AOTInductor) could not load the file
+    or died: said at once, with what the runtime reported."""
+
+    kind = "runtime_died"
+
+
 class MissingRequirementError(PtconvertError):
     """Something the run needs is not there: an optional package, a model spec, a compiler."""
 

@@ -29,3 +29,8 @@ class Options:
     seed: int = 0  # example inputs are drawn from this seed (and the batch size)
     max_shard_size: str | None = None  # safetensors targets: shards of at most this (e.g. "5GB")
     metadata: dict[str, str] = field(default_factory=dict)  # safetensors header metadata
+    device: str = "cpu"  # aoti targets are compiled for it; --bench and checks run on it
+    aoti_options: dict[str, Any] = field(default_factory=dict)  # Inductor configs (k=v)
+    opset: int | None = None  # onnx targets: the ai.onnx opset (None: the exporter's default)
+    external_data: bool = False  # onnx targets: weights in NAME.onnx.data (always over 2 GB)
+    onnx_optimize: bool = False  # onnx targets: onnxscript's graph optimizer on the result

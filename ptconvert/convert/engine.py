@@ -8,7 +8,11 @@ at several batch sizes.
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,14 +29,14 @@ from ptconvert.errors import (
     UsageError,
     VerificationError,
 )
-from ptconvert.formats import Detection, detect
-from ptconvert.formats.pt2 import load_exported
+from ptconvert.formats import FORMATS_BY_NAME, Detection, detect
 from ptconvert.model.build import user_inputs
 from ptconvert.options import Options
 from ptconvert.report import Report
 from ptconvert.scan.guard import refuse_unsafe
 from ptconvert.verify.parity import (
     STATEFUL_CALLS,
+    VARIED_BATCHES,
     ParityReport,
     compare,
     fresh_each_call,
@@ -41,8 +45,6 @@ from ptconvert.verify.parity import (
 
 if TYPE_CHECKING:
     from ptconvert.convert.weights import WeightsReport
-
-SUFFIXES = {"pt2": ".pt2", "torchscript": ".ts.pt", "safetensors": ".safetensors", "pt": ".pt"}
 
 
 @dataclass
@@ -67,32 +69,44 @@ class ConversionReport(Report):
 
 
 def _suffix(fmt: str) -> str:
-    from ptconvert.formats import FORMATS_BY_NAME
-
     known = FORMATS_BY_NAME.get(fmt)
-    return SUFFIXES.get(fmt) or (known.suffixes[0] if known and known.suffixes else f".{fmt}")
+    return known.suffix if known else f".{fmt}"
+
+
+def default_output(src: Path, to: str) -> Path:
+    return src.with_name(src.name.split(".")[0] + _suffix(to))
 
 
 def available_needs(src_format: str, opts: Options) -> frozenset[str]:
+    """The needs of edges that the options, the file and this machine meet."""
+    import importlib.util
+
+    from ptconvert.convert.aoti import compiler
+
     have = set()
-    if opts.model or src_format == "hf":
+    spec = opts.model or FORMATS_BY_NAME[src_format].carries_model_spec
+    if spec:
         have.add("model_spec")
-    if opts.inputs or opts.example_inputs or opts.model or src_format == "hf":
+    if opts.inputs or opts.example_inputs or spec:
         have.add("example_inputs")  # a factory module may define example_inputs()
     if opts.trust:
         have.add("trust")
+    if compiler() is not None:
+        have.add("cpp_compiler")
+    if all(importlib.util.find_spec(m) for m in ("onnx", "onnxscript", "onnxruntime")):
+        have.add("onnx")
     return frozenset(have)
 
 
 def inapplicable(d: Detection) -> frozenset[Edge]:
     """Edges that do not fit this file: a state dict is not a pickled module, and back."""
-    if d.format != "pt":
+    if not d.handler.may_hold_module:
         return frozenset()
     from ptconvert.formats import describe
 
     whole_module = bool(describe(d.path).needs_code)
     kind = "weights" if whole_module else "module"
-    return frozenset(e for e in EDGES if e.src == "pt" and e.dst == kind)
+    return frozenset(e for e in EDGES if e.src == d.format and e.dst == kind)
 
 
 def plan_for(src: str | Path, to: str, opts: Options) -> Plan:
@@ -151,7 +165,7 @@ def convert_program(
     d = detect(src)
     if d.format == to and src.is_file():
         _copy_cannot_change(src, to, opts)
-        out = Path(output) if output else src.with_name(src.name.split(".")[0] + _suffix(to))
+        out = Path(output) if output else default_output(src, to)
         check_output(out, [src], opts.force)
         return _verified_copy(src, d, out, started)
     banned: set[Edge] = set(inapplicable(d))
@@ -171,12 +185,13 @@ def convert_program(
             path=src,
             hint=hint,
         )
-    out = Path(output) if output else src.with_name(src.name.split(".")[0] + _suffix(to))
+    out = Path(output) if output else default_output(src, to)
     check_output(out, [src], opts.force)
-    state = RunState(src, d.format, inputs=user_inputs(opts))
+    _check_before_work(to, opts)
+    state = RunState(src, d.format, inputs=user_inputs(opts), destination=out)
     records: list[StepRecord] = []
     route: list[str] = []
-    with atomic_path(out) as tmp:
+    with atomic_path(out) as tmp, _staging(state):
         state.output = tmp
         node, queue = d.format, list(current.edges)
         taken: list[Edge] = []
@@ -186,9 +201,11 @@ def convert_program(
                 edge = queue.pop(0)
                 t0 = time.perf_counter()
                 notes_before = len(state.notes)
+                state.writing = not queue
                 try:
-                    with progress.step(f"{edge.src} → {edge.dst} ({edge.step})"):
+                    with progress.step(f"{edge.src} → {edge.dst} ({edge.label or edge.step})"):
                         STEPS[edge.step](state, opts)
+                    _ensure(edge, state)
                 except (UsageError, ModelRaisedError):
                     raise  # the user's options or the model itself: no other route helps
                 except PtconvertError as exc:
@@ -203,10 +220,8 @@ def convert_program(
                 node = edge.dst
                 if node == "module":
                     _check_eager(state)
-            if to == "torchscript":
-                state.scripted.save(str(tmp))
             try:
-                parity = _verify(state, to, tmp, opts) if opts.verify else None
+                parity = _verify(state, to, state.staged or tmp, opts) if opts.verify else None
                 break
             except VerificationError as exc:
                 # a program that runs but computes something else (a branch on a size frozen
@@ -229,9 +244,13 @@ def convert_program(
                 route, taken = route[:cut], taken[:cut]
                 node, queue = "module", list(replanned.edges)
         check = "parity" if parity is not None else "none"
-        if opts.verify and to not in ("pt2", "torchscript", "safetensors", "pt"):
-            state.notes.append(f"no check ran: ptconvert has no check for {to} files")
-        if to in ("safetensors", "pt") and opts.verify and state.weights is not None:
+        from ptconvert.convert.weights import WEIGHT_SOURCES
+
+        target = FORMATS_BY_NAME.get(to)
+        weights_target = target is not None and target.kind == "weights" and to in WEIGHT_SOURCES
+        if opts.verify and (target is None or (target.kind == "weights" and not weights_target)):
+            state.notes.append(f"no check ran: ptconvert cannot read {to} files back")
+        if weights_target and opts.verify and state.weights is not None:
             from ptconvert.verify.weights import verify_weights
 
             if state.weights.origin is None:
@@ -243,6 +262,7 @@ def convert_program(
                 with progress.step("verifying every tensor bitwise"):
                     verify_weights(state.weights, tmp)
                 check = "bitwise"
+        _publish(state, tmp)
     return ConversionReport(
         str(src),
         f"{d.format}/{d.layout}",
@@ -263,15 +283,19 @@ def _interface(
     state: RunState, to: str, opts: Options, parity: ParityReport | None
 ) -> dict[str, Any]:
     """The calling convention of the written program, as a user calls it."""
-    if to not in ("pt2", "torchscript") or state.inputs is None:
+    target = FORMATS_BY_NAME.get(to)
+    if target is None or target.kind != "program" or state.inputs is None:
         return {}
     from ptconvert.model.wrappers import leaf_name
 
     sample = state.inputs.at(state.inputs.batch)
     names = state.positional or list(sample)
-    keyword = state.positional is None and to == "pt2"  # TorchScript binds either way
+    # a program captured by torch.export binds by keyword or by position, as it was captured;
+    # TorchScript binds either way
+    exported = state.exported is not None
+    keyword = state.positional is None and exported
     args = ", ".join(f"{n}=…" if keyword else n for n in names)
-    if to == "torchscript":
+    if not exported:
         args += ", positionally or by keyword"
     sizes = parity.sizes if parity else []
     outputs = [leaf_name(o.name) for o in sizes[0].outputs] if sizes else []
@@ -279,26 +303,23 @@ def _interface(
         outputs = [o.partition(".")[2] or "output" for o in outputs if o.startswith("call 1")]
     accepts: list[str] = []
     fixed = [n for n, v in sample.items() if not hasattr(v, "shape")]
-    if fixed and to == "pt2":
+    if fixed and exported:
         accepts.append(
             "the scalar inputs are fixed at their example values ("
             + ", ".join(f"{n}={sample[n]!r}" for n in fixed)
             + "): torch.export specialises Python numbers; TorchScript takes any"
         )
-    if to == "pt2" and not (opts.dynamic_batch or opts.dynamic):
-        shapes = {
-            n: list(v.shape)
-            for n, v in state.inputs.at(state.inputs.batch).items()
-            if hasattr(v, "shape")
-        }
+    if exported and not (opts.dynamic_batch or opts.dynamic):
+        shapes = {n: list(v.shape) for n, v in sample.items() if hasattr(v, "shape")}
         accepts.append(
             "only the example's shapes "
             + ", ".join(f"{n}{s}" for n, s in shapes.items())
             + " (static: pass --dynamic-batch or --dynamic for other sizes)"
         )
-    if to == "pt2":
+    if exported:
         accepts += [f"{where}: {words}" for where, words in state.dynamic_range.items()]
     return {
+        "load": target.load_line.replace("\n", "; "),
         "call": f"prog({args})",
         "inputs": names,
         "keyword": keyword,
@@ -374,14 +395,14 @@ def _verified_copy(src: Path, d: Detection, out: Path, started: float) -> Conver
     """The file already has the format asked for: a byte copy, checked against the source and,
     for programs, loaded in a fresh process as a user would."""
     import filecmp
-    import shutil
 
     with atomic_path(out) as tmp, progress.step(f"copying {d.format}"):
         shutil.copyfile(src, tmp)
         if not filecmp.cmp(src, tmp, shallow=False):
             raise VerificationError("the copy differs from the source", path=out)
         note = f"the source is already {d.format}: copied byte for byte and compared"
-        if d.format in ("pt2", "torchscript"):
+        # a copy's native code is not run: the source was never trusted
+        if d.handler.kind == "program" and not d.handler.runs_native_code:
             _loads_in_fresh_process(tmp, d.format, RunState(src, d.format), torch_only=False)
             note += "; the copy loads in a fresh Python process"
     step = StepRecord(
@@ -426,44 +447,54 @@ def _replan(
 
 
 def _verify(state: RunState, to: str, artifact: Path, opts: Options) -> ParityReport | None:
-    """Reload the written program and compare it with the eager reference."""
-    import torch
-
-    if to not in ("pt2", "torchscript") or state.reference is None or state.inputs is None:
-        if to in ("pt2", "torchscript"):
-            state.notes.append("parity not checked: no eager reference or example inputs")
+    """Load the written program with its format's own runtime and compare it with the eager
+    reference at several batch sizes (and every dynamic dim at its ends)."""
+    target = FORMATS_BY_NAME.get(to)
+    if target is None or target.kind != "program":
+        return None
+    if state.reference is None or state.inputs is None:
+        state.notes.append("parity not checked: no eager reference or example inputs")
         return None
     _loads_in_fresh_process(artifact, to, state)
     # reload from disk: the check is on what was written, not on the object in memory
-    ep = load_exported(artifact) if to == "pt2" else None
-    program = ep.module() if ep is not None else torch.jit.load(str(artifact))
-    names = state.positional
+    with progress.step(f"loading the {to} file to compare it"):
+        program = target.open(artifact, opts.device)
+    try:
+        return _compare_program(state, to, program, opts)
+    finally:
+        program.close()
 
-    def call_of(m: Any) -> Any:
-        def call(**kwargs: Any) -> Any:
-            return m(*[kwargs[n] for n in names]) if names else m(**kwargs)
 
-        return call
-
-    candidate: Any = call_of(program)
+def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> ParityReport:
+    assert state.inputs is not None
+    candidate: Any = program.call
     reference: Any = state.reference
     # several sizes (and so several input draws): a frozen branch or shape shows at one of them
-    varied = [1, 2, 3, 5, 7]
-    batches = varied if opts.dynamic_batch or to == "torchscript" else [state.inputs.batch]
+    exported = state.exported is not None
+    dynamic = opts.dynamic_batch or not exported  # TorchScript takes any batch size
+    batches = list(VARIED_BATCHES) if dynamic else [state.inputs.batch]
     changed = state_changes(reference, lambda m: m, state.inputs.at(batches[0]), "the model")
-    if changed:
+    if changed and program.module is not None and program.call_of is not None:
         # the model updates its own state on every call: both sides start from the saved state
         # and make the same calls in a row, every call's outputs compared
         reference = fresh_each_call(reference, lambda m: m, STATEFUL_CALLS)
-        candidate = fresh_each_call(program, call_of, STATEFUL_CALLS)
+        candidate = fresh_each_call(program.module, program.call_of, STATEFUL_CALLS)
         state.notes.append(
             f"stateful model: a call changes its {', '.join(changed)}; the program and the eager "
             f"model were each run {STATEFUL_CALLS} times in a row from their saved state and "
             "every call compared"
         )
-    if ep is not None and (opts.dynamic_batch or opts.dynamic):
-        batches = _check_dynamic_dims(state, ep, reference, candidate, opts, batches)
-    report = compare(reference, candidate, state.inputs.at, batches)
+    elif changed:
+        reference = fresh_each_call(reference, lambda m: m, 1)
+        state.notes.append(
+            f"stateful model: a call changes its {', '.join(changed)}; the {to} runtime runs in "
+            "another process and cannot be reset: each size compared on its first call"
+        )
+    ranged = program.exported or (state.exported if exported else None)
+    if ranged is not None and (opts.dynamic_batch or opts.dynamic):
+        batches = _check_dynamic_dims(state, ranged, reference, candidate, opts, batches)
+    with progress.step(f"comparing the {to} program with eager at batch sizes {batches}"):
+        report = compare(reference, candidate, state.inputs.at, batches)
     if report.status != "pass":
         bad = report.failed[0]
         raise VerificationError(
@@ -478,6 +509,8 @@ def _verify(state: RunState, to: str, artifact: Path, opts: Options) -> ParityRe
 def _hint_for(status: str, to: str, opts: Options) -> str:
     if status == "eager_nondeterministic":
         return "the eager model gives different outputs on the same inputs: eval mode, no dropout"
+    if to in ("aoti", "onnx"):
+        return f"the {to} runtime computes something else than eager: check the pt2 route first"
     if to == "torchscript" and opts.method != "trace":
         return "the graph tried the routes it has; --method trace or export (--to pt2) differ"
     return "a trace may have frozen a branch or a shape: try --method script, or export"
@@ -518,15 +551,18 @@ def _check_dynamic_dims(
 def _loads_in_fresh_process(
     artifact: Path, to: str, state: RunState, *, torch_only: bool = True
 ) -> None:
-    """Load the artifact in a new interpreter with only torch imported: what a user does. A
-    program whose output spec needs another package's pytree registrations fails here (a copy
+    """Load the artifact in a new interpreter with only its runtime imported: what a user does.
+    A program whose output spec needs another package's pytree registrations fails here (a copy
     of such a program is loaded as ptconvert loads it, with those registrations)."""
     import subprocess
     import sys
 
-    load = "torch.export.load(p)" if to == "pt2" else "torch.jit.load(p)"
-    if to == "pt2" and not torch_only:
-        load = "from ptconvert.formats.pt2 import load_exported; load_exported(p)"
+    load = FORMATS_BY_NAME[to].load_line
+    if not torch_only:
+        load = (
+            "from pathlib import Path\nfrom ptconvert.formats import FORMATS_BY_NAME\n"
+            f"FORMATS_BY_NAME[{to!r}].open(Path(p)).close()"
+        )
     code = f"import sys, torch\np = sys.argv[1]\n{load}\n"
     with progress.step("loading the result in a fresh process"):
         proc = subprocess.run(
@@ -537,4 +573,54 @@ def _loads_in_fresh_process(
         raise VerificationError(
             f"the written {to} does not load in a fresh Python process: {last[:300]}",
             path=state.src,
+        )
+
+
+def _check_before_work(to: str, opts: Options) -> None:
+    """What the target needs of this machine, said before anything runs."""
+    if to == "aoti" or opts.device != "cpu":
+        from ptconvert.convert.aoti import check_device
+
+        check_device(opts.device)
+
+
+@contextmanager
+def _staging(state: RunState) -> Iterator[None]:
+    """Remove a staging folder a step made, whatever happens."""
+    try:
+        yield
+    finally:
+        if state.staged is not None:
+            shutil.rmtree(state.staged.parent, ignore_errors=True)
+
+
+def _publish(state: RunState, tmp: Path) -> None:
+    """A staged target: its companions go in place first, the main file last (onto ``tmp``,
+    which ``atomic_path`` renames onto the output)."""
+    if state.staged is None:
+        return
+    assert state.destination is not None
+    for companion in state.companions:
+        os.replace(companion, state.destination.parent / companion.name)
+    os.replace(state.staged, tmp)
+
+
+_STAGE_OBJECTS = {"weights": "weights", "module": "module", "exported": "exported"}
+
+
+def _ensure(edge: Edge, state: RunState) -> None:
+    """What an edge promises: the stage it leads to is in memory; a file it writes exists."""
+    held = _STAGE_OBJECTS.get(edge.dst)
+    if held is not None and getattr(state, held) is None:
+        raise UnsupportedConversionError(
+            f"the {edge.step} step did not produce the {edge.dst} stage", path=state.src
+        )
+    written = state.staged or state.output
+    if (
+        held is None
+        and state.writing
+        and (written is None or not written.exists() or written.stat().st_size == 0)
+    ):
+        raise UnsupportedConversionError(
+            f"the {edge.step} step wrote no {edge.dst} file", path=state.src
         )

@@ -12,7 +12,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
-from ptconvert.errors import NotImplementedYetError, UnsupportedConversionError, UsageError
+from ptconvert.errors import UnsupportedConversionError, UsageError
 from ptconvert.report import Report
 
 STAGES = ("weights", "module", "exported")
@@ -24,6 +24,9 @@ NEED_HINTS: dict[str, str] = {
     "with config.json",
     "example_inputs": "pass --input NAME:SHAPE:DTYPE (repeatable) or --example-inputs FILE",
     "trust": "pass --trust (the file is a whole pickled module: loading it imports its classes)",
+    "cpp_compiler": "install a C++ compiler (g++ or clang++) or set CXX: AOTInductor compiles "
+    "the program into native code with it",
+    "onnx": "pip install 'ptconvert[onnx]' (onnx, onnxscript and onnxruntime)",
 }
 
 
@@ -54,6 +57,9 @@ EDGES: list[Edge] = [
     Edge("pt2", "weights", "program_weights", 1, label="extract the weights"),
     Edge("exported", "pt2", "save_pt2", 1, label="torch.export.save"),
     Edge("exported", "weights", "program_weights", 1, label="the program's state dict"),
+    Edge("exported", "aoti", "aoti_compile", 6, ("cpp_compiler",), "AOTInductor compile + package"),
+    Edge("exported", "onnx", "onnx_export", 3, ("onnx",), "torch.onnx (dynamo exporter)"),
+    Edge("onnx", "weights", "read_weights", 1, ("onnx",), "the initializers, by torch name"),
 ]
 
 
@@ -137,11 +143,6 @@ def plan(
     """The cheapest route from ``src`` to ``dst`` given the needs that are met."""
     if dst not in FILE_NODES:
         raise UsageError(f"unknown target format {dst!r} (known: {', '.join(FILE_NODES)})")
-    if dst in ("aoti", "onnx"):
-        raise NotImplementedYetError(
-            f"conversion to {dst} is not available in this version of ptconvert",
-            hint="convert to pt2 (or torchscript) and build the package from it with torch",
-        )
     path = _search(src, dst, have, banned, relax=False)
     if path is not None:
         return Plan(src, dst, path)

@@ -26,6 +26,7 @@ class RunState:
     src: Path
     src_format: str
     output: Path | None = None  # the temporary path the final step writes
+    destination: Path | None = None  # where the output goes once it is checked
     weights: WeightSet | None = None
     module: Any = None  # nn.Module
     reference: Any = None  # the eager module the result is checked against
@@ -34,4 +35,11 @@ class RunState:
     inputs: ExampleInputs | None = None
     dynamic_range: dict[str, str] = field(default_factory=dict)
     positional: list[str] | None = None  # the program takes these inputs positionally
+    # the step that writes the output is the route's last: it writes ``output``
+    writing: bool = False
+    # a target of several files (ONNX with external data) is written into a staging folder
+    # beside the output: ``staged`` (the main file there) is checked, then its companions are
+    # put in place before the main file is
+    staged: Path | None = None
+    companions: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

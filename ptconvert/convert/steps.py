@@ -69,6 +69,9 @@ def script(state: RunState, opts: Options) -> None:
     from ptconvert.convert.scripting import to_torchscript
 
     state.scripted = to_torchscript(state, opts)
+    if state.writing:  # the route ends at the TorchScript file
+        assert state.output is not None
+        state.scripted.save(str(state.output))
 
 
 def ts_to_exported(state: RunState, opts: Options) -> None:
@@ -149,6 +152,18 @@ def save_pt2(state: RunState, opts: Options) -> None:
     torch.export.save(state.exported, state.output)
 
 
+def aoti_compile(state: RunState, opts: Options) -> None:
+    from ptconvert.convert.aoti import aoti_compile as compile_package
+
+    compile_package(state, opts)
+
+
+def onnx_export(state: RunState, opts: Options) -> None:
+    from ptconvert.convert.onnx_export import onnx_export as export_onnx
+
+    export_onnx(state, opts)
+
+
 STEPS = {
     "read_weights": read_weights_step,
     "write_safetensors": write_safetensors,
@@ -161,4 +176,6 @@ STEPS = {
     "program_weights": program_weights,
     "load_pt2": load_pt2,
     "save_pt2": save_pt2,
+    "aoti_compile": aoti_compile,
+    "onnx_export": onnx_export,
 }

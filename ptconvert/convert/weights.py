@@ -26,7 +26,7 @@ from ptconvert.weights.torch_zip import write_torch_zip
 from ptconvert.weights.write import parse_size, write_safetensors
 
 WEIGHT_TARGETS = ("safetensors", "pt")
-WEIGHT_SOURCES = ("pt", "safetensors", "sharded", "hf", "torchscript", "pt2")
+WEIGHT_SOURCES = ("pt", "safetensors", "sharded", "hf", "torchscript", "pt2", "onnx")
 
 
 @dataclass

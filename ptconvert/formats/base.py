@@ -14,11 +14,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ptconvert.archive import ZipArchive, is_zip, open_zip
 from ptconvert.errors import CorruptFileError
 from ptconvert.report import Report
+
+if TYPE_CHECKING:
+    from ptconvert.formats.program import Program
 
 HEAD_BYTES = 4096
 TAIL_BYTES = 65535 + 22
@@ -149,12 +152,24 @@ class FileInfo(Report):
 
 
 class Format:
-    """Base of format modules. Subclasses set the class attributes and implement the methods."""
+    """Base of format modules. Subclasses set the class attributes and implement the methods.
+
+    ``kind`` says what the file is to a conversion: ``weights`` (tensors by name: checked
+    bitwise) or ``program`` (something that runs: ``open`` loads it, checked for parity).
+    """
 
     name: ClassVar[str]
+    kind: ClassVar[Literal["weights", "program"]] = "weights"
     suffixes: ClassVar[tuple[str, ...]] = ()
+    output_suffix: ClassVar[str] = ""  # the suffix of a file ptconvert writes ("" : suffixes[0])
     holds: ClassVar[str] = ""
     priority: ClassVar[int] = 0  # higher wins when several formats match
+    # programs: how a user loads one with its own runtime (``p`` is the path), as Python lines;
+    # the conversion runs them in a fresh interpreter before it reports success
+    load_line: ClassVar[str] = ""
+    runs_native_code: ClassVar[bool] = False  # loading runs compiled code (needs --trust)
+    carries_model_spec: ClassVar[bool] = False  # names its model class (a config.json beside)
+    may_hold_module: ClassVar[bool] = False  # may be a whole pickled nn.Module (with --trust)
 
     def match(self, probe: Probe) -> str | None:
         """The layout name if ``probe`` is this format, else None. Must be cheap and safe."""
@@ -162,6 +177,14 @@ class Format:
 
     def info(self, path: Path, layout: str) -> FileInfo:
         raise NotImplementedError
+
+    def open(self, path: Path, device: str = "cpu") -> Program:
+        """Load a program (the caller has scanned it) as something to call on named inputs."""
+        raise NotImplementedError(f"{self.name} files are not programs")
+
+    @property
+    def suffix(self) -> str:
+        return self.output_suffix or (self.suffixes[0] if self.suffixes else f".{self.name}")
 
 
 def file_entry(path: Path) -> dict[str, Any]:

@@ -353,6 +353,7 @@ def _parses(probe: Probe) -> bool:
 
 class CheckpointFormat(Format):
     name = "pt"
+    may_hold_module = True
     suffixes = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
     holds = "any pickled object: state dicts, training checkpoints, whole modules (needs code)"
     priority = 5

@@ -39,6 +39,7 @@ def read_config(directory: Path) -> dict[str, Any]:
 
 class HuggingFaceFormat(Format):
     name = "hf"
+    carries_model_spec = True
     suffixes = ()
     holds = "a transformers model directory: config.json, weights (any layout), tokenizer files"
     priority = 10

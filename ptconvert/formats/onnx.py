@@ -11,9 +11,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ptconvert.deps import require
+from ptconvert.deps import require, require_installed
 from ptconvert.errors import CorruptFileError
 from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
+from ptconvert.formats.isolated import IsolatedRuntime
+from ptconvert.formats.program import Program, Signature
 
 # ModelProto field tags that may follow ir_version (field 1): producer_name … opset_import.
 _NEXT_FIELD_TAGS = frozenset({0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72, 0x7A})
@@ -48,6 +50,17 @@ class OnnxFormat(Format):
     suffixes = (".onnx",)
     holds = "an ONNX graph with initializers (optionally in external data files)"
     priority = 10
+    kind = "program"
+    load_line = "import onnxruntime\nonnxruntime.InferenceSession(p)"
+
+    def open(self, path: Path, device: str = "cpu") -> Program:
+        # onnxruntime runs in its own process (it may crash or leak); external data stays in
+        # the model's folder
+        require_installed("onnxruntime")  # said here, not in the child
+        runtime = IsolatedRuntime("onnx", str(path), device)
+        names = runtime.input_names
+        signature = None if names is None else Signature(names, list(names), source="ONNX inputs")
+        return Program(runtime, signature)
 
     def match(self, probe: Probe) -> str | None:
         h = probe.head

@@ -12,6 +12,7 @@ import contextlib
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 from ptconvert.archive import ZipArchive, open_zip
 from ptconvert.errors import CorruptFileError, UnsupportedConversionError
 from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
+from ptconvert.formats.isolated import IsolatedRuntime
+from ptconvert.formats.program import Program, Signature, by_position
 from ptconvert.formats.torch_objects import DTYPE_SIZES, StorageRef, TensorRef
 
 # torch._export.serde.schema.ScalarType
@@ -165,9 +168,14 @@ def _weight_ref(archive: ZipArchive, p: Payload, path: Path) -> TensorRef:
 
 class ExportedProgramFormat(Format):
     name = "pt2"
+    kind = "program"
     suffixes = (".pt2",)
+    load_line = "torch.export.load(p).module()"
     holds = "an ExportedProgram: ATen graph, signature with dynamic dims, weights, constants"
     priority = 30
+
+    def open(self, path: Path, device: str = "cpu") -> Program:
+        return open_exported(path)
 
     def match(self, probe: Probe) -> str | None:
         if not _is_pt2(probe):
@@ -300,11 +308,64 @@ def _io(arg: dict[str, Any], values: dict[str, Any]) -> IOSpec:
     return IOSpec(str(label), kind, None)
 
 
+def open_exported(path: Path) -> Program:
+    """A pt2 file as a program: called by keyword when it was exported so, else by position."""
+    ep = load_exported(path)
+    names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    args_spec, kwargs_spec = (
+        ep.call_spec.in_spec.children() if ep.call_spec.in_spec else (None, None)
+    )
+    keywords = list(getattr(kwargs_spec, "context", None) or [])
+    if keywords:  # the keyword inputs by the names they are called with
+        names = [*names[: getattr(args_spec, "num_children", 0)], *keywords]
+    module = ep.module()
+
+    def call_of(m: Any) -> Callable[..., Any]:
+        return m if keywords else by_position(m, names)
+
+    return Program(
+        call_of(module),
+        Signature(names, list(names), source="program inputs"),
+        module,
+        call_of,
+        ep,
+        bool(ep.range_constraints),
+        _max_batch(ep),
+    )
+
+
+def _max_batch(ep: Any) -> int | None:
+    """The finite upper bound of the first user input's dim 0, when it is dynamic."""
+    users = {s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"}
+    for node in ep.graph.nodes:
+        if node.op != "placeholder" or node.name not in users:
+            continue
+        shape = getattr(node.meta.get("val"), "shape", None)
+        expr = getattr(getattr(shape[0], "node", None), "expr", None) if shape else None
+        bound = ep.range_constraints.get(expr) if expr is not None else None
+        if bound is None or "oo" in str(bound.upper):  # unbounded (sympy's int_oo)
+            return None
+        upper = int(bound.upper)
+        return upper if upper is not None and upper < 1 << 20 else None
+    return None
+
+
 class AotiPackageFormat(Format):
     name = "aoti"
+    kind = "program"
     suffixes = (".pt2",)
+    output_suffix = ".aoti.pt2"
+    load_line = "torch._inductor.aoti_load_package(p)"
+    runs_native_code = True
     holds = "an AOTInductor package: compiled native code (.so) with embedded weights"
     priority = 40
+
+    def open(self, path: Path, device: str = "cpu") -> Program:
+        # compiled native code: it runs in its own process (a crash is an error, not ours)
+        runtime = IsolatedRuntime("aoti", str(path), device)
+        names = runtime.input_names
+        signature = None if names is None else Signature(names, list(names), source="package")
+        return Program(runtime, signature)
 
     def match(self, probe: Probe) -> str | None:
         if not _is_pt2(probe) or probe.zip is None:

@@ -14,6 +14,7 @@ from ptconvert.archive import open_zip
 from ptconvert.errors import CorruptFileError
 from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
 from ptconvert.formats.checkpoint import describe_pickles
+from ptconvert.formats.program import Program, Signature, by_position
 from ptconvert.formats.torch_objects import TensorRef, flatten_tensors, interpret
 from ptconvert.scan.machine import run_pickle
 
@@ -25,6 +26,9 @@ class TorchScriptFormat(Format):
     suffixes = (".pt", ".pth", ".ts", ".jit")
     holds = "a compiled module: TorchScript code, weights and constants; runs without Python source"
     priority = 20
+    kind = "program"
+    output_suffix = ".ts.pt"
+    load_line = "torch.jit.load(p)"
 
     def match(self, probe: Probe) -> str | None:
         z = probe.zip
@@ -61,6 +65,20 @@ class TorchScriptFormat(Format):
             if member is not None:
                 self._signature(info, archive.read(member).decode("utf-8", "replace"))
         return info
+
+    def open(self, path: Path, device: str = "cpu") -> Program:
+        import torch
+
+        ts = torch.jit.load(str(path), map_location=device)
+        args = ts.forward.schema.arguments[1:]
+        names = [a.name for a in args]
+        required = [a.name for a in args if not a.has_default_value()]
+        return Program(
+            by_position(ts, names),
+            Signature(names, required, source="TorchScript forward"),
+            ts,
+            lambda m: by_position(m, names),
+        )
 
     @staticmethod
     def _signature(info: FileInfo, code: str) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert.errors import MissingRequirementError, UsageError
+from ptconvert.formats import FORMATS_BY_NAME
 from ptconvert.model.inputs import ExampleInputs, from_file, from_hf_model, from_specs, parse_input
 from ptconvert.model.spec import (
     ModelSpec,
@@ -29,6 +30,18 @@ class Eager:
     reference: Any  # what results are compared through (a transformers model: named outputs)
     inputs: ExampleInputs | None
     notes: list[str] = field(default_factory=list)
+
+
+def eager_runtime(src: Path, src_format: str, opts: Options) -> Eager | None:
+    """The eager model of a weights file, when the options (or the file) say which model it is;
+    None when nothing does (weights alone are compared bitwise)."""
+    fmt = FORMATS_BY_NAME[src_format]
+    whole_module = fmt.may_hold_module and opts.trust and not opts.model
+    if not (opts.model or fmt.carries_model_spec or whole_module):
+        return None
+    if whole_module:
+        return eager_from_pickle(src, opts)
+    return eager_from_weights(src, src_format, source_weights(src, opts), opts)
 
 
 def user_inputs(opts: Options) -> ExampleInputs | None:
@@ -67,7 +80,7 @@ def eager_from_weights(src: Path, src_format: str, weights: WeightSet, opts: Opt
                 f"{unexpected[:10]}"
             )
         return Eager(model, model, user_inputs(opts) or own_inputs, notes)
-    if src_format == "hf":
+    if FORMATS_BY_NAME[src_format].carries_model_spec:
         # the directory was scanned when its weights were read; transformers loads them
         loaded = module_from_hf(src, opts.task, {e.name: tuple(e.shape) for e in weights.entries})
         model = loaded.model

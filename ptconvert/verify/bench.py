@@ -147,8 +147,9 @@ def bench_artifact(
     import torch
 
     from ptconvert.errors import MissingRequirementError
+    from ptconvert.formats import FORMATS_BY_NAME
     from ptconvert.scan.guard import refuse_unsafe
-    from ptconvert.verify.runtime import WEIGHT_FORMATS, open_runtime
+    from ptconvert.verify.runtime import open_runtime
 
     refuse_unsafe(artifact, reference)
     cand = open_runtime(artifact, opts)
@@ -166,7 +167,7 @@ def bench_artifact(
     skipped: dict[str, str] = {}
     if reference:
         eager = ref.call
-    elif cand.format in WEIGHT_FORMATS:
+    elif FORMATS_BY_NAME[cand.format].kind == "weights":
         eager = cand.module  # the artifact is itself an eager model (weights + a model spec)
     else:
         # a program timed alone: labelling it "eager" would compare it with itself

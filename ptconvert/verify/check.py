@@ -34,6 +34,7 @@ from ptconvert.report import Report
 from ptconvert.scan.guard import refuse_unsafe
 from ptconvert.verify.parity import (
     STATEFUL_CALLS,
+    VARIED_BATCHES,
     ParityReport,
     compare,
     fresh_each_call,
@@ -41,8 +42,6 @@ from ptconvert.verify.parity import (
 )
 from ptconvert.verify.runtime import Runtime, Signature, open_runtime
 from ptconvert.verify.weights import WeightsCheck
-
-VARIED_BATCHES = [1, 2, 3, 5, 7]  # 1, 2, primes in the middle: sizes a frozen shape misses
 
 
 @dataclass

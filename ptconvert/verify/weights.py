@@ -228,6 +228,8 @@ def _reference(ws: WeightSet, scans: list[Any] | None, trust: bool, stack: ExitS
         ref = _torch_reference(ws, [ws.origin], _may_unpickle(ws, scans, trust))
     elif ws.format in ("torchscript", "pt2"):
         ref = _program_reference(ws, _may_unpickle(ws, scans, trust))
+    elif ws.format == "onnx":
+        ref = _onnx_reference(ws.origin)
     else:
         raise VerificationError(f"no independent reader for {ws.format} sources", path=ws.origin)
     ref.seconds += time.perf_counter() - tick
@@ -397,6 +399,31 @@ def _plain(value: Any, problems: list[str]) -> Any:
         return v
 
     return walk(value)
+
+
+def _onnx_reference(path: Path) -> _Reference:
+    """The onnx package's own reader (``onnx.load`` with external data, ``numpy_helper``):
+    another implementation than the onnx_ir reader the conversion used."""
+    import numpy as np
+    import onnx
+    import torch
+    from onnx import numpy_helper
+
+    from ptconvert.formats.onnx import ONNX_DTYPES
+
+    model = onnx.load(str(path), load_external_data=True)
+    tensors: dict[str, _Ref] = {}
+    for init in model.graph.initializer:
+        array = np.ascontiguousarray(numpy_helper.to_array(init))
+        dtype = getattr(torch, ONNX_DTYPES.get(init.data_type, ""), None)
+        if dtype is None:
+            continue
+        if array.dtype.kind not in "biufc":  # bfloat16, float8 (ml_dtypes): by their bits
+            t = torch.from_numpy(array.view(f"u{array.dtype.itemsize}")).view(dtype)
+        else:
+            t = torch.from_numpy(array)
+        tensors[init.name] = _torch_ref(t, None)
+    return _Reference("onnx.load + numpy_helper", tensors)
 
 
 def _torch_ref(t: Any, pages: _Pages | None) -> _Ref:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,11 +114,11 @@ def read_weights(
         else:
             ckpt = PickledCheckpoint("zip", found[1], [], found[0])
             ws = _read_checkpoint(d, key, skip_unsupported, program=True, ckpt=ckpt)
+    elif d.format == "onnx":
+        ws = _read_onnx(d.path)
     else:
         raise UnsupportedConversionError(
-            f"{d.format} files are programs, not weight files: extracting their weights lands "
-            "with the converter graph",
-            path=src,
+            f"ptconvert cannot read the weights of {d.format} files", path=src
         )
     ws.origin, ws.format, ws.layout = d.path, d.format, d.layout
     if not ws.entries:
@@ -126,6 +127,54 @@ def read_weights(
     if not keep_prefix:
         _strip_prefix(ws)
     return ws
+
+
+# names an exporter makes up for constants it created (folded values, shapes, scalars)
+_GENERATED = re.compile(r"^(val_\d+|_?onnx::.*|.*_output_\d+|const(ant)?_.*|\d.*)$")
+
+
+def _read_onnx(path: Path) -> WeightSet:
+    """An ONNX model's initializers (external data included), under the names torch's exporter
+    gave them: the parameters' own names. Constants the exporter made up are listed as left
+    out, with their names."""
+    import torch
+
+    from ptconvert.deps import require
+    from ptconvert.formats.onnx import ONNX_DTYPES
+
+    ir = require("onnx_ir")
+    try:
+        model = ir.load(str(path))
+    except Exception as exc:  # protobuf and file errors alike
+        raise CorruptFileError(f"not a readable ONNX model ({exc})", path=path) from None
+    entries: list[WeightEntry] = []
+    skipped: dict[str, str] = {}
+    for name, value in model.graph.initializers.items():
+        tensor = value.const_value
+        if tensor is None:
+            continue
+        if _GENERATED.match(name) or not _TORCH_NAME.match(name):
+            skipped[name] = "a constant the exporter made, not a torch parameter name"
+            continue
+        dtype = ONNX_DTYPES.get(int(tensor.dtype), "")
+        torch_dtype = getattr(torch, dtype, None)
+        if torch_dtype is None:
+            skipped[name] = f"ONNX data type {tensor.dtype} has no torch dtype"
+            continue
+        data = bytearray(tensor.tobytes())
+        t = torch.frombuffer(data, dtype=torch_dtype) if data else torch.empty(0, dtype=torch_dtype)
+        shape = tuple(int(d) for d in tensor.shape)
+        entries.append(WeightEntry(name, dtype, shape, len(data), tensor=t.reshape(shape)))
+    ws = WeightSet(entries, "torch", skipped=skipped)
+    if skipped:
+        ws.notes.append(
+            f"{len(skipped)} initializer(s) without a torch parameter name were left out: "
+            f"{sorted(skipped)[:10]}"
+        )
+    return ws
+
+
+_TORCH_NAME = re.compile(r"^[A-Za-z_][\w]*(\.[\w]+)*$")
 
 
 def _older_pt2_weights(path: Path) -> WeightSet:

@@ -17,10 +17,10 @@ def test_bare_conversion_grammar_reaches_convert(samples, tmp_path, capsys) -> N
         [str(samples["mlp_zip"]), "--to", "safetensors", "-o", str(out_path)], capsys
     )
     assert code == 0 and out["output"] == str(out_path) and out_path.exists()
-    # program targets land with the converter graph: until then, their own exit code
+    # a program target from a state dict needs the model: said with the option that gives it
     code, out, _ = run_cli([str(samples["mlp_zip"]), "--to", "onnx"], capsys)
-    assert code == 7 == out["error"]["exit_code"]
-    assert out["error"]["kind"] == "not_implemented"
+    assert code == 5 == out["error"]["exit_code"]
+    assert "model_spec" in out["error"]["message"] and "--model" in out["error"]["hint"]
     assert out["error"]["path"] == str(samples["mlp_zip"])
 
 

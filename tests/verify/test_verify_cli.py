@@ -84,7 +84,7 @@ def test_verify_needs_a_model_for_weights_against_a_program(samples, capsys) -> 
 def test_onnx_runs_in_a_spawned_process(samples) -> None:
     import os
 
-    from ptconvert.verify.isolated import IsolatedRuntime
+    from ptconvert.formats.isolated import IsolatedRuntime
     from ptconvert.verify.runtime import open_runtime
 
     runtime = open_runtime(samples["mlp_onnx"], Options())

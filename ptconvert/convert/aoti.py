@@ -1,0 +1,72 @@
+"""The exported → aoti edge: ``torch._inductor.aoti_compile_and_package`` into a ``.pt2`` package.
+
+The package holds a shared library compiled for one device (``--device``), with the program's
+dynamic dims kept; ``--aoti-option k=v`` passes Inductor configs (``max_autotune=1``). Compiling
+takes tens of seconds even for a small model: the time is reported.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from typing import Any
+
+from ptconvert.convert.state import RunState
+from ptconvert.errors import MissingRequirementError, UnsupportedConversionError
+from ptconvert.options import Options
+from ptconvert.quiet import quiet_torch
+
+
+def compiler() -> str | None:
+    """The C++ compiler Inductor would use (its ``CXX`` or the first on PATH)."""
+    import os
+
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def check_device(device: str) -> None:
+    """A CUDA package needs a GPU to compile on: said before any work starts."""
+    if device == "cpu":
+        return
+    import torch
+
+    if device != "cuda":
+        raise MissingRequirementError(f"--device {device}: AOTInductor compiles for cpu or cuda")
+    if not torch.cuda.is_available():
+        raise MissingRequirementError(
+            "--device cuda: CUDA is not available on this machine",
+            hint="compile on a machine with the GPU, or use --device cpu",
+        )
+
+
+def aoti_compile(state: RunState, opts: Options) -> None:
+    from torch._inductor import aoti_compile_and_package
+
+    assert state.exported is not None and state.output is not None
+    check_device(opts.device)
+    ep: Any = state.exported
+    if opts.device != "cpu":
+        from torch.export.passes import move_to_device_pass
+
+        ep = move_to_device_pass(ep, opts.device)
+    started = time.perf_counter()
+    try:
+        with quiet_torch():
+            aoti_compile_and_package(
+                ep, package_path=str(state.output), inductor_configs=dict(opts.aoti_options)
+            )
+    except Exception as exc:  # Inductor's errors are long: the first line says what failed
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise UnsupportedConversionError(
+            f"AOTInductor cannot compile this program: {type(exc).__name__}: {first}",
+            path=state.src,
+        ) from None
+    options = ", ".join(f"{k}={v}" for k, v in opts.aoti_options.items())
+    state.notes.append(
+        f"AOTInductor compiled for {opts.device} in {time.perf_counter() - started:.1f} s"
+        + (f" ({options})" if options else "")
+        + "; the package holds native code: loading it runs a compiled shared library"
+    )

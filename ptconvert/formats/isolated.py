@@ -1,0 +1,150 @@
+"""Runtimes that may leak memory or crash (onnxruntime, AOTInductor) run in a spawned process.
+
+The child loads the artifact and answers calls over a pipe: named input arrays in, output arrays
+out (numpy arrays we made ourselves, never a file's pickle). The child's end of the pipe is
+closed in the parent, so a child that dies is seen at once (end of file), not after a timeout:
+loading fails with ``RuntimeDiedError``, a call with the exit code. The parent is unharmed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+from typing import Any
+
+from ptconvert.errors import RuntimeDiedError
+
+_TIMEOUT_S = 600  # a call that runs this long without answering is given up
+_POLL_S = 0.5
+
+
+def _onnx_runner(path: str, device: str) -> tuple[Any, list[str], list[str]]:
+    import onnxruntime as ort
+
+    providers = ["CPUExecutionProvider"]
+    if device == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+        providers.insert(0, "CUDAExecutionProvider")
+    session = ort.InferenceSession(path, providers=providers)
+    names = [i.name for i in session.get_inputs()]
+
+    def run(feeds: dict[str, Any]) -> list[Any]:
+        return list(session.run(None, {n: feeds[n] for n in names if n in feeds}))
+
+    return run, names, session.get_providers()
+
+
+def _aoti_runner(path: str, device: str) -> tuple[Any, list[str] | None, list[str]]:
+    import torch
+    from torch.utils import _pytree as pytree
+
+    runner = torch._inductor.aoti_load_package(path)
+    in_spec = pytree.treespec_loads(runner.loader.get_call_spec()[0])
+    kwargs_spec = in_spec.children()[1] if in_spec.num_children == 2 else None
+    keywords = list(getattr(kwargs_spec, "context", None) or [])
+
+    def run(feeds: dict[str, Any]) -> list[Any]:
+        tensors = {k: torch.from_numpy(v).to(device) for k, v in feeds.items()}
+        if keywords:  # exported by keyword: the package binds the names itself
+            out = runner(**{k: v for k, v in tensors.items() if k in keywords})
+        else:
+            out = runner(*tensors.values())
+        return [o.detach().cpu().numpy() for o in pytree.tree_leaves(out)]
+
+    return run, keywords or None, [device]
+
+
+_RUNNERS = {"onnx": _onnx_runner, "aoti": _aoti_runner}
+
+
+def _serve(kind: str, path: str, device: str, conn: Any) -> None:
+    """Child process: load the runtime, then answer calls until told to stop."""
+    import numpy as np
+
+    try:
+        run, accepted, where = _RUNNERS[kind](path, device)
+    except Exception as exc:  # reported to the parent as a failed load
+        conn.send(("error", f"{type(exc).__name__}: {exc}"[:1000]))
+        return
+    conn.send(("ready", (accepted, where)))
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the parent went away
+            break
+        if message is None:
+            break
+        try:
+            conn.send(("ok", [np.asarray(o) for o in run(message)]))
+        except Exception as exc:  # reported to the parent as a failed call
+            conn.send(("error", f"{type(exc).__name__}: {exc}"[:500]))
+
+
+class IsolatedRuntime:
+    """A callable on named tensors, backed by a spawned process that holds the runtime."""
+
+    def __init__(self, kind: str, path: str, device: str = "cpu") -> None:
+        self.kind, self.path = kind, path
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(kind, path, device, child), daemon=True)
+        self._proc.start()
+        child.close()  # only the child holds its end: its death is an end of file here
+        try:
+            accepted, where = self._expect("loading")
+        except RuntimeError as exc:
+            self.close()
+            raise RuntimeDiedError(f"the {kind} runtime cannot load it: {exc}", path=path) from None
+        # the names of the inputs the runtime takes (ONNX: the session's); None when unknown
+        self.input_names: list[str] | None = accepted
+        self.providers: list[str] = where
+
+    def _expect(self, doing: str) -> Any:
+        waited = 0.0
+        while not self._conn.poll(_POLL_S):
+            waited += _POLL_S
+            if not self._proc.is_alive() and not self._conn.poll():
+                raise RuntimeError(f"its process died {doing} (exit code {self._proc.exitcode})")
+            if waited >= _TIMEOUT_S:
+                raise RuntimeError(f"no answer after {_TIMEOUT_S} s {doing}")
+        try:
+            status, value = self._conn.recv()
+        except EOFError:
+            self._proc.join(5)
+            raise RuntimeError(
+                f"its process died {doing} (exit code {self._proc.exitcode})"
+            ) from None
+        if status == "error":
+            raise RuntimeError(value)
+        return value
+
+    def __call__(self, **kwargs: Any) -> tuple[Any, ...]:
+        import torch
+
+        if not self._proc.is_alive():
+            raise RuntimeError(f"the {self.kind} runtime's process has died")
+        self._conn.send({k: _array(v) for k, v in kwargs.items()})
+        return tuple(torch.from_numpy(a) for a in self._expect("running"))
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            with contextlib.suppress(OSError, BrokenPipeError):
+                self._conn.send(None)
+            self._proc.join(5)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
+        with contextlib.suppress(OSError):
+            self._conn.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter shutdown there is nothing to clean
+            self.close()
+
+
+def _array(value: Any) -> Any:
+    """A tensor as a numpy array; Python scalars as 0-d arrays of their own type."""
+    import numpy as np
+
+    if hasattr(value, "detach"):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
