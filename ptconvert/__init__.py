@@ -13,6 +13,7 @@ The public API (the CLI is a thin layer over it)::
     report.check                      # "parity": the program ran against the eager model
     ptconvert.verify("model.bin", "model.pt2", model="mypkg.nets:make")
     ptconvert.bench("model.pt2", reference="model.bin", model="mypkg.nets:make")
+    ptconvert.optimize("model.bin", model="mypkg.nets:make", inputs=["x:2x8:float32"])
 
 Options are keywords (the fields of ``ptconvert.Options``); results are dataclasses with
 ``to_dict()`` and ``to_json()``; errors are ``ptconvert.errors`` classes, each with its exit
@@ -36,7 +37,7 @@ import ptconvert.options
 import ptconvert.scan
 import ptconvert.verify  # noqa: F401
 from ptconvert import api as _api
-from ptconvert.api import bench, describe, detect, format_names, plan
+from ptconvert.api import bench, describe, detect, format_names, optimize, plan
 
 
 class _Entry:
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
         ModelRaisedError,
         NeedsTrustError,
         PtconvertError,
+        RuntimeDiedError,
         UnsafeInputError,
         UnsupportedConversionError,
         UsageError,
@@ -90,6 +92,7 @@ _ERRORS = (
     "ModelRaisedError",
     "NeedsTrustError",
     "PtconvertError",
+    "RuntimeDiedError",
     "UnsafeInputError",
     "UnsupportedConversionError",
     "UsageError",
@@ -104,6 +107,7 @@ __all__ = [
     "NeedsTrustError",
     "Options",
     "PtconvertError",
+    "RuntimeDiedError",
     "UnsafeInputError",
     "UnsupportedConversionError",
     "UsageError",
@@ -114,6 +118,7 @@ __all__ = [
     "describe",
     "detect",
     "format_names",
+    "optimize",
     "options",
     "plan",
     "scan",

@@ -18,6 +18,7 @@ from ptconvert.plugins import load_plugins
 if TYPE_CHECKING:
     from ptconvert.convert.engine import ConversionReport
     from ptconvert.convert.graph import Plan
+    from ptconvert.convert.optimize import OptimizeReport
     from ptconvert.convert.weights import WeightsReport
     from ptconvert.formats import Detection, FileInfo
     from ptconvert.options import Options
@@ -64,6 +65,38 @@ def convert(
 
     load_plugins()
     return run(src, to, output, options(opts, **overrides))
+
+
+def optimize(
+    src: str | Path,
+    output: str | Path | None = None,
+    opts: Options | None = None,
+    *,
+    batch_sizes: list[int] | None = None,
+    repeats: int = 20,
+    warmup: int = 3,
+    **overrides: Any,
+) -> OptimizeReport:
+    """Convert ``src`` to every runnable program target (pt2, AOTInductor, ONNX), verify each,
+    time those that pass beside eager and ``torch.compile``, and keep the fastest verified one
+    as ``output``; every candidate says why it was kept or dropped.
+
+    >>> r = ptconvert.optimize("model.bin", model="mypkg.nets:make",
+    ...                        inputs=["x:2x8:float32"], dynamic_batch=True)
+    >>> r.kept, [(c.runtime, c.outcome, c.vs_eager) for c in r.candidates]
+    ('aoti', [('pt2', 'dropped', 1.02), ('aoti', 'kept', 2.4), ...])
+    """
+    from ptconvert.convert.optimize import optimize as run
+
+    load_plugins()
+    return run(
+        src,
+        output,
+        options(opts, **overrides),
+        batch_sizes=batch_sizes,
+        repeats=repeats,
+        warmup=warmup,
+    )
 
 
 def plan(src: str | Path, to: str, opts: Options | None = None, **overrides: Any) -> Plan:

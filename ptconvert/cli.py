@@ -135,7 +135,23 @@ _CONVERSION_OPTIONS = (
         "--device",
         type=click.Choice(["cpu", "cuda"]),
         default="cpu",
-        help="With --bench: where to time (the parity check runs on the CPU).",
+        help="Where the result runs: --to aoti compiles for it, --bench times there, and AOTI "
+        "and ONNX results are checked there (eager runs on the CPU).",
+    ),
+    click.option(
+        "--aoti-option",
+        "aoti_options",
+        multiple=True,
+        help="k=v Inductor config for --to aoti (e.g. max_autotune=true; repeatable).",
+    ),
+    click.option("--opset", type=int, help="--to onnx: the ai.onnx opset (default: torch's)."),
+    click.option(
+        "--external-data",
+        is_flag=True,
+        help="--to onnx: weights in NAME.onnx.data beside the model (always over 2 GB).",
+    ),
+    click.option(
+        "--onnx-optimize", is_flag=True, help="--to onnx: run onnxscript's graph optimizer."
     ),
     click.option("--bench", is_flag=True, help="Time the result against eager and torch.compile."),
     click.option(
@@ -154,16 +170,26 @@ def conversion_options(fn: Any) -> Any:
 
 @cli.command()
 @click.argument("src", type=click.Path(path_type=str))
-@click.option("--to", "to", required=True, help="Target format (see `ptconvert formats`).")
+@click.option("--to", "to", help="Target format (see `ptconvert formats`).")
+@click.option(
+    "--optimize",
+    is_flag=True,
+    help="Instead of --to: convert to pt2, aoti and onnx, verify and time each, keep the fastest.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON only.")
 @conversion_options
 @model_options
-def convert(src: str, to: str, as_json: bool, **options: Any) -> None:
-    """Convert SRC to the format named by --to."""
+def convert(src: str, to: str | None, optimize: bool, as_json: bool, **options: Any) -> None:
+    """Convert SRC to the format named by --to (or, with --optimize, to the fastest one)."""
     progress.set_quiet(as_json)
     from ptconvert.api import convert as run_convert
     from ptconvert.convert.engine import ConversionReport
 
+    if optimize:
+        _optimize(src, to, as_json, options)
+        return
+    if to is None:
+        raise UsageError("say the target: --to FORMAT (see `ptconvert formats`), or --optimize")
     report = run_convert(src, to, options["output"], _options(options))
     if isinstance(report, ConversionReport) and options["bench"]:
         _bench_result(report, src, options)
@@ -181,6 +207,25 @@ def convert(src: str, to: str, as_json: bool, **options: Any) -> None:
         render_weights(report)
 
 
+def _optimize(src: str, to: str | None, as_json: bool, options: dict[str, Any]) -> None:
+    from ptconvert.api import optimize
+
+    if to is not None:
+        raise UsageError("--optimize chooses the target itself: leave out --to")
+    report = optimize(
+        src,
+        options["output"],
+        _options(options),
+        batch_sizes=_batch_sizes(options["batch_sizes"]),
+    )
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        from ptconvert.render import render_optimize
+
+        render_optimize(report)
+
+
 def _options(options: dict[str, Any]) -> Any:
     return _spec_options(
         options,
@@ -196,7 +241,26 @@ def _options(options: dict[str, Any]) -> Any:
         force=options["force"],
         max_shard_size=options["max_shard_size"],
         metadata=_key_values(options["metadata"], "--metadata"),
+        device=options["device"],
+        aoti_options={
+            k: _literal(v) for k, v in _key_values(options["aoti_options"], "--aoti-option").items()
+        },
+        opset=options["opset"],
+        external_data=options["external_data"],
+        onnx_optimize=options["onnx_optimize"],
     )
+
+
+def _literal(text: str) -> Any:
+    """``true``/``false``, an integer or a float as such; anything else as the text."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def _bench_result(report: Any, src: str, options: dict[str, Any]) -> None:

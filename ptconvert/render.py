@@ -182,6 +182,7 @@ def render_conversion(report: Any, console: Console | None = None) -> None:
     console.print(t)
     if report.interface:
         outputs = report.interface["outputs"]
+        console.print(f"load: {escape(report.interface['load'])}")
         console.print(
             f"call: {escape(report.interface['call'])}"
             + (f" → {', '.join(outputs)}" if outputs else "")
@@ -297,3 +298,35 @@ def parity_table(parity: Any) -> Table:
                 f"{o.outside_tolerance:.1%}",
             )
     return t
+
+
+def render_optimize(report: Any, console: Console | None = None) -> None:
+    """``--optimize``: every candidate, its latency per batch size and why it was kept or not."""
+    console = console or Console()
+    console.print(
+        f"[bold]{escape(report.source)}[/bold] → "
+        + (
+            f"[bold]{escape(report.output)}[/bold] ({report.kept})"
+            if report.output
+            else "no artifact kept"
+        )
+        + f" in {report.seconds:.1f} s ({report.device})"
+    )
+    t = Table(
+        "runtime",
+        "outcome",
+        "check",
+        *[f"batch {b} ms" for b in report.batch_sizes],
+        "× eager",
+        "why",
+    )
+    for c in report.candidates:
+        t.add_row(
+            c.runtime,
+            c.outcome,
+            c.check if c.outcome != "baseline" else "",
+            *[f"{c.median_ms[b]:.3f}" if b in c.median_ms else "" for b in report.batch_sizes],
+            f"{c.vs_eager:.2f}" if c.vs_eager is not None else "",
+            escape(c.reason),
+        )
+    console.print(t)

@@ -7,6 +7,7 @@ takes tens of seconds even for a small model: the time is reported.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from typing import Any
@@ -52,18 +53,23 @@ def aoti_compile(state: RunState, opts: Options) -> None:
         from torch.export.passes import move_to_device_pass
 
         ep = move_to_device_pass(ep, opts.device)
+    # torch insists on a .pt2 name: compile beside the output under one, then move it there
+    package = state.output.with_name(state.output.name + ".pt2")
     started = time.perf_counter()
     try:
         with quiet_torch():
             aoti_compile_and_package(
-                ep, package_path=str(state.output), inductor_configs=dict(opts.aoti_options)
+                ep, package_path=str(package), inductor_configs=dict(opts.aoti_options)
             )
+        os.replace(package, state.output)
     except Exception as exc:  # Inductor's errors are long: the first line says what failed
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         raise UnsupportedConversionError(
             f"AOTInductor cannot compile this program: {type(exc).__name__}: {first}",
             path=state.src,
         ) from None
+    finally:
+        package.unlink(missing_ok=True)
     options = ", ".join(f"{k}={v}" for k, v in opts.aoti_options.items())
     state.notes.append(
         f"AOTInductor compiled for {opts.device} in {time.perf_counter() - started:.1f} s"

@@ -179,7 +179,9 @@ class Format:
         raise NotImplementedError
 
     def open(self, path: Path, device: str = "cpu") -> Program:
-        """Load a program (the caller has scanned it) as something to call on named inputs."""
+        """Load a program (the caller has scanned it) as something to call on named inputs.
+        ``device`` is where a runtime in its own process runs (in-process ones stay on the
+        CPU, beside the eager reference)."""
         raise NotImplementedError(f"{self.name} files are not programs")
 
     @property

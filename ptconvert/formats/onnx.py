@@ -8,6 +8,8 @@ data, and lists the external files the initializers point to.
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,21 +82,29 @@ class OnnxFormat(Format):
         info.inputs = [_value_info(v) for v in graph.input if v.name not in init_names]
         info.outputs = [_value_info(v) for v in graph.output]
         info.opset = {(o.domain or "ai.onnx"): int(o.version) for o in model.opset_import}
-        info.metadata = {
-            "ir_version": int(model.ir_version),
-            "producer": f"{model.producer_name} {model.producer_version}".strip(),
-            "nodes": len(graph.node),
-        }
+        ops: Counter[str] = Counter()
         external: set[str] = set()
         entries: list[tuple[str, str, list[int | str], int]] = []
-        for t in graph.initializer:
+        for t, where in _weights(graph, ops):
             dims = [int(d) for d in t.dims]
             dtype = ONNX_DTYPES.get(t.data_type, str(t.data_type))
-            entries.append((t.name, dtype, list[int | str](dims), math.prod(dims)))
+            entries.append((where + (t.name or "?"), dtype, list[int | str](dims), math.prod(dims)))
             for kv in t.external_data:
                 if kv.key == "location":
                     external.add(kv.value)
+        info.metadata = {
+            "ir_version": int(model.ir_version),
+            "producer": f"{model.producer_name} {model.producer_version}".strip(),
+            "nodes": sum(ops.values()),
+            "ops": dict(ops.most_common()),
+        }
         info.add_tensors(entries)
+        held = [e for e in entries if e[0].startswith(("Constant ", "subgraph "))]
+        if held:
+            info.notes.append(
+                f"{len(held)} tensor(s) with {sum(e[3] for e in held)} values are held in Constant "
+                "nodes or subgraphs (If/Loop/Scan bodies), not in the graph's initializers"
+            )
         for name in sorted(external):
             ext = path.parent / name
             if ext.exists():
@@ -105,9 +115,37 @@ class OnnxFormat(Format):
         return info
 
 
+def _weights(graph: Any, ops: Counter[str], depth: int = 0) -> Iterator[tuple[Any, str]]:
+    """Every tensor of the graph with where it is held: initializers, ``Constant`` nodes'
+    values, and the same inside subgraphs (the bodies of If, Loop and Scan). Counts the ops."""
+    from onnx import AttributeProto
+
+    inner = "subgraph " if depth else ""
+    for t in graph.initializer:
+        yield t, inner
+    for node in graph.node:
+        ops[node.op_type if not node.domain else f"{node.domain}.{node.op_type}"] += 1
+        for attr in node.attribute:
+            if node.op_type == "Constant" and attr.type == AttributeProto.TENSOR:
+                t = attr.t
+                if not t.name:
+                    t.name = node.output[0] if node.output else node.name
+                yield t, inner or "Constant "
+            if attr.type == AttributeProto.GRAPH:
+                yield from _weights(attr.g, ops, depth + 1)
+            elif attr.type == AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _weights(g, ops, depth + 1)
+
+
 def _value_info(v: Any) -> IOSpec:
     tt = v.type.tensor_type
     dims: list[int | str] = [
-        d.dim_param if d.HasField("dim_param") else int(d.dim_value) for d in tt.shape.dim
+        d.dim_param
+        if d.HasField("dim_param")
+        else int(d.dim_value)
+        if d.HasField("dim_value")
+        else "?"  # a dim the model leaves unnamed and unknown
+        for d in tt.shape.dim
     ]
     return IOSpec(v.name, ONNX_DTYPES.get(tt.elem_type, str(tt.elem_type)), dims)

@@ -69,7 +69,7 @@ class TorchScriptFormat(Format):
     def open(self, path: Path, device: str = "cpu") -> Program:
         import torch
 
-        ts = torch.jit.load(str(path), map_location=device)
+        ts = torch.jit.load(str(path), map_location="cpu")  # in-process: beside eager
         args = ts.forward.schema.arguments[1:]
         names = [a.name for a in args]
         required = [a.name for a in args if not a.has_default_value()]

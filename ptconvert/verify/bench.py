@@ -103,6 +103,10 @@ def bench(
             samples: dict[str, list[float]] = {name: [] for name in live}
             for _ in range(repeats):  # interleaved: every round runs every contender once
                 for name, fn in live.items():
+                    timed = getattr(fn, "timed", None)
+                    if timed is not None:  # a runtime in another process times itself there
+                        samples[name].append(timed(**inputs))
+                        continue
                     t = time.perf_counter()
                     fn(**inputs)
                     _sync(device)

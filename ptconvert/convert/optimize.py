@@ -1,0 +1,186 @@
+"""``--optimize``: the fastest verified artifact.
+
+Converts the source to every runnable program target (pt2 run eagerly by torch, an AOTInductor
+package, ONNX on onnxruntime), each verified as any conversion is; times the ones that pass on
+the same inputs beside eager and ``torch.compile`` (the baseline, not an artifact: it compiles
+again in every process); keeps the fastest verified artifact as the output and says for every
+candidate why it was kept or dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ptconvert import progress
+from ptconvert.atomic import check_output
+from ptconvert.errors import MissingRequirementError, PtconvertError, UsageError
+from ptconvert.options import Options
+from ptconvert.report import Report
+
+TARGETS = ("pt2", "aoti", "onnx")
+
+Outcome = Literal["kept", "dropped", "failed", "baseline"]
+
+
+@dataclass
+class Candidate(Report):
+    runtime: str  # a target format, or "eager" / "torch.compile"
+    outcome: Outcome
+    reason: str
+    check: str = "none"  # the check its conversion ran
+    route: list[str] = field(default_factory=list)
+    median_ms: dict[int, float] = field(default_factory=dict)  # batch → median latency
+    vs_eager: float | None = None  # geometric mean over batch sizes of eager / this
+
+
+@dataclass
+class OptimizeReport(Report):
+    source: str
+    output: str | None
+    kept: str | None
+    device: str
+    batch_sizes: list[int]
+    candidates: list[Candidate]
+    seconds: float
+    bench: Any = None  # the verify.bench.BenchReport of every contender
+
+
+def optimize(
+    src: str | Path,
+    output: str | Path | None,
+    opts: Options,
+    *,
+    batch_sizes: list[int] | None = None,
+    repeats: int = 20,
+    warmup: int = 3,
+) -> OptimizeReport:
+    from ptconvert.convert.engine import convert_program, default_output
+    from ptconvert.verify.bench import bench
+    from ptconvert.verify.runtime import open_runtime
+
+    started = time.perf_counter()
+    src = Path(src)
+    if opts.device != "cpu":
+        raise UsageError(
+            "--optimize times on the CPU only in this version",
+            hint="convert with --to aoti --device cuda and time it with `ptconvert bench`",
+        )
+    reference = open_runtime(src, opts)
+    if reference.call is None or reference.inputs is None:
+        raise MissingRequirementError(
+            "--optimize times the artifacts against the eager model: it needs the model and "
+            "example inputs",
+            path=src,
+            hint="pass --model pkg.module:factory and --input NAME:SHAPE:DTYPE",
+        )
+    inputs = reference.inputs
+    sizes = batch_sizes or ([1, 8] if opts.dynamic_batch else [inputs.batch])
+    parent = Path(output).parent if output else src.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".ptconvert-optimize.", dir=parent))
+    candidates: list[Candidate] = []
+    written: dict[str, Path] = {}
+    try:
+        for target in TARGETS:
+            # each in its own folder, under the name it will have: ONNX external data files
+            # are referred to by name
+            name = Path(output).name if output else default_output(src, target).name
+            out = staging / target / name
+            out.parent.mkdir()
+            try:
+                report = convert_program(src, target, out, dataclasses.replace(opts, verify=True))
+            except PtconvertError as exc:
+                candidates.append(Candidate(target, "failed", exc.message))
+                continue
+            if report.check != "parity":
+                candidates.append(Candidate(target, "failed", "no parity check could run"))
+                continue
+            written[target] = out
+            candidates.append(Candidate(target, "dropped", "", report.check, report.route))
+        contenders: dict[str, Any] = {"eager": reference.call}
+        if reference.module is not None and hasattr(reference.module, "forward"):
+            import torch
+
+            contenders["torch.compile"] = torch.compile(reference.module)
+        runtimes = {
+            t: open_runtime(p, dataclasses.replace(opts, trust=True)) for t, p in written.items()
+        }
+        contenders.update({t: r.call for t, r in runtimes.items()})
+        try:
+            with progress.step(f"timing {', '.join(contenders)} at batch sizes {sizes}"):
+                timed = bench(
+                    str(src),
+                    contenders,
+                    inputs.at,
+                    sizes,
+                    repeats=repeats,
+                    warmup=warmup,
+                    device="cpu",
+                )
+        finally:
+            for r in runtimes.values():
+                close = getattr(r.call, "close", None)
+                if close is not None:
+                    close()
+        medians: dict[str, dict[int, float]] = {}
+        for t in timed.timings:
+            medians.setdefault(t.runtime, {})[t.batch] = round(t.median_ms, 4)
+        for name in ("eager", "torch.compile"):
+            if name in contenders:
+                why = timed.skipped.get(name, "the baseline: not an artifact")
+                candidates.append(Candidate(name, "baseline", why, median_ms=medians.get(name, {})))
+        eager = medians.get("eager", {})
+        for c in candidates:
+            c.median_ms = c.median_ms or medians.get(c.runtime, {})
+            c.vs_eager = _speedup(eager, c.median_ms)
+            if c.runtime in written and c.runtime in timed.skipped:
+                c.outcome, c.reason = "failed", f"could not be timed: {timed.skipped[c.runtime]}"
+        timed_ok = [c for c in candidates if c.runtime in written and c.outcome == "dropped"]
+        best = max(timed_ok, key=lambda c: c.vs_eager or 0.0, default=None)
+        destination: Path | None = None
+        if best is not None:
+            best.outcome, best.reason = "kept", "the fastest verified artifact"
+            if best.vs_eager is not None and best.vs_eager < 1:
+                best.reason += f" (eager is faster still: this runs at {best.vs_eager:.2f}×)"
+            for c in timed_ok:
+                if c is not best:
+                    c.reason = f"verified, slower than {best.runtime}"
+            destination = Path(output) if output else default_output(src, best.runtime)
+            check_output(destination, [src], opts.force)
+            _move_into_place(written[best.runtime], destination)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return OptimizeReport(
+        str(src),
+        str(destination) if destination else None,
+        best.runtime if best else None,
+        "cpu",
+        sizes,
+        candidates,
+        round(time.perf_counter() - started, 3),
+        timed,
+    )
+
+
+def _speedup(eager: dict[int, float], mine: dict[int, float]) -> float | None:
+    common = [b for b in mine if b in eager and mine[b] > 0]
+    if not common:
+        return None
+    return round(math.exp(sum(math.log(eager[b] / mine[b]) for b in common) / len(common)), 3)
+
+
+def _move_into_place(staged: Path, destination: Path) -> None:
+    """The kept artifact and its companion files (ONNX external data) beside the output, the
+    main file last. They were written under the destination's name."""
+    for companion in staged.parent.iterdir():
+        if companion != staged and not companion.name.startswith("."):
+            os.replace(companion, destination.parent / companion.name)
+    os.replace(staged, destination)
