@@ -1,0 +1,254 @@
+"""AOTInductor packages and ONNX as conversion targets, and ``--optimize``.
+
+Every artifact is loaded by its own reference loader (``aoti_load_package``, an onnxruntime
+``InferenceSession``) in a fresh Python process and run at batch 1, 2 and 8 against eager.
+AOTInductor compiles native code (tens of seconds): those tests are marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+import torch
+
+from fixtures.models import MLP, seeded
+from tests.conftest import run_cli
+
+MLP_ARGS = ["--model", "fixtures.models:MLP", "--input", "x:2x8:float32"]
+
+# run in a fresh interpreter: the artifact's own loader, batch 1, 2 and 8, outputs as JSON lists
+_RUN_FRESH = """
+import json, sys
+import numpy as np
+kind, path, inputs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+out = {}
+for b in (1, 2, 8):
+    feeds = {n: np.asarray(v[:b], dtype=dt) for n, (v, dt) in inputs.items()}
+    if kind == "onnx":
+        import onnxruntime
+        sess = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        out[b] = [o.tolist() for o in sess.run(None, feeds)]
+    else:
+        import torch
+        from torch.utils import _pytree as pytree
+        runner = torch._inductor.aoti_load_package(path)
+        res = runner(*[torch.from_numpy(v) for v in feeds.values()])  # exported positionally
+        out[b] = [t.tolist() for t in pytree.tree_leaves(res)]
+print(json.dumps(out))
+"""
+
+
+def run_fresh(kind: str, path: Path, inputs: dict[str, torch.Tensor]) -> dict[int, list[Any]]:
+    """Outputs of ``path`` at batch 1, 2 and 8 (the first rows of ``inputs``), computed in a
+    new Python process by the format's own runtime."""
+    payload = {n: (t.tolist(), str(t.dtype).removeprefix("torch.")) for n, t in inputs.items()}
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN_FRESH, kind, str(path), json.dumps(payload)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return {int(b): v for b, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+
+
+def assert_matches_eager(kind: str, path: Path) -> None:
+    model = seeded(MLP()).eval()
+    x = torch.randn(8, 8, generator=torch.Generator().manual_seed(3))
+    got = run_fresh(kind, path, {"x": x})
+    for b in (1, 2, 8):
+        torch.testing.assert_close(torch.tensor(got[b][0]), model(x[:b]), rtol=1e-4, atol=1e-5)
+
+
+def test_a_checkpoint_converts_to_onnx_with_a_named_dynamic_batch(samples, tmp_path, capsys):
+    out = tmp_path / "mlp.onnx"
+    args = [str(samples["mlp_zip"]), "--to", "onnx", *MLP_ARGS, "--dynamic-batch", "-o", str(out)]
+    code, report, _ = run_cli(args, capsys)
+    assert code == 0, report
+    assert report["route"][-1] == "exported → onnx" and report["check"] == "parity"
+    assert [s["batch"] for s in report["parity"]["sizes"]] == [1, 2, 3, 5, 7]
+    assert "InferenceSession" in report["interface"]["load"]
+    onnx.checker.check_model(str(out), full_check=True)
+    model = onnx.load(str(out))
+    dims = [d.dim_param or d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ["batch", 8]  # torch's s77 renamed
+    assert [p.name for p in tmp_path.iterdir()] == ["mlp.onnx"]  # no temporary file left
+    assert_matches_eager("onnx", out)
+
+
+def test_onnx_external_data_and_opset(samples, tmp_path, capsys):
+    out = tmp_path / "ext.onnx"
+    args = [str(samples["mlp_zip"]), "--to", "onnx", *MLP_ARGS, "--dynamic-batch"]
+    code, report, _ = run_cli([*args, "--external-data", "--opset", "18", "-o", str(out)], capsys)
+    assert code == 0, report
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ext.onnx", "ext.onnx.data"]
+    assert any("external data" in n for n in report["notes"])
+    model = onnx.load(str(out), load_external_data=False)
+    assert {o.domain: o.version for o in model.opset_import}[""] == 18
+    locations = {
+        kv.value for t in model.graph.initializer for kv in t.external_data if kv.key == "location"
+    }
+    assert locations == {"ext.onnx.data"}  # named for its final place, not the temporary one
+    assert_matches_eager("onnx", out)
+    code, info, _ = run_cli(["info", str(out)], capsys)
+    assert code == 0 and [f["path"] for f in info["files"]] == [str(out), f"{out}.data"]
+
+
+def test_onnx_weights_back_to_safetensors_keep_the_torch_names(samples, tmp_path, capsys):
+    from safetensors import safe_open
+
+    out = tmp_path / "back.safetensors"
+    code, report, _ = run_cli(
+        [str(samples["mlp_onnx"]), "--to", "safetensors", "-o", str(out)], capsys
+    )
+    assert code == 0, report
+    assert report["check"] == "bitwise"
+    state = seeded(MLP()).state_dict()
+    with safe_open(str(out), "pt") as f:
+        assert set(f.keys()) == set(state)
+        for name in state:
+            assert torch.equal(f.get_tensor(name), state[name])
+
+
+def test_plan_shows_both_routes(samples, capsys):
+    for target, last in (("aoti", "aoti_compile"), ("onnx", "onnx_export")):
+        code, plan, _ = run_cli(
+            ["plan", str(samples["mlp_zip"]), "--to", target, *MLP_ARGS], capsys
+        )
+        assert code == 0 and plan["runnable"], plan
+        assert [s["step"] for s in plan["steps"]] == [
+            "read_weights",
+            "build_module",
+            "export",
+            last,
+        ]
+
+
+def test_a_missing_compiler_is_said_before_any_work(samples, tmp_path, capsys, monkeypatch):
+    import ptconvert.convert.aoti as aoti
+
+    monkeypatch.setattr(aoti, "compiler", lambda: None)
+    started = time.perf_counter()
+    out = tmp_path / "m.aoti.pt2"
+    code, report, _ = run_cli(
+        [str(samples["mlp_zip"]), "--to", "aoti", *MLP_ARGS, "-o", str(out)], capsys
+    )
+    assert code == 5 and "cpp_compiler" in report["error"]["message"]
+    assert "C++ compiler" in report["error"]["hint"]
+    assert time.perf_counter() - started < 10 and not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
+def test_cuda_without_a_gpu_is_said_before_any_work(samples, tmp_path, capsys):
+    args = [str(samples["mlp_zip"]), "--to", "aoti", *MLP_ARGS, "--device", "cuda"]
+    code, report, _ = run_cli([*args, "-o", str(tmp_path / "m.aoti.pt2")], capsys)
+    assert code == 5 and "CUDA is not available" in report["error"]["message"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_verify_with_an_onnx_reference(samples, capsys):
+    onnx_file = str(samples["mlp_onnx"])
+    for reference, candidate in ((onnx_file, onnx_file), (onnx_file, str(samples["mlp_pt2"]))):
+        code, report, _ = run_cli(
+            ["verify", reference, candidate, "--input", "x:2x8:float32"], capsys
+        )
+        assert code == 0 and report["status"] == "pass", report
+
+
+def test_a_runtime_that_cannot_load_is_a_named_error_at_once(tmp_path):
+    from ptconvert.errors import RuntimeDiedError
+    from ptconvert.formats.isolated import IsolatedRuntime
+
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07\x12\x04junk" + b"\xff" * 64)
+    started = time.perf_counter()
+    with pytest.raises(RuntimeDiedError, match="onnx runtime cannot load it"):
+        IsolatedRuntime("onnx", str(bad))
+    assert time.perf_counter() - started < 60
+
+
+def test_a_runtime_whose_process_died_fails_its_next_call_at_once(samples):
+    from ptconvert.formats.isolated import IsolatedRuntime
+
+    runtime = IsolatedRuntime("onnx", str(samples["mlp_onnx"]))
+    (y,) = runtime(x=torch.randn(3, 8))
+    assert y.shape == (3, 4)
+    runtime._proc.kill()
+    runtime._proc.join(5)
+    started = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"died|process"):
+        runtime(x=torch.randn(3, 8))
+    assert time.perf_counter() - started < 10
+
+
+def test_onnx_info_counts_weights_in_constants_and_subgraphs(tmp_path, capsys):
+    """A voice-activity-detector shape: the weights live in Constant nodes inside If branches,
+    none in the graph's initializers."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    def branch(name: str, value: float) -> Any:
+        weight = numpy_helper.from_array(np.full((64, 64), value, np.float32), f"{name}_w")
+        const = helper.make_node("Constant", [], [f"{name}_c"], value=weight)
+        mm = helper.make_node("MatMul", ["x", f"{name}_c"], [f"{name}_y"])
+        out = helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, None)
+        return helper.make_graph([const, mm], name, [], [out])
+
+    cond = helper.make_tensor_value_info("cond", TensorProto.BOOL, [])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 64])
+    node = helper.make_node(
+        "If", ["cond"], ["y"], then_branch=branch("a", 1.0), else_branch=branch("b", 2.0)
+    )
+    model = helper.make_model(helper.make_graph([node], "vad", [cond, x], [y]))
+    path = tmp_path / "vad.onnx"
+    onnx.save(model, str(path))
+    code, info, _ = run_cli(["info", str(path)], capsys)
+    assert code == 0
+    assert info["tensors"] == 2 and info["parameters"] == 2 * 64 * 64
+    assert info["metadata"]["ops"] == {"If": 1, "Constant": 2, "MatMul": 2}
+    assert info["outputs"][0]["shape"] == ["?", 64]  # unknown, not 0
+    assert any("Constant nodes or subgraphs" in n for n in info["notes"])
+
+
+@pytest.mark.slow
+def test_a_checkpoint_converts_to_an_aoti_package(samples, tmp_path, capsys):
+    out = tmp_path / "mlp.aoti.pt2"
+    args = [str(samples["mlp_zip"]), "--to", "aoti", *MLP_ARGS, "--dynamic-batch", "-o", str(out)]
+    code, report, _ = run_cli(args, capsys)
+    assert code == 0, report
+    assert report["route"][-1] == "exported → aoti" and report["check"] == "parity"
+    assert any("native code" in n for n in report["notes"])
+    assert [p.name for p in tmp_path.iterdir()] == ["mlp.aoti.pt2"]
+    assert_matches_eager("aoti", out)
+    code, info, _ = run_cli(["info", str(out)], capsys)
+    assert info["format"] == "aoti" and info["native_code"]
+    code, scan, _ = run_cli(["scan", str(out)], capsys)
+    assert code == 11 and scan["verdict"] == "needs-code"
+
+
+@pytest.mark.slow
+def test_optimize_keeps_the_fastest_verified_artifact(samples, tmp_path, capsys):
+    out = tmp_path / "best"
+    args = [str(samples["mlp_zip"]), "--optimize", *MLP_ARGS, "--dynamic-batch", "-o", str(out)]
+    code, report, _ = run_cli(args, capsys)
+    assert code == 0, report
+    by_runtime = {c["runtime"]: c for c in report["candidates"]}
+    assert set(by_runtime) == {"pt2", "aoti", "onnx", "eager", "torch.compile"}
+    verified = [c for c in report["candidates"] if c["check"] == "parity"]
+    assert {c["runtime"] for c in verified} == {"pt2", "aoti", "onnx"}
+    kept = [c for c in verified if c["outcome"] == "kept"]
+    assert len(kept) == 1 and kept[0]["runtime"] == report["kept"]
+    assert kept[0]["vs_eager"] == max(c["vs_eager"] for c in verified)
+    assert all(c["median_ms"].keys() == {"1", "8"} for c in report["candidates"])
+    from ptconvert import detect
+
+    assert detect(out).format == report["kept"]
+    assert [p.name for p in tmp_path.iterdir()] == ["best"]  # the others are gone
