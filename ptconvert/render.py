@@ -67,10 +67,12 @@ def render_info(info: FileInfo, console: Console | None = None) -> None:
         t.add_row(f"meta: {key}", _short(value))
     if info.contents and set(info.contents) != {e.name for e in info.largest}:
         t.add_row("contents", "\n".join(f"{k}: {v}" for k, v in list(info.contents.items())[:20]))
-    t.add_row(
-        "needs code",
-        ", ".join(info.needs_code) if info.needs_code else "no (loads without Python classes)",
-    )
+    needs = ", ".join(info.needs_code) or "no Python classes"
+    if info.native_code:  # the scan's verdict for it is needs-code too
+        needs += "; yes: native code runs on load (--trust)"
+    elif not info.needs_code:
+        needs = "no (loads without Python classes)"
+    t.add_row("needs code", needs)
     if info.native_code:
         t.add_row("native code", "\n".join(info.native_code))
     for note in info.notes:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from ptconvert.convert.state import RunState
@@ -53,8 +55,11 @@ def aoti_compile(state: RunState, opts: Options) -> None:
         from torch.export.passes import move_to_device_pass
 
         ep = move_to_device_pass(ep, opts.device)
-    # torch insists on a .pt2 name: compile beside the output under one, then move it there
-    package = state.output.with_name(state.output.name + ".pt2")
+    # under the output's own name (the archive's folder is named after the file; torch wants
+    # .pt2), in a folder beside it, then moved onto the temporary output
+    final = (state.destination or state.output).name
+    folder = Path(tempfile.mkdtemp(prefix=".aoti.", dir=state.output.parent))
+    package = folder / (final if final.endswith(".pt2") else f"{final}.pt2")
     started = time.perf_counter()
     try:
         with quiet_torch():
@@ -69,7 +74,7 @@ def aoti_compile(state: RunState, opts: Options) -> None:
             path=state.src,
         ) from None
     finally:
-        package.unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
     options = ", ".join(f"{k}={v}" for k, v in opts.aoti_options.items())
     state.notes.append(
         f"AOTInductor compiled for {opts.device} in {time.perf_counter() - started:.1f} s"

@@ -309,7 +309,7 @@ def _interface(
             + ", ".join(f"{n}={sample[n]!r}" for n in fixed)
             + "): torch.export specialises Python numbers; TorchScript takes any"
         )
-    if exported and not (opts.dynamic_batch or opts.dynamic):
+    if exported and not _dynamism(state)[0]:
         shapes = {n: list(v.shape) for n, v in sample.items() if hasattr(v, "shape")}
         accepts.append(
             "only the example's shapes "
@@ -320,12 +320,24 @@ def _interface(
         accepts += [f"{where}: {words}" for where, words in state.dynamic_range.items()]
     return {
         "load": target.load_line.replace("\n", "; "),
-        "call": f"prog({args})",
+        "call": target.call_line(args),
         "inputs": names,
+        "example": {n: list(v.shape) for n, v in sample.items() if hasattr(v, "shape")},
         "keyword": keyword,
         "outputs": outputs,
         "accepts": accepts,
     }
+
+
+def _dynamism(state: RunState) -> tuple[bool, bool]:
+    """Whether the program has dynamic dims at all, and a dynamic batch (dim 0). TorchScript
+    (no exported program) takes any size."""
+    if state.exported is None:
+        return True, True
+    from ptconvert.verify.ranges import dynamic_dims
+
+    dims = dynamic_dims(state.exported)
+    return bool(dims), any(d.axis == 0 for d in dims)
 
 
 def _check_eager(state: RunState) -> None:
@@ -471,8 +483,8 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
     reference: Any = state.reference
     # several sizes (and so several input draws): a frozen branch or shape shows at one of them
     exported = state.exported is not None
-    dynamic = opts.dynamic_batch or not exported  # TorchScript takes any batch size
-    batches = list(VARIED_BATCHES) if dynamic else [state.inputs.batch]
+    any_dynamic, batch_dynamic = _dynamism(state)
+    batches = list(VARIED_BATCHES) if batch_dynamic else [state.inputs.batch]
     changed = state_changes(reference, lambda m: m, state.inputs.at(batches[0]), "the model")
     if changed and program.module is not None and program.call_of is not None:
         # the model updates its own state on every call: both sides start from the saved state
@@ -491,7 +503,7 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
             "another process and cannot be reset: each size compared on its first call"
         )
     ranged = program.exported or (state.exported if exported else None)
-    if ranged is not None and (opts.dynamic_batch or opts.dynamic):
+    if ranged is not None and any_dynamic:
         batches = _check_dynamic_dims(state, ranged, reference, candidate, opts, batches)
     with progress.step(f"comparing the {to} program with eager at batch sizes {batches}"):
         report = compare(reference, candidate, state.inputs.at, batches)
@@ -527,7 +539,7 @@ def _check_dynamic_dims(
 
     assert state.inputs is not None
     example = state.inputs.at(
-        max(state.inputs.batch, 2) if opts.dynamic_batch else state.inputs.batch
+        max(state.inputs.batch, 2) if _dynamism(state)[1] else state.inputs.batch
     )
     with progress.step("checking every dynamic dimension at its ends"):
         ranges = check_program(ep, example, partial(compare, reference, candidate))
@@ -603,6 +615,8 @@ def _publish(state: RunState, tmp: Path) -> None:
     for companion in state.companions:
         os.replace(companion, state.destination.parent / companion.name)
     os.replace(state.staged, tmp)
+    for path in state.obsolete:
+        path.unlink(missing_ok=True)
 
 
 _STAGE_OBJECTS = {"weights": "weights", "module": "module", "exported": "exported"}

@@ -34,7 +34,7 @@ def symbol_names(ep: Any, dynamic_batch: bool) -> dict[str, str]:
     for d in dynamic_dims(ep):
         if d.symbol is None or d.symbol in names:
             continue
-        batch = d.axis == 0 and dynamic_batch and all(a == 0 for _, a in d.shared)
+        batch = d.axis == 0 and all(a == 0 for _, a in d.shared)
         names[d.symbol] = "batch" if batch else f"{d.input}_{d.axis}"
     return names
 
@@ -52,11 +52,98 @@ def _rename_dims(model: Any, names: dict[str, str]) -> None:
         shape = value.shape
         if shape is None:
             continue
-        dims = [
-            ir.SymbolicDim(rename(d.value)) if isinstance(d, ir.SymbolicDim) and d.value else d
-            for d in shape
-        ]
+        dims = [_dim(d, rename) for d in shape]
         value.shape = ir.Shape(dims)
+
+
+def _name_values(model: Any, state: RunState) -> None:
+    """The graph's inputs and outputs under the model's names: the exporter names them after
+    the program's placeholders and last ops (``x_1``, ``layer_norm_4``); users feed ``x`` and
+    read ``last_hidden_state``."""
+    import copy
+
+    from ptconvert.model.wrappers import leaf_name, output_leaves
+
+    inputs = list(model.graph.inputs)
+    if state.positional and len(state.positional) == len(inputs):
+        for value, name in zip(inputs, state.positional, strict=True):
+            value.name = name
+    if state.reference is None or state.inputs is None:
+        return
+    import torch
+
+    with torch.no_grad():
+        sample = copy.deepcopy(state.inputs.at(state.inputs.batch))
+        leaves = list(output_leaves(state.reference(**sample)))
+    outputs = list(model.graph.outputs)
+    taken = {v.name for v in inputs}
+    names = [leaf_name(k) for k in leaves]
+    if len(names) == len(outputs) and len(set(names)) == len(names) and not taken & set(names):
+        for value, name in zip(outputs, names, strict=True):
+            value.name = name
+
+
+def _export(ep: Any, opts: Options) -> Any:
+    import torch
+
+    quiet = io.StringIO()  # the exporter prints its stages on stdout, which --json owns
+    with quiet_torch(), contextlib.redirect_stdout(quiet):
+        program = torch.onnx.export(
+            ep, dynamo=True, opset_version=opts.opset, optimize=opts.onnx_optimize
+        )
+    assert program is not None
+    return program
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _reason(exc: BaseException) -> str:
+    """The line that says what failed: the innermost cause's message, without colour codes.
+    The exporter wraps the real error in a page of generic text."""
+    inner = exc
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    lines = [_ANSI.sub("", line).strip() for line in str(inner).splitlines()]
+    line = next((x for x in lines if x), "")
+    return f"{type(inner).__name__}: {line}"[:400]
+
+
+def _failure(exc: BaseException, state: RunState) -> UnsupportedConversionError:
+    return UnsupportedConversionError(
+        f"torch.onnx cannot export this program: {_reason(exc)}",
+        path=state.src,
+        hint="an operator without an ONNX translation fails here; --opset may help",
+    )
+
+
+def _eager_attention(state: RunState, opts: Options) -> bool:
+    """A transformers model whose attention is SDPA: switch it to eager attention and export
+    it again (the exporter's decomposition of SDPA followed by a reshape fails on T5). False
+    when that does not apply."""
+    from ptconvert.convert.exporting import export_module
+
+    model = state.module
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "_attn_implementation", "eager") == "eager":
+        return False
+    if state.inputs is None or not hasattr(model, "set_attn_implementation"):
+        return False
+    model.set_attn_implementation("eager")
+    said = len(state.notes)
+    state.exported = export_module(state, opts, state.inputs)
+    del state.notes[said:]  # the export's notes were said the first time
+    return True
+
+
+def _dim(d: Any, rename: Any) -> Any:
+    """A symbolic dim renamed; one whose "name" is a number (a size TorchScript's converter
+    specialised) as that fixed size."""
+    import onnx_ir as ir
+
+    if not isinstance(d, ir.SymbolicDim) or not d.value:
+        return d
+    return int(d.value) if d.value.isdigit() else ir.SymbolicDim(rename(d.value))
 
 
 def _weight_bytes(ep: Any) -> int:
@@ -65,26 +152,24 @@ def _weight_bytes(ep: Any) -> int:
 
 
 def onnx_export(state: RunState, opts: Options) -> None:
-    import torch
-
     require("onnx")
     require("onnxscript")
     assert state.exported is not None and state.output is not None
-    ep = state.exported
-    quiet = io.StringIO()  # the exporter prints its stages on stdout, which --json owns
     try:
-        with quiet_torch(), contextlib.redirect_stdout(quiet):
-            program = torch.onnx.export(
-                ep, dynamo=True, opset_version=opts.opset, optimize=opts.onnx_optimize
-            )
-    except Exception as exc:  # the exporter's errors are pages long: the first line says it
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        raise UnsupportedConversionError(
-            f"torch.onnx cannot export this program: {type(exc).__name__}: {first}",
-            path=state.src,
-            hint="an operator without an ONNX translation fails here; --opset may help",
-        ) from None
-    assert program is not None
+        program = _export(state.exported, opts)
+    except Exception as exc:
+        if not _eager_attention(state, opts):
+            raise _failure(exc, state) from None
+        try:  # the same model with the attention transformers writes out in plain ops
+            program = _export(state.exported, opts)
+        except Exception as again:
+            raise _failure(again, state) from None
+        state.notes.append(
+            "torch.onnx could not translate the model's fused attention (scaled_dot_product_"
+            f"attention: {_reason(exc)}); exported again with attn_implementation='eager'"
+        )
+    ep = state.exported
+    _name_values(program.model, state)
     names = symbol_names(ep, opts.dynamic_batch)
     if names:
         _rename_dims(program.model, names)
@@ -98,6 +183,8 @@ def onnx_export(state: RunState, opts: Options) -> None:
     stage = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
     state.staged = stage / destination.name
     program.save(state.staged, external_data=external)
+    if not external:  # a data file beside an output this replaces belonged to the old model
+        state.obsolete = [destination.parent / f"{destination.name}.data"]
     if external:
         state.companions = [p for p in stage.iterdir() if p != state.staged]
         why = "on request" if opts.external_data else f"the weights are {size / 1024**3:.1f} GB"
@@ -117,6 +204,11 @@ def onnx_export(state: RunState, opts: Options) -> None:
         f"ONNX opset {opset}, checked with onnx.checker"
         + ("; graph optimised with onnxscript's optimizer" if opts.onnx_optimize else "")
     )
+    if opts.opset is not None and opset != opts.opset:
+        state.notes.append(
+            f"--opset {opts.opset} was asked for; torch's exporter wrote opset {opset} (it "
+            "writes the opsets it supports, converting down only where its converter can)"
+        )
 
 
 def _named(ep: Any, names: dict[str, str]) -> list[Any]:

@@ -42,4 +42,5 @@ class RunState:
     # put in place before the main file is
     staged: Path | None = None
     companions: list[Path] = field(default_factory=list)
+    obsolete: list[Path] = field(default_factory=list)  # files of a replaced output, removed
     notes: list[str] = field(default_factory=list)

@@ -135,12 +135,23 @@ def program_weights(state: RunState, opts: Options) -> None:
 
 
 def load_pt2(state: RunState, opts: Options) -> None:
-    from ptconvert.formats.pt2 import load_exported
+    from ptconvert.convert.exporting import dynamic_range_words
+    from ptconvert.formats.pt2 import open_exported
+    from ptconvert.model.wrappers import keywords_to_positions
 
     guard(state.src)
-    state.exported = load_exported(state.src)
+    program = open_exported(state.src)
+    state.exported = program.exported
+    state.dynamic_range = dynamic_range_words(program.exported)
+    keyword = program.call is program.module
+    if not keyword and program.signature is not None:
+        state.positional = list(program.signature.names)  # as it was exported: by position
     if state.reference is None:
-        state.reference = state.exported.module()
+        state.reference = (
+            program.module
+            if keyword or state.positional is None
+            else keywords_to_positions(program.module, state.positional)
+        )
     if state.inputs is None and state.exported.example_inputs is not None:
         state.inputs = program_sample_inputs(state.exported)
 

@@ -184,6 +184,10 @@ class Format:
         CPU, beside the eager reference)."""
         raise NotImplementedError(f"{self.name} files are not programs")
 
+    def call_line(self, args: str) -> str:
+        """How a user calls the loaded program on ``args`` (``x, mask`` or ``x=…, mask=…``)."""
+        return f"prog({args})"
+
     @property
     def suffix(self) -> str:
         return self.output_suffix or (self.suffixes[0] if self.suffixes else f".{self.name}")

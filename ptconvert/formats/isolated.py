@@ -29,6 +29,8 @@ def _onnx_runner(path: str, device: str) -> tuple[Any, list[str], list[str]]:
     names = [i.name for i in session.get_inputs()]
 
     def run(feeds: dict[str, Any]) -> list[Any]:
+        if feeds and not set(feeds) & set(names):  # named otherwise (TS2EP's x_1): by order
+            return list(session.run(None, dict(zip(names, feeds.values(), strict=False))))
         return list(session.run(None, {n: feeds[n] for n in names if n in feeds}))
 
     return run, names, session.get_providers()

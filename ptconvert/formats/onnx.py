@@ -53,16 +53,23 @@ class OnnxFormat(Format):
     holds = "an ONNX graph with initializers (optionally in external data files)"
     priority = 10
     kind = "program"
-    load_line = "import onnxruntime\nonnxruntime.InferenceSession(p)"
+    load_line = "import onnxruntime\nsess = onnxruntime.InferenceSession(p)"
+
+    def call_line(self, args: str) -> str:
+        feeds = ", ".join(f'"{a.strip().removesuffix("=…")}": …' for a in args.split(","))
+        return f"sess.run(None, {{{feeds}}})"
 
     def open(self, path: Path, device: str = "cpu") -> Program:
         # onnxruntime runs in its own process (it may crash or leak); external data stays in
         # the model's folder
         require_installed("onnxruntime")  # said here, not in the child
+        declared = self.info(path, "protobuf").inputs or []
         runtime = IsolatedRuntime("onnx", str(path), device)
         names = runtime.input_names
         signature = None if names is None else Signature(names, list(names), source="ONNX inputs")
-        return Program(runtime, signature)
+        # a graph whose inputs all have a fixed first dim takes that batch size only
+        dynamic = any(not s.shape or not isinstance(s.shape[0], int) for s in declared)
+        return Program(runtime, signature, dynamic=dynamic, input_specs=declared)
 
     def match(self, probe: Probe) -> str | None:
         h = probe.head

@@ -10,7 +10,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ptconvert.formats.base import IOSpec
 
 
 @dataclass
@@ -40,6 +43,8 @@ class Program:
     exported: Any = None  # a pt2's ExportedProgram: its dynamic dims are checked at their ends
     dynamic: bool = True  # accepts other batch sizes than its example
     max_batch: int | None = None  # the upper end of a bounded dynamic batch dimension
+    # the inputs the file declares (name, dtype, dims: ints or symbol names), when it does
+    input_specs: list[IOSpec] | None = None
 
     def close(self) -> None:
         """Stop the process an isolated runtime runs in (nothing for in-process ones)."""

@@ -170,7 +170,7 @@ class ExportedProgramFormat(Format):
     name = "pt2"
     kind = "program"
     suffixes = (".pt2",)
-    load_line = "torch.export.load(p).module()"
+    load_line = "prog = torch.export.load(p).module()"
     holds = "an ExportedProgram: ATen graph, signature with dynamic dims, weights, constants"
     priority = 30
 
@@ -355,7 +355,7 @@ class AotiPackageFormat(Format):
     kind = "program"
     suffixes = (".pt2",)
     output_suffix = ".aoti.pt2"
-    load_line = "torch._inductor.aoti_load_package(p)"
+    load_line = "prog = torch._inductor.aoti_load_package(p)"
     runs_native_code = True
     holds = "an AOTInductor package: compiled native code (.so) with embedded weights"
     priority = 40

@@ -28,7 +28,7 @@ class TorchScriptFormat(Format):
     priority = 20
     kind = "program"
     output_suffix = ".ts.pt"
-    load_line = "torch.jit.load(p)"
+    load_line = "prog = torch.jit.load(p)"
 
     def match(self, probe: Probe) -> str | None:
         z = probe.zip

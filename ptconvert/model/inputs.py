@@ -201,6 +201,24 @@ def _tensor(s: InputSpec, dtype: Any, batch: int, gen: Any) -> Any:
     return torch.randint(low_i, high_i, shape, generator=gen, dtype=dtype)
 
 
+def from_declared(declared: list[Any], seed: int = 0) -> ExampleInputs | None:
+    """Inputs for the shapes and dtypes a file declares (``IOSpec``: dims are ints or symbol
+    names): a symbolic dim 0 is the batch (2), other symbolic dims 8; integers are drawn from
+    {0, 1} (valid ids and flags). None when a declared input has no shape or dtype."""
+    specs = []
+    for d in declared:
+        if d.shape is None or d.dtype is None or d.dtype in ("string",):
+            return None
+        shape = tuple(
+            n if isinstance(n, int) and n > 0 else (2 if axis == 0 else 8)
+            for axis, n in enumerate(d.shape)
+        )
+        integer = not d.dtype.startswith(("float", "bfloat", "complex"))
+        low, high = (0, 2) if integer and d.dtype != "bool" else (None, None)
+        specs.append(InputSpec(d.name, shape, d.dtype, low, high))
+    return from_specs(specs, seed, source="the inputs the file declares") if specs else None
+
+
 def from_specs(specs: list[InputSpec], seed: int = 0, source: str = "--input") -> ExampleInputs:
     """Inputs made from specs: seeded by ``seed`` and the batch size, so a batch size always
     gets the same tensors; the recipe's batch is the first batched tensor's dim 0."""

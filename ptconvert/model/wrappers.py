@@ -75,10 +75,27 @@ def _classes() -> dict[str, type]:
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             return self.fn(*args, **kwargs)
 
+    class KeywordsToPositions(torch.nn.Module):
+        def __init__(self, program: Any, names: list[str]) -> None:
+            super().__init__()
+            self.program, self.names = program, names
+
+        def forward(self, **kwargs: Any) -> Any:
+            from ptconvert.formats.program import by_position
+
+            return by_position(self.program, self.names)(**kwargs)
+
     return {
         "NamedOutputs": NamedOutputs,
         "CallableModule": CallableModule,
+        "KeywordsToPositions": KeywordsToPositions,
     }
+
+
+def keywords_to_positions(program: Any, names: list[str]) -> Any:
+    """A module that takes its inputs positionally (a program exported so), called by name:
+    the form every reference is called in (``reference(**inputs)``)."""
+    return _classes()["KeywordsToPositions"](program, names)
 
 
 def named_outputs(model: Any, names: list[str]) -> Any:

@@ -55,6 +55,13 @@ def guard(path: str | Path, *, trust: bool = False) -> list[FileScan]:
     if not trust:
         for r in results:
             if r.verdict == "needs-code":
+                native = [f.member for f in r.findings if "native code" in f.reason]
+                if native and not r.classes:
+                    raise NeedsTrustError(
+                        "loading this file runs the native code it holds: " + ", ".join(native),
+                        path=r.path,
+                        hint="pass --trust if you trust its source",
+                    )
                 raise NeedsTrustError(
                     "loading this file imports Python code: " + ", ".join(r.classes or ["?"]),
                     path=r.path,

@@ -370,8 +370,10 @@ def _verify(
             path=reference,
             hint="pass --input NAME:SHAPE:DTYPE (repeatable) or --example-inputs FILE",
         )
-    batches = batch_sizes or (VARIED_BATCHES if cand.dynamic else [inputs.batch])
-    if not batch_sizes and cand.max_batch and cand.max_batch not in batches:
+    # sizes both sides take: a fixed-shape reference (an ONNX graph of batch 2) fixes them too
+    dynamic = cand.dynamic and ref.dynamic
+    batches = batch_sizes or (VARIED_BATCHES if dynamic else [inputs.batch])
+    if not batch_sizes and dynamic and cand.max_batch and cand.max_batch not in batches:
         # the maximum of a bounded range is a size where off-by-one specialisations show
         batches = sorted(b for b in {*batches, cand.max_batch} if b <= cand.max_batch)
     binding = bind_inputs(list(inputs.at(inputs.batch)), ref, cand, input_map)
@@ -426,7 +428,7 @@ def _verify(
         state.compared = "called as they are: a call changes no state of the reference"
     candidate_call = binding.for_candidate(on_device(candidate_runtime, device))
     ranges = None
-    if cand.exported is not None and not batch_sizes:
+    if cand.exported is not None and not batch_sizes and ref.dynamic:
         # every dynamic dim at its ends and between; the batch sizes are those that hold
         from functools import partial
 

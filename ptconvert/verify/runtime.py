@@ -77,6 +77,10 @@ def open_runtime(path: str | Path, opts: Options) -> Runtime:
     inputs = build.user_inputs(opts)
     if inputs is None and program.exported is not None and program.exported.example_inputs:
         inputs = build.program_sample_inputs(program.exported)
+    if inputs is None and program.input_specs:
+        from ptconvert.model.inputs import from_declared
+
+        inputs = from_declared(program.input_specs, opts.seed)
     return Runtime(
         path,
         d.format,

@@ -27,7 +27,7 @@ MLP_ARGS = ["--model", "fixtures.models:MLP", "--input", "x:2x8:float32"]
 _RUN_FRESH = """
 import json, sys
 import numpy as np
-kind, path, inputs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+kind, path, inputs, keyword = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 out = {}
 for b in (1, 2, 8):
     feeds = {n: np.asarray(v[:b], dtype=dt) for n, (v, dt) in inputs.items()}
@@ -39,18 +39,22 @@ for b in (1, 2, 8):
         import torch
         from torch.utils import _pytree as pytree
         runner = torch._inductor.aoti_load_package(path)
-        res = runner(*[torch.from_numpy(v) for v in feeds.values()])  # exported positionally
+        tensors = {k: torch.from_numpy(v) for k, v in feeds.items()}
+        res = runner(**tensors) if keyword == "1" else runner(*tensors.values())
         out[b] = [t.tolist() for t in pytree.tree_leaves(res)]
 print(json.dumps(out))
 """
 
 
-def run_fresh(kind: str, path: Path, inputs: dict[str, torch.Tensor]) -> dict[int, list[Any]]:
+def run_fresh(
+    kind: str, path: Path, inputs: dict[str, torch.Tensor], keyword: bool = False
+) -> dict[int, list[Any]]:
     """Outputs of ``path`` at batch 1, 2 and 8 (the first rows of ``inputs``), computed in a
-    new Python process by the format's own runtime."""
+    new Python process by the format's own runtime (an AOTI package called by keyword when it
+    was exported so)."""
     payload = {n: (t.tolist(), str(t.dtype).removeprefix("torch.")) for n, t in inputs.items()}
     proc = subprocess.run(
-        [sys.executable, "-c", _RUN_FRESH, kind, str(path), json.dumps(payload)],
+        [sys.executable, "-c", _RUN_FRESH, kind, str(path), json.dumps(payload), str(int(keyword))],
         capture_output=True,
         text=True,
         timeout=300,
@@ -252,3 +256,122 @@ def test_optimize_keeps_the_fastest_verified_artifact(samples, tmp_path, capsys)
 
     assert detect(out).format == report["kept"]
     assert [p.name for p in tmp_path.iterdir()] == ["best"]  # the others are gone
+
+
+def test_torchscript_and_pt2_sources_reach_onnx_under_their_input_names(samples, tmp_path, capsys):
+    """TorchScript goes through TS2EPConverter (which names the input x_1) and a .pt2 is
+    exported positionally: the ONNX graph takes ``x`` and names its output as eager does."""
+    for source, extra in (
+        ("mlp_scripted", ["--input", "x:2x8:float32", "--dynamic-batch"]),
+        ("mlp_pt2", []),
+    ):
+        out = tmp_path / f"{source}.onnx"
+        code, report, _ = run_cli(
+            [str(samples[source]), "--to", "onnx", *extra, "-o", str(out)], capsys
+        )
+        assert code == 0 and report["check"] == "parity", report
+        assert report["interface"]["call"] == 'sess.run(None, {"x": …})'
+        model = onnx.load(str(out))
+        assert [i.name for i in model.graph.input] == ["x"]
+        assert [o.name for o in model.graph.output] == ["output"]
+        dims = [d.dim_param or d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+        assert dims == ["batch", 8]  # the specialised 8 is a size, not a symbol named "8"
+        assert_matches_eager("onnx", out)
+
+
+def test_a_fixed_batch_onnx_file_is_verified_on_its_declared_inputs(samples, tmp_path, capsys):
+    out = tmp_path / "fixed.onnx"
+    code, _, _ = run_cli(
+        [str(samples["mlp_zip"]), "--to", "onnx", *MLP_ARGS, "-o", str(out)], capsys
+    )
+    assert code == 0
+    # no --input: the graph declares x float32[2, 8], and batch 2 is all it takes
+    code, report, _ = run_cli(["verify", str(out), str(samples["mlp_pt2"])], capsys)
+    assert code == 0 and report["status"] == "pass" and report["batches"] == [2], report
+
+
+def test_replacing_an_external_data_model_removes_its_data_file(samples, tmp_path, capsys):
+    out = tmp_path / "m.onnx"
+    base = [str(samples["mlp_zip"]), "--to", "onnx", *MLP_ARGS, "--dynamic-batch", "-o", str(out)]
+    assert run_cli([*base, "--external-data"], capsys)[0] == 0
+    assert (tmp_path / "m.onnx.data").exists()
+    assert run_cli([*base, "--force"], capsys)[0] == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
+    assert_matches_eager("onnx", out)
+
+
+def _hf_inputs(example: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+    """Token ids (and a mask of ones) of the example's shapes, at batch 8."""
+    g = torch.Generator().manual_seed(5)
+    return {
+        n: torch.ones(8, *shape[1:], dtype=torch.int64)
+        if "mask" in n
+        else torch.randint(0, 50, (8, *shape[1:]), generator=g)
+        for n, shape in example.items()
+    }
+
+
+def _assert_hf_matches(kind: str, directory: Path, out: Path, report: dict[str, Any]) -> None:
+    import transformers
+
+    config = json.loads((directory / "config.json").read_text())
+    cls = getattr(transformers, (config.get("architectures") or ["AutoModel"])[0])
+    model = cls.from_pretrained(directory, attn_implementation="eager").eval()
+    inputs = _hf_inputs(report["interface"]["example"])
+    got = run_fresh(kind, out, inputs, report["interface"]["keyword"])
+    names = report["interface"]["outputs"]
+    for b in (1, 2, 8):
+        with torch.no_grad():
+            want = model(**{k: v[:b] for k, v in inputs.items()}, use_cache=False)
+        for name, value in zip(names, got[b], strict=True):
+            torch.testing.assert_close(torch.tensor(value), want[name], rtol=1e-4, atol=1e-4)
+
+
+def test_a_hugging_face_bert_directory_to_onnx(samples, tmp_path, capsys):
+    out = tmp_path / "bert.onnx"
+    code, report, _ = run_cli(
+        [str(samples["hf_bert"]), "--to", "onnx", "--dynamic-batch", "-o", str(out)], capsys
+    )
+    assert code == 0 and report["check"] == "parity", report
+    model = onnx.load(str(out))
+    assert [o.name for o in model.graph.output] == report["interface"]["outputs"]
+    assert report["interface"]["outputs"] == ["last_hidden_state", "pooler_output"]
+    _assert_hf_matches("onnx", samples["hf_bert"], out, report)
+
+
+@pytest.mark.slow
+def test_a_t5_directory_to_onnx_retries_with_eager_attention(samples, tmp_path, capsys):
+    out = tmp_path / "t5.onnx"
+    code, report, _ = run_cli(
+        [str(samples["hf_t5"]), "--to", "onnx", "--dynamic-batch", "-o", str(out)], capsys
+    )
+    assert code == 0 and report["check"] == "parity", report
+    assert any("attn_implementation='eager'" in n for n in report["notes"])
+    _assert_hf_matches("onnx", samples["hf_t5"], out, report)
+
+
+@pytest.mark.slow
+def test_hugging_face_and_torchscript_sources_to_aoti(samples, tmp_path, capsys):
+    import zipfile
+
+    for source, extra in (
+        ("hf_bert", []),
+        ("hf_t5", []),
+        ("mlp_scripted", ["--input", "x:2x8:float32"]),
+    ):
+        out = tmp_path / f"{source}.aoti.pt2"
+        code, report, _ = run_cli(
+            [str(samples[source]), "--to", "aoti", *extra, "--dynamic-batch", "-o", str(out)],
+            capsys,
+        )
+        assert code == 0 and report["check"] == "parity", (source, report)
+        # the archive's folder is named after the output, not the temporary file
+        assert all(".tmp" not in n for n in zipfile.ZipFile(out).namelist())
+        if source == "mlp_scripted":
+            assert_matches_eager("aoti", out)
+        else:
+            _assert_hf_matches("aoti", samples[source], out, report)
+    code, report, _ = run_cli(
+        ["verify", str(samples["hf_bert"]), str(tmp_path / "hf_bert.aoti.pt2")], capsys
+    )
+    assert code == 11 and "native code" in report["error"]["message"]
