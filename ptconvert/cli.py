@@ -533,6 +533,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI and turn errors into messages and documented exit codes."""
     args = list(sys.argv[1:] if argv is None else argv)
     as_json, debug = "--json" in args, "--debug" in args
+    if sys.stderr.isatty() and not as_json:
+        from ptconvert.render import TerminalProgress
+
+        progress.set_reporter(TerminalProgress())
     try:
         code = cli.main(args, prog_name="ptconvert", standalone_mode=False)
         if isinstance(code, int):  # a command's own exit code (click.exceptions.Exit)

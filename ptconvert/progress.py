@@ -1,49 +1,57 @@
-"""Progress on a terminal: rich spinners on stderr, silent under --json or when not a tty."""
+"""Progress of long work, through a reporter the caller installs (the CLI: rich on a terminal).
+
+The library itself draws nothing: ``step`` and ``bar`` do nothing until ``set_reporter`` installs
+one, so pipelines stay silent and the core never imports a terminal library. The CLI installs its
+rich reporter when stderr is a terminal and removes it under ``--json``.
+"""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from contextlib import AbstractContextManager, contextmanager
+from typing import Protocol
 
-_quiet = False
+
+class Reporter(Protocol):
+    def step(self, name: str) -> AbstractContextManager[None]:
+        """Shown while the step named ``name`` runs."""
+        ...
+
+    def bar(self, name: str, total: int) -> AbstractContextManager[Callable[[], None]]:
+        """A bar of ``total`` parts; the context gives the function that advances it by one."""
+        ...
+
+
+_reporter: Reporter | None = None
+
+
+def set_reporter(reporter: Reporter | None) -> None:
+    """Install (or with None, remove) the reporter of this process."""
+    global _reporter
+    _reporter = reporter
 
 
 def set_quiet(quiet: bool) -> None:
-    """Silence progress for this process (the CLI calls it for --json)."""
-    global _quiet
-    _quiet = quiet
-
-
-def enabled() -> bool:
-    return not _quiet and sys.stderr.isatty()
+    """Remove the reporter when ``quiet`` (the CLI calls it for --json)."""
+    if quiet:
+        set_reporter(None)
 
 
 @contextmanager
 def step(name: str) -> Iterator[None]:
-    """Show a spinner named after the step while it runs."""
-    if not enabled():
+    """Report the step while it runs."""
+    if _reporter is None:
         yield
         return
-    with _console().status(f"[bold]{name}[/bold]…"):
+    with _reporter.step(name):
         yield
 
 
 @contextmanager
 def bar(name: str, total: int) -> Iterator[Callable[[], None]]:
     """A progress bar named after the step; yields the function that advances it by one."""
-    if not enabled() or total < 2:
+    if _reporter is None or total < 2:
         yield lambda: None
         return
-    from rich.progress import Progress
-
-    with Progress(transient=True, console=_console()) as prog:
-        task = prog.add_task(name, total=total)
-        yield lambda: prog.advance(task)
-
-
-def _console() -> Any:
-    from rich.console import Console
-
-    return Console(stderr=True)
+    with _reporter.bar(name, total) as advance:
+        yield advance

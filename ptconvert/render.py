@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -332,3 +334,28 @@ def render_optimize(report: Any, console: Console | None = None) -> None:
             escape(c.reason),
         )
     console.print(t)
+
+
+class TerminalProgress:
+    """The CLI's progress reporter: a rich spinner with the step's name and elapsed time, and
+    bars for work with a size, on stderr (stdout is the report's)."""
+
+    def __init__(self) -> None:
+        self._console = Console(stderr=True)
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        columns = (SpinnerColumn(), TextColumn("[bold]{task.description}[/bold]"))
+        with Progress(*columns, TimeElapsedColumn(), transient=True, console=self._console) as p:
+            p.add_task(escape(name), total=None)
+            yield
+
+    @contextmanager
+    def bar(self, name: str, total: int) -> Iterator[Callable[[], None]]:
+        from rich.progress import Progress
+
+        with Progress(transient=True, console=self._console) as prog:
+            task = prog.add_task(escape(name), total=total)
+            yield lambda: prog.advance(task)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -57,14 +58,34 @@ def test_unknown_options_are_a_usage_error() -> None:
 def test_convert_scans_converts_and_names_its_check(
     samples: dict[str, Path], tmp_path: Path
 ) -> None:
-    program = ptconvert.convert(
-        samples["mlp_zip"],
-        "pt2",
-        tmp_path / "m.pt2",
-        model="fixtures.models:MLP",
-        inputs=["x:2x8:float32"],
-        dynamic_batch=True,
-    )
+    import contextlib
+
+    from ptconvert import progress
+
+    shown: list[str] = []
+
+    class Recorder:  # a pipeline's own progress display
+        def step(self, name: str) -> Any:
+            shown.append(name)
+            return contextlib.nullcontext()
+
+        def bar(self, name: str, total: int) -> Any:
+            return contextlib.nullcontext(lambda: None)
+
+    progress.set_reporter(Recorder())
+    try:
+        program = ptconvert.convert(
+            samples["mlp_zip"],
+            "pt2",
+            tmp_path / "m.pt2",
+            model="fixtures.models:MLP",
+            inputs=["x:2x8:float32"],
+            dynamic_batch=True,
+        )
+    finally:
+        progress.set_reporter(None)
+    assert "module → exported (torch.export)" in shown
+    assert "loading the result in a fresh process" in shown
     assert program.check == "parity" and program.parity is not None
     assert program.parity.status == "pass"
     assert [s.batch for s in program.parity.sizes] == [1, 2, 3, 5, 7]

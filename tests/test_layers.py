@@ -95,3 +95,20 @@ def test_the_known_exceptions_still_exist() -> None:
     """An exception that was removed comes off the list."""
     found = _imports()
     assert all(pair in found for pair in KNOWN), [p for p in KNOWN if p not in found]
+
+
+def test_only_the_terminal_imports_rich() -> None:
+    """Progress reaches the terminal through a reporter the CLI installs (progress.py)."""
+    importers = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            if any(n == "rich" or n.startswith("rich.") for n in names):
+                importers.add(path.relative_to(PACKAGE).as_posix())
+    assert importers == {"render.py"}
