@@ -42,7 +42,7 @@ def options(base: Options | None = None, **overrides: Any) -> Options:
     opts = dataclasses.replace(base or Options(), **overrides)
     if opts.example_inputs is not None:
         opts.example_inputs = Path(opts.example_inputs)
-    return opts
+    return opts.validate()
 
 
 def convert(

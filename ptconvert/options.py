@@ -3,9 +3,19 @@ is ``dynamic_batch``), and the keywords of the API's functions."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
+
+from ptconvert.errors import UsageError
+
+# --dynamic NAME:AXIS[:MIN:MAX]
+DYNAMIC_SPEC = re.compile(r"^(?P<name>\w+):(?P<axis>\d+)(?::(?P<min>\d+):(?P<max>\d+))?$")
+
+Method = Literal["auto", "script", "trace"]
+ExportMode = Literal["auto", "strict", "non-strict"]
+Device = Literal["cpu", "cuda"]
 
 
 @dataclass
@@ -17,8 +27,8 @@ class Options:
     example_inputs: Path | None = None
     dynamic_batch: bool = False
     dynamic: list[str] = field(default_factory=list)
-    method: str = "auto"  # torchscript: auto | script | trace
-    strict: str = "auto"  # export: auto (non-strict, then strict) | strict | non-strict
+    method: Method = "auto"  # torchscript: script, trace, or script falling back to trace
+    strict: ExportMode = "auto"  # export: non-strict, then strict (auto); or one of them
     trust: bool = False
     key: str | None = None
     non_strict: bool = False  # leave out checkpoint keys the model does not have (reported)
@@ -29,8 +39,35 @@ class Options:
     seed: int = 0  # example inputs are drawn from this seed (and the batch size)
     max_shard_size: str | None = None  # safetensors targets: shards of at most this (e.g. "5GB")
     metadata: dict[str, str] = field(default_factory=dict)  # safetensors header metadata
-    device: str = "cpu"  # aoti targets are compiled for it; --bench and checks run on it
+    device: Device = "cpu"  # aoti targets are compiled for it; --bench and checks run on it
     aoti_options: dict[str, Any] = field(default_factory=dict)  # Inductor configs (k=v)
     opset: int | None = None  # onnx targets: the ai.onnx opset (None: the exporter's default)
     external_data: bool = False  # onnx targets: weights in NAME.onnx.data (always over 2 GB)
     onnx_optimize: bool = False  # onnx targets: onnxscript's graph optimizer on the result
+
+    def validate(self) -> Options:
+        """Each value of the type and range its option takes (an API caller has no CLI to
+        check them); a UsageError naming the option otherwise. Returns the options."""
+        choices = {"method": Method, "strict": ExportMode, "device": Device}
+        for name, kind in choices.items():
+            if getattr(self, name) not in get_args(kind):
+                raise UsageError(
+                    f"{name}={getattr(self, name)!r} is not one of {', '.join(get_args(kind))}"
+                )
+        for name in ("inputs", "dynamic"):
+            value = getattr(self, name)
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise UsageError(f"{name} is a list of strings, got {value!r}")
+        for name in ("model_args", "metadata", "aoti_options"):
+            if not isinstance(getattr(self, name), dict):
+                raise UsageError(f"{name} is a dict, got {getattr(self, name)!r}")
+        bad = [s for s in self.dynamic if not DYNAMIC_SPEC.match(s)]
+        if bad:
+            raise UsageError(f"--dynamic {bad[0]!r} is not NAME:AXIS[:MIN:MAX]")
+        if self.max_shard_size is not None and not isinstance(self.max_shard_size, str):
+            raise UsageError(f"max_shard_size is a size such as '5GB', got {self.max_shard_size!r}")
+        if self.opset is not None and (not isinstance(self.opset, int) or self.opset < 1):
+            raise UsageError(f"opset is a positive integer, got {self.opset!r}")
+        if not isinstance(self.seed, int):
+            raise UsageError(f"seed is an integer, got {self.seed!r}")
+        return self

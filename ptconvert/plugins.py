@@ -13,6 +13,7 @@ takes a ``Registry`` and adds to it::
     def register(registry):
         registry.add_format(ToyFormat())                                   # formats/, info
         registry.add_edge(Edge("weights", "toy", "write_toy", 1), write_toy)  # the graph, --to
+        registry.add_need("toy_license", "pass --model-arg license=yes", licensed)  # optional
 
 Plugins are loaded once, by every API call and CLI command, before anything is read. A plugin
 that fails to load fails every later call too (what it registered before failing stays).
@@ -42,6 +43,13 @@ class Registry:
         from ptconvert.convert.graph import register_edge
 
         register_edge(edge, step)
+
+    def add_need(self, name: str, hint: str, met: Callable[[str, Any], bool]) -> None:
+        """A need the plugin's edges declare: ``met(source format, options)`` says whether it
+        is there; ``hint`` says how to provide it."""
+        from ptconvert.convert.needs import Need, register_need
+
+        register_need(Need(name, hint, met))
 
 
 def load_plugins() -> list[str]:

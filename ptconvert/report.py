@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 
 def to_jsonable(value: Any) -> Any:
@@ -31,3 +31,17 @@ class Report:
         import json
 
         return json.dumps(self.to_dict(), indent=indent, default=str)
+
+
+# The statuses results carry, as types (the values a pipeline compares against).
+Check = Literal["parity", "bitwise", "copy", "none"]  # which check a conversion ran
+Verdict = Literal["clean", "needs-code", "dangerous", "error"]  # a scan's
+StepStatus = Literal["ok", "failed"]
+ParityStatus = Literal[
+    "pass",
+    "fail_accuracy",
+    "fail_shape",
+    "fail_to_run",
+    "eager_nondeterministic",
+    "nothing_compared",  # no batch size was run: a verdict without evidence is not a pass
+]

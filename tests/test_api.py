@@ -156,3 +156,36 @@ def test_bad_batch_sizes_are_a_usage_error(
 
     code, report, _ = run_cli(["bench", str(samples["mlp_pt2"]), "--batch-sizes", sizes], capsys)
     assert code == 2 and "--batch-sizes" in report["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("keywords", "said"),
+    [
+        ({"strict": "bogus"}, "strict='bogus' is not one of auto, strict, non-strict"),
+        ({"max_shard_size": 300}, "max_shard_size is a size such as '5GB'"),
+        ({"inputs": "x:2x8:float32"}, "inputs is a list of strings"),
+        ({"dynamic": ["x"]}, "--dynamic 'x' is not NAME:AXIS[:MIN:MAX]"),
+        ({"device": "tpu"}, "device='tpu' is not one of cpu, cuda"),
+    ],
+)
+def test_option_values_are_checked_as_the_cli_checks_them(
+    samples: dict[str, Path], keywords: dict[str, Any], said: str
+) -> None:
+    with pytest.raises(ptconvert.UsageError, match=re.escape(said)):
+        ptconvert.plan(samples["mlp_zip"], "pt2", model="fixtures.models:MLP", **keywords)
+
+
+def test_plan_checks_the_inputs_the_conversion_would_parse(samples: dict[str, Path]) -> None:
+    with pytest.raises(ptconvert.UsageError, match="unknown dtype 'flot'"):
+        ptconvert.plan(samples["mlp_zip"], "pt2", inputs=["x:2x8:flot"])
+
+
+def test_a_sharded_target_names_the_option_that_writes_it(samples: dict[str, Path]) -> None:
+    with pytest.raises(ptconvert.UsageError) as caught:
+        ptconvert.convert(samples["mlp_zip"], "sharded")
+    assert caught.value.hint == "use --to safetensors --max-shard-size 5GB"
+
+
+def test_a_detection_is_a_result_like_the_others(samples: dict[str, Path]) -> None:
+    d = ptconvert.detect(samples["mlp_zip"])
+    assert d.to_dict() == {"path": str(samples["mlp_zip"]), "format": "pt", "layout": "zip"}

@@ -44,6 +44,13 @@ def register(registry: Any) -> None:
 
     registry.add_format(_toy_format())
     registry.add_edge(Edge("weights", "toy", "write_toy", 1, label="write the toy file"), write_toy)
+    # a need of its own: the "signed" toy variant wants a key in the metadata
+    registry.add_need("toy_key", "pass --metadata toy_key=…", lambda f, o: "toy_key" in o.metadata)
+    registry.add_edge(Edge("toy", "signed_toy", "sign_toy", 1, ("toy_key",), "sign"), sign_toy)
+
+
+def sign_toy(state: Any, opts: Any) -> None:
+    state.output.write_bytes(MAGIC + opts.metadata["toy_key"].encode())
 
 
 class _EntryPoint:
@@ -59,11 +66,11 @@ def toy_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.metadata
 
     from ptconvert import plugins
-    from ptconvert.convert import graph, steps
+    from ptconvert.convert import graph, needs, steps
     from ptconvert.formats import FORMATS, FORMATS_BY_NAME
 
     saved = (list(FORMATS), dict(FORMATS_BY_NAME), list(graph.EDGES), list(graph.FILE_NODES))
-    saved_steps = dict(steps.STEPS)
+    saved_steps, saved_needs = dict(steps.STEPS), dict(needs.NEEDS)
     monkeypatch.setattr(
         importlib.metadata,
         "entry_points",
@@ -77,6 +84,8 @@ def toy_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     FORMATS_BY_NAME.update(saved[1])
     steps.STEPS.clear()
     steps.STEPS.update(saved_steps)
+    needs.NEEDS.clear()
+    needs.NEEDS.update(saved_needs)
 
 
 def test_a_plugin_format_and_edge_reach_formats_plan_and_to(
@@ -98,6 +107,20 @@ def test_a_plugin_format_and_edge_reach_formats_plan_and_to(
     assert report["check"] == "none" and any("no check" in n for n in report["notes"])
     code, info, _ = run_cli(["info", str(out)], capsys)
     assert code == 0 and info["format"] == "toy"
+
+
+def test_a_plugin_need_is_checked_by_the_engine_with_its_hint(
+    toy_plugin: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "a.toy"
+    src.write_bytes(MAGIC + b"{}")
+    code, plan, _ = run_cli(["plan", str(src), "--to", "signed_toy"], capsys)
+    assert code == 5 and not plan["runnable"]  # exit 5: a need is missing
+    assert plan["missing"] == {"toy_key": "pass --metadata toy_key=…"}
+    out = tmp_path / "b.signed_toy"
+    code, report, _ = run_cli([str(src), "--to", "signed_toy", "-o", str(out)], capsys)
+    assert code == 5 and report["error"]["hint"] == "pass --metadata toy_key=…"
+    assert not out.exists()
 
 
 def test_a_plugin_that_fails_to_load_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,7 +32,7 @@ from ptconvert.errors import (
 from ptconvert.formats import FORMATS_BY_NAME, Detection, detect
 from ptconvert.model.build import user_inputs
 from ptconvert.options import Options
-from ptconvert.report import Report
+from ptconvert.report import Check, Report, StepStatus
 from ptconvert.scan.guard import refuse_unsafe
 from ptconvert.verify.parity import (
     STATEFUL_CALLS,
@@ -64,7 +64,7 @@ class ConversionReport(Report):
     interface: dict[str, Any] = field(default_factory=dict)
     # the check that ran: "parity" (run against eager), "bitwise" (weights read back),
     # "copy" (bytes compared), or "none" (--no-verify, or nothing to run it against)
-    check: str = "none"
+    check: Check = "none"
     bench: Any = None  # a verify.bench.BenchReport when --bench was given
 
 
@@ -78,24 +78,9 @@ def default_output(src: Path, to: str) -> Path:
 
 
 def available_needs(src_format: str, opts: Options) -> frozenset[str]:
-    """The needs of edges that the options, the file and this machine meet."""
-    import importlib.util
+    from ptconvert.convert.needs import available
 
-    from ptconvert.convert.aoti import compiler
-
-    have = set()
-    spec = opts.model or FORMATS_BY_NAME[src_format].carries_model_spec
-    if spec:
-        have.add("model_spec")
-    if opts.inputs or opts.example_inputs or spec:
-        have.add("example_inputs")  # a factory module may define example_inputs()
-    if opts.trust:
-        have.add("trust")
-    if compiler() is not None:
-        have.add("cpp_compiler")
-    if all(importlib.util.find_spec(m) for m in ("onnx", "onnxscript", "onnxruntime")):
-        have.add("onnx")
-    return frozenset(have)
+    return available(src_format, opts)
 
 
 def inapplicable(d: Detection) -> frozenset[Edge]:
@@ -110,6 +95,9 @@ def inapplicable(d: Detection) -> frozenset[Edge]:
 
 
 def plan_for(src: str | Path, to: str, opts: Options) -> Plan:
+    """The route ``convert`` would take, after the same checks of the options it makes."""
+    opts.validate()
+    user_inputs(opts)  # a malformed --input is said here, as the conversion would say it
     refuse_unsafe(src)
     d = detect(src)
     if d.format == to and Path(src).is_file():
@@ -129,7 +117,7 @@ def convert(
     kind. Every result says in ``check`` which check ran."""
     from ptconvert.convert.weights import WEIGHT_SOURCES, WEIGHT_TARGETS, convert_weights
 
-    opts = opts or Options()
+    opts = (opts or Options()).validate()
     refuse_unsafe(src)  # before detection: an unrecognised file may still be a payload
     if to in WEIGHT_TARGETS and detect(src).format in WEIGHT_SOURCES:
         return convert_weights(
@@ -243,7 +231,7 @@ def convert_program(
                 cut = route.index(f"{capture.src} → {capture.dst}")
                 route, taken = route[:cut], taken[:cut]
                 node, queue = "module", list(replanned.edges)
-        check = "parity" if parity is not None else "none"
+        check: Check = "parity" if parity is not None else "none"
         from ptconvert.convert.weights import WEIGHT_SOURCES
 
         target = FORMATS_BY_NAME.get(to)
@@ -434,7 +422,12 @@ def _verified_copy(src: Path, d: Detection, out: Path, started: float) -> Conver
 
 
 def _record(
-    edge: Edge, t0: float, status: str, state: RunState, notes_before: int, error: str | None = None
+    edge: Edge,
+    t0: float,
+    status: StepStatus,
+    state: RunState,
+    notes_before: int,
+    error: str | None = None,
 ) -> StepRecord:
     return StepRecord(
         edge.step,

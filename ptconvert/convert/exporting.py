@@ -17,10 +17,8 @@ from ptconvert.convert.state import RunState
 from ptconvert.errors import UnsupportedConversionError, UsageError
 from ptconvert.model.inputs import ExampleInputs
 from ptconvert.model.wrappers import named_outputs, positional_names
-from ptconvert.options import Options
+from ptconvert.options import DYNAMIC_SPEC, Options
 from ptconvert.quiet import quiet_torch
-
-_DYNAMIC = re.compile(r"^(?P<name>\w+):(?P<axis>\d+)(?::(?P<min>\d+):(?P<max>\d+))?$")
 
 
 def dynamic_shapes(opts: Options, sample: dict[str, Any]) -> dict[str, Any] | None:
@@ -34,7 +32,7 @@ def dynamic_shapes(opts: Options, sample: dict[str, Any]) -> dict[str, Any] | No
             if getattr(t, "dim", lambda: 0)() > 0:
                 shapes[name] = {0: Dim.DYNAMIC}
     for spec in opts.dynamic:
-        m = _DYNAMIC.match(spec)
+        m = DYNAMIC_SPEC.match(spec)
         if m is None or m["name"] not in sample:
             raise UsageError(
                 f"--dynamic {spec!r} is not NAME:AXIS[:MIN:MAX] of a known input",
@@ -149,7 +147,7 @@ def _away_from_the_minimum(state: RunState, opts: Options, inputs: ExampleInputs
     sample = inputs.at(inputs.batch)
     sizes: dict[tuple[str, int], int] = {}
     for spec in opts.dynamic:
-        m = _DYNAMIC.match(spec)
+        m = DYNAMIC_SPEC.match(spec)
         if m is None or not m["min"] or m["name"] not in sample:
             continue
         axis, low, high = int(m["axis"]), int(m["min"]), int(m["max"])

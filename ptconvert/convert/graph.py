@@ -18,17 +18,6 @@ from ptconvert.report import Report
 STAGES = ("weights", "module", "exported")
 FILE_NODES = ["pt", "safetensors", "sharded", "hf", "torchscript", "pt2", "aoti", "onnx"]
 
-# what provides each need, for the message when it is missing
-NEED_HINTS: dict[str, str] = {
-    "model_spec": "pass --model pkg.module:factory (or file.py:factory), or give a directory "
-    "with config.json",
-    "example_inputs": "pass --input NAME:SHAPE:DTYPE (repeatable) or --example-inputs FILE",
-    "trust": "pass --trust (the file is a whole pickled module: loading it imports its classes)",
-    "cpp_compiler": "install a C++ compiler (g++ or clang++) or set CXX: AOTInductor compiles "
-    "the program into native code with it",
-    "onnx": "pip install 'ptconvert[onnx]' (onnx, onnxscript and onnxruntime)",
-}
-
 
 @dataclass(frozen=True)
 class Edge:
@@ -148,8 +137,17 @@ def plan(
         return Plan(src, dst, path)
     path = _search(src, dst, have, banned, relax=True)
     if path is None:
+        from ptconvert.formats import FORMATS_BY_NAME
+
+        known = FORMATS_BY_NAME.get(dst)
+        if known is not None and known.written_by:
+            raise UsageError(
+                f"{dst} is written by another target's option", hint=f"use {known.written_by}"
+            )
         raise UnsupportedConversionError(f"no converter route leads from {src} to {dst}")
-    missing = {n: NEED_HINTS.get(n, n) for e in path for n in e.needs if n not in have}
+    from ptconvert.convert.needs import hint
+
+    missing = {n: hint(n) for e in path for n in e.needs if n not in have}
     return Plan(src, dst, path, missing)
 
 

@@ -23,7 +23,7 @@ from ptconvert import progress
 from ptconvert.atomic import check_output
 from ptconvert.errors import MissingRequirementError, PtconvertError, UsageError
 from ptconvert.options import Options
-from ptconvert.report import Report
+from ptconvert.report import Check, Report
 
 TARGETS = ("pt2", "aoti", "onnx")
 
@@ -35,7 +35,7 @@ class Candidate(Report):
     runtime: str  # a target format, or "eager" / "torch.compile"
     outcome: Outcome
     reason: str
-    check: str = "none"  # the check its conversion ran
+    check: Check = "none"  # the check its conversion ran
     route: list[str] = field(default_factory=list)
     median_ms: dict[int, float] = field(default_factory=dict)  # batch → median latency
     vs_eager: float | None = None  # geometric mean over batch sizes of eager / this

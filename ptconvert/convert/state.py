@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert.model.inputs import ExampleInputs
-from ptconvert.report import Report
+from ptconvert.report import Report, StepStatus
 from ptconvert.weights.read import WeightSet
 
 
@@ -16,7 +16,7 @@ class StepRecord(Report):
     step: str
     route: str
     seconds: float
-    status: str  # "ok" | "failed"
+    status: StepStatus
     notes: list[str] = field(default_factory=list)
     error: str | None = None
 

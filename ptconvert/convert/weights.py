@@ -18,7 +18,7 @@ from ptconvert.formats import detect
 from ptconvert.formats.hf import WEIGHT_NAMES
 from ptconvert.formats.safetensors import TORCH_TO_SAFETENSORS
 from ptconvert.formats.sharded import read_index
-from ptconvert.report import Report
+from ptconvert.report import Check, Report
 from ptconvert.scan.guard import guard, refuse_unsafe
 from ptconvert.verify.weights import WeightsCheck, verify_weights
 from ptconvert.weights.read import WeightSet, read_weights
@@ -48,7 +48,7 @@ class WeightsReport(Report):
     notes: list[str] = field(default_factory=list)
     verification: WeightsCheck | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # left out (--skip-unsupported): why
-    check: str = "bitwise"  # the check that ran: "bitwise" (read back, compared) or "none"
+    check: Check = "bitwise"  # the check that ran: "bitwise" (read back, compared) or "none"
 
 
 def default_output(src: Path, fmt: str, source_format: str, sharded: bool) -> Path:

@@ -28,6 +28,7 @@ from ptconvert.formats.pt2 import AotiPackageFormat, ExportedProgramFormat
 from ptconvert.formats.safetensors import SafetensorsFormat
 from ptconvert.formats.sharded import ShardedFormat
 from ptconvert.formats.torchscript import TorchScriptFormat
+from ptconvert.report import Report
 
 FORMATS: list[Format] = [
     CheckpointFormat(),
@@ -53,7 +54,7 @@ def register_format(fmt: Format) -> None:
 
 
 @dataclass(frozen=True)
-class Detection:
+class Detection(Report):
     path: Path
     format: str
     layout: str

@@ -168,6 +168,8 @@ class Format:
     # the conversion runs them in a fresh interpreter before it reports success
     load_line: ClassVar[str] = ""
     runs_native_code: ClassVar[bool] = False  # loading runs compiled code (needs --trust)
+    # a format ptconvert writes through another target's option says which (sharded sets)
+    written_by: ClassVar[str] = ""
     carries_model_spec: ClassVar[bool] = False  # names its model class (a config.json beside)
     may_hold_module: ClassVar[bool] = False  # may be a whole pickled nn.Module (with --trust)
 

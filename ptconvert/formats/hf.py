@@ -39,6 +39,8 @@ def read_config(directory: Path) -> dict[str, Any]:
 
 class HuggingFaceFormat(Format):
     name = "hf"
+    # converting a directory's weights writes a directory, config.json included
+    written_by = "--to safetensors on a Hugging Face directory"
     carries_model_spec = True
     suffixes = ()
     holds = "a transformers model directory: config.json, weights (any layout), tokenizer files"

@@ -34,6 +34,7 @@ def shard_kind(names: list[str]) -> str | None:
 
 class ShardedFormat(Format):
     name = "sharded"
+    written_by = "--to safetensors --max-shard-size 5GB"
     suffixes = (".index.json",)
     holds = "a set of safetensors or pickle shards with a weight_map index (transformers layout)"
     priority = 10

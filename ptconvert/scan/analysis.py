@@ -11,16 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ptconvert.report import Report
+from ptconvert.report import Report, Verdict
 from ptconvert.scan.allowlist import classify, danger_reason
 from ptconvert.scan.machine import Call, Dict, Global, PickleRun, Unknown
 
-SEVERITY_ORDER = {"clean": 0, "needs-code": 1, "error": 2, "dangerous": 3}
+SEVERITY_ORDER: dict[Verdict, int] = {"clean": 0, "needs-code": 1, "error": 2, "dangerous": 3}
 
 
 @dataclass
 class Finding(Report):
-    severity: str  # "dangerous" | "needs-code" | "error"
+    severity: Verdict  # "dangerous" | "needs-code" | "error"
     member: str  # file or archive member path the pickle is in
     offset: int  # byte offset of the opcode within that pickle member
     opcode: str
@@ -49,7 +49,7 @@ def analyse(
     """
     findings: list[Finding] = []
 
-    def add(sev: str, pos: int, op: str, g: Global | None, why: str) -> None:
+    def add(sev: Verdict, pos: int, op: str, g: Global | None, why: str) -> None:
         findings.append(Finding(sev, member, pos, op, _name(g) if g else None, why))
 
     def verdict_of(g: Global) -> str:
@@ -240,6 +240,6 @@ def _dedupe(findings: list[Finding]) -> list[Finding]:
     return out
 
 
-def verdict(findings: list[Finding]) -> str:
+def verdict(findings: list[Finding]) -> Verdict:
     worst = max((SEVERITY_ORDER[f.severity] for f in findings), default=0)
     return next(k for k, v in SEVERITY_ORDER.items() if v == worst)

@@ -25,6 +25,7 @@ from typing import Any
 
 from ptconvert.archive import ZipArchive, ZipMember, has_zip_tail, is_tar, is_zip, open_zip
 from ptconvert.errors import InputError
+from ptconvert.report import Verdict
 from ptconvert.scan.machine import run_pickle
 
 MAX_DEPTH = 4
@@ -49,7 +50,7 @@ class Stream:
 @dataclass
 class Problem:
     label: str
-    severity: str  # "error" | "dangerous" | "needs-code"
+    severity: Verdict  # "error" | "dangerous" | "needs-code"
     reason: str
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ptconvert import progress
 from ptconvert.errors import InputError
-from ptconvert.report import Report
+from ptconvert.report import Report, Verdict
 from ptconvert.scan.analysis import (
     NESTED_LOADER,
     SEVERITY_ORDER,
@@ -26,7 +26,7 @@ from ptconvert.scan.machine import Global, PickleRun, acted, run_torch_pickles
 @dataclass
 class FileScan(Report):
     path: str
-    verdict: str  # "clean" | "needs-code" | "dangerous" | "error"
+    verdict: Verdict
     findings: list[Finding] = field(default_factory=list)
     pickles: int = 0
 
@@ -40,7 +40,7 @@ class FileScan(Report):
 
 @dataclass
 class ScanReport(Report):
-    verdict: str
+    verdict: Verdict
     files: list[FileScan]
     counts: dict[str, int]
 
@@ -139,7 +139,7 @@ def scan(paths: Iterable[str | Path], *, allow: Iterable[str] = (), jobs: int = 
             for f in files:
                 results.append(scan_file(f, allowed))
                 advance()
-    counts = {k: sum(1 for r in results if r.verdict == k) for k in SEVERITY_ORDER}
+    counts: dict[str, int] = {k: sum(1 for r in results if r.verdict == k) for k in SEVERITY_ORDER}
     worst = max((SEVERITY_ORDER[r.verdict] for r in results), default=0)
     overall = next(k for k, v in SEVERITY_ORDER.items() if v == worst)
     return ScanReport(overall, results, counts)

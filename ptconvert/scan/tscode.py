@@ -27,20 +27,22 @@ import functools
 import re
 from dataclasses import dataclass, replace
 
+from ptconvert.report import Verdict
+
 
 def _names(text: str) -> frozenset[str]:
     return frozenset(text.split())
 
 
-DANGEROUS = "dangerous"
-ERROR = "error"
+DANGEROUS: Verdict = "dangerous"
+ERROR: Verdict = "error"
 
 
 @dataclass(frozen=True)
 class CodeFinding:
     """One problem in one code member: where, which name, and why it is refused."""
 
-    severity: str  # "dangerous" | "error"
+    severity: Verdict  # "dangerous" | "error"
     line: int  # 1-based line in the member
     name: str | None  # the call/attribute judged, e.g. "torch.from_file", "ops.myns.op"
     reason: str

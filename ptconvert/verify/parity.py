@@ -24,11 +24,11 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import Any, get_args
 
 from ptconvert.errors import ModelRaisedError, PtconvertError
 from ptconvert.model.wrappers import output_leaves
-from ptconvert.report import Report
+from ptconvert.report import ParityStatus, Report
 
 # dtype → tolerance used as both atol and rtol (PyTorch's harness: fp32 1e-4, half types 1e-3…1e-2)
 TOLERANCES: dict[str, float] = {
@@ -37,21 +37,14 @@ TOLERANCES: dict[str, float] = {
     "float16": 1e-3,
     "bfloat16": 1e-2,
 }
-STATUSES = (
-    "pass",
-    "fail_accuracy",
-    "fail_shape",
-    "fail_to_run",
-    "eager_nondeterministic",
-    "nothing_compared",  # no batch size was given: a verdict without evidence is not a pass
-)
+STATUSES: tuple[ParityStatus, ...] = get_args(ParityStatus)
 COMPARED = ("pass", "fail_accuracy", "fail_shape")  # sizes where the outputs were compared
 
 
 @dataclass
 class OutputResult(Report):
     name: str
-    status: str
+    status: ParityStatus
     max_abs_error: float = 0.0
     max_rel_error: float = 0.0
     rmse_vs_fp64: float | None = None  # the candidate's
@@ -64,14 +57,14 @@ class OutputResult(Report):
 @dataclass
 class SizeResult(Report):
     batch: int
-    status: str
+    status: ParityStatus
     outputs: list[OutputResult] = field(default_factory=list)
     detail: str = ""
 
 
 @dataclass
 class ParityReport(Report):
-    status: str
+    status: ParityStatus
     sizes: list[SizeResult] = field(default_factory=list)
     fp64_reference: bool = True
     tolerance: dict[str, float] = field(default_factory=dict)
@@ -331,7 +324,7 @@ def compare(
                 continue
         sizes.append(_compare_leaves(b, first, got, gold, tols, atol, rtol))
     compared = sum(1 for s in sizes if s.status in COMPARED)
-    status = next((s.status for s in sizes if s.status != "pass"), "pass")
+    status: ParityStatus = next((s.status for s in sizes if s.status != "pass"), "pass")
     if not sizes:  # no evidence: never a pass
         status = "nothing_compared"
     tolerance = {k: v for k, v in tols.items()}
@@ -354,7 +347,7 @@ def _compare_leaves(
         _compare_one(name, a, b, g, tols, atol, rtol)
         for (name, a), b, g in zip(ref.items(), got.values(), golds, strict=True)
     ]
-    status = next((r.status for r in results if r.status != "pass"), "pass")
+    status: ParityStatus = next((r.status for r in results if r.status != "pass"), "pass")
     bad = next((r for r in results if r.status != "pass"), None)
     return SizeResult(batch, status, results, bad.detail if bad else "")
 

@@ -602,7 +602,7 @@ def test_a_stateful_model_converts_and_a_wrong_state_update_is_caught(
     "dynamic, says",
     [
         ("foo:0", "known input"),
-        ("x", "known input"),
+        ("x", "not NAME:AXIS[:MIN:MAX]"),
         ("x:5", "has 2 dims"),
         ("x:1:9:3", "MIN is larger"),
         ("x:1:2:4", "outside 2–4"),
