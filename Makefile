@@ -50,6 +50,8 @@ demo: setup
 	$(BIN)/ptconvert $(DEMO_DIR)/hf-gpt2-bin --to safetensors --force
 	@echo "== ptconvert $(DEMO_DIR)/hf-llama --to pt2 --dynamic-batch (export, verified at batch 1-7)"
 	$(BIN)/ptconvert $(DEMO_DIR)/hf-llama --to pt2 --dynamic-batch --force
+	@echo "== ptconvert $(DEMO_DIR)/hf-bert --to onnx --dynamic-batch (run on onnxruntime, verified)"
+	$(BIN)/ptconvert $(DEMO_DIR)/hf-bert --to onnx --dynamic-batch --force
 	@echo "== ptconvert plan $(DEMO_DIR)/mlp.pt --to pt2 (what is missing, and how to provide it)"
 	@$(BIN)/ptconvert plan $(DEMO_DIR)/mlp.pt --to pt2 || echo "(exit code $$?: a route needs what is listed)"
 
