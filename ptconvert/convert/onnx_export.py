@@ -22,6 +22,7 @@ from ptconvert.errors import UnsupportedConversionError
 from ptconvert.options import Options
 from ptconvert.quiet import quiet_torch
 
+WRAPPER_PREFIX = "model."
 PROTOBUF_LIMIT = 2 * 1024**3 - 64 * 1024**2  # one protobuf holds < 2 GB; keep a margin
 _SYMBOL = re.compile(r"\bs\d+\b")
 
@@ -64,6 +65,12 @@ def _name_values(model: Any, state: RunState) -> None:
 
     from ptconvert.model.wrappers import leaf_name, output_leaves
 
+    if hasattr(state.module, "config"):
+        # a transformers model was exported through a wrapper (model/wrappers.NamedOutputs)
+        # that holds it as ``model``: its weights under the checkpoint's own names
+        for name, value in list(model.graph.initializers.items()):
+            if name.startswith(WRAPPER_PREFIX):
+                value.name = name[len(WRAPPER_PREFIX) :]
     inputs = list(model.graph.inputs)
     if state.positional and len(state.positional) == len(inputs):
         for value, name in zip(inputs, state.positional, strict=True):

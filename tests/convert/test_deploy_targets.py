@@ -337,6 +337,18 @@ def test_a_hugging_face_bert_directory_to_onnx(samples, tmp_path, capsys):
     assert [o.name for o in model.graph.output] == report["interface"]["outputs"]
     assert report["interface"]["outputs"] == ["last_hidden_state", "pooler_output"]
     _assert_hf_matches("onnx", samples["hf_bert"], out, report)
+    # and back: the initializers carry the checkpoint's own names, not the export wrapper's
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    back = tmp_path / "bert.safetensors"
+    code, weights, _ = run_cli([str(out), "--to", "safetensors", "-o", str(back)], capsys)
+    assert code == 0 and weights["check"] == "bitwise", weights
+    original = load_file(str(samples["hf_bert"] / "model.safetensors"))
+    with safe_open(str(back), "pt") as f:
+        assert set(original) <= set(f.keys())
+        for name, tensor in original.items():
+            assert torch.equal(f.get_tensor(name), tensor), name
 
 
 @pytest.mark.slow
