@@ -137,7 +137,7 @@ def verify(
     atol: float | None = None,
     rtol: float | None = None,
     warn_only: bool = False,
-    device: str = "cpu",
+    device: str | None = None,
     input_map: dict[str, str] | None = None,
     **overrides: Any,
 ) -> VerifyReport:
@@ -150,15 +150,16 @@ def verify(
     from ptconvert.verify.check import verify as run
 
     load_plugins()
+    checked = options(opts, **overrides, **({"device": device} if device else {}))
     return run(
         reference,
         candidate,
-        options(opts, **overrides),
+        checked,
         batch_sizes=batch_sizes,
         atol=atol,
         rtol=rtol,
         warn_only=warn_only,
-        device=device,
+        device=checked.device,
         input_map=input_map,
     )
 
@@ -173,7 +174,7 @@ def bench(
     repeats: int = 30,
     warmup: int = 5,
     threads: int | None = None,
-    device: str = "cpu",
+    device: str | None = None,
     **overrides: Any,
 ) -> BenchReport:
     """Time ``artifact`` against eager (``reference``) and ``torch.compile`` on the same inputs.
@@ -184,16 +185,17 @@ def bench(
     from ptconvert.verify.bench import bench_artifact
 
     load_plugins()
+    checked = options(opts, **overrides, **({"device": device} if device else {}))
     return bench_artifact(
         str(artifact),
-        options(opts, **overrides),
+        checked,
         reference=str(reference) if reference is not None else None,
         batch_sizes=batch_sizes,
         compile_mode=compile_mode,
         repeats=repeats,
         warmup=warmup,
         threads=threads,
-        device=device,
+        device=checked.device,
     )
 
 

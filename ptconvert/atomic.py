@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -74,3 +74,14 @@ def atomic_path(output: Path, *, directory: bool = False) -> Iterator[Path]:
         else:
             tmp.unlink(missing_ok=True)
         raise
+
+
+def place_together(moves: list[tuple[Path, Path]], obsolete: Sequence[Path] = ()) -> None:
+    """Rename each (written, destination) pair into place, the last pair last (the main file:
+    once it is there, what it refers to is too), then remove ``obsolete`` files (a replaced
+    output's companions that the new one does not have). Same filesystem: each rename is
+    atomic."""
+    for written, destination in moves:
+        os.replace(written, destination)
+    for path in obsolete:
+        path.unlink(missing_ok=True)

@@ -85,7 +85,7 @@ def test_convert_scans_converts_and_names_its_check(
     finally:
         progress.set_reporter(None)
     assert "module → exported (torch.export)" in shown
-    assert "loading the result in a fresh process" in shown
+    assert "running the written file in a fresh process" in shown
     assert program.check == "parity" and program.parity is not None
     assert program.parity.status == "pass"
     assert [s.batch for s in program.parity.sizes] == [1, 2, 3, 5, 7]

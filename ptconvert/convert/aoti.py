@@ -15,41 +15,25 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert.convert.state import RunState
-from ptconvert.errors import MissingRequirementError, UnsupportedConversionError
+from ptconvert.errors import UnsupportedConversionError
 from ptconvert.options import Options
 from ptconvert.quiet import quiet_torch
+from ptconvert.verify.check import require_device
 
 
 def compiler() -> str | None:
     """The C++ compiler Inductor would use (its ``CXX`` or the first on PATH)."""
-    import os
-
     for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
         if name and shutil.which(name):
             return name
     return None
 
 
-def check_device(device: str) -> None:
-    """A CUDA package needs a GPU to compile on: said before any work starts."""
-    if device == "cpu":
-        return
-    import torch
-
-    if device != "cuda":
-        raise MissingRequirementError(f"--device {device}: AOTInductor compiles for cpu or cuda")
-    if not torch.cuda.is_available():
-        raise MissingRequirementError(
-            "--device cuda: CUDA is not available on this machine",
-            hint="compile on a machine with the GPU, or use --device cpu",
-        )
-
-
 def aoti_compile(state: RunState, opts: Options) -> None:
     from torch._inductor import aoti_compile_and_package
 
     assert state.exported is not None and state.output is not None
-    check_device(opts.device)
+    require_device(opts.device)
     ep: Any = state.exported
     if opts.device != "cpu":
         from torch.export.passes import move_to_device_pass

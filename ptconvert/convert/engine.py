@@ -8,8 +8,8 @@ at several batch sizes.
 
 from __future__ import annotations
 
-import os
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ptconvert import progress
-from ptconvert.atomic import atomic_path, check_output
+from ptconvert.atomic import atomic_path, check_output, place_together
 from ptconvert.convert.graph import EDGES, Edge, Plan, plan
 from ptconvert.convert.state import RunState, StepRecord
 from ptconvert.convert.steps import STEPS
@@ -29,7 +29,7 @@ from ptconvert.errors import (
     UsageError,
     VerificationError,
 )
-from ptconvert.formats import FORMATS_BY_NAME, Detection, detect
+from ptconvert.formats import FORMATS_BY_NAME, Detection, describe, detect
 from ptconvert.model.build import user_inputs
 from ptconvert.options import Options
 from ptconvert.report import Check, Report, StepStatus
@@ -175,6 +175,9 @@ def convert_program(
         )
     out = Path(output) if output else default_output(src, to)
     check_output(out, [src], opts.force)
+    target = FORMATS_BY_NAME.get(to)
+    for companion in target.companions(out) if target else []:
+        check_output(companion, [src], opts.force)
     _check_before_work(to, opts)
     state = RunState(src, d.format, inputs=user_inputs(opts), destination=out)
     records: list[StepRecord] = []
@@ -317,6 +320,20 @@ def _interface(
     }
 
 
+# A probe of a dynamic dim runs the model about four times (eager twice, fp64, the program) at up
+# to ``budget`` × the example's size: the budget shrinks as the model's example call grows, so a
+# large model is probed at 2-4× its example instead of 16×.
+PROBE_SECONDS = 0.5
+
+
+def probe_budget(example_seconds: float | None) -> int:
+    from ptconvert.verify.ranges import DEFAULT_BUDGET
+
+    if not example_seconds:
+        return DEFAULT_BUDGET
+    return max(2, min(DEFAULT_BUDGET, int(PROBE_SECONDS / example_seconds)))
+
+
 def _dynamism(state: RunState) -> tuple[bool, bool]:
     """Whether the program has dynamic dims at all, and a dynamic batch (dim 0). TorchScript
     (no exported program) takes any size."""
@@ -345,7 +362,9 @@ def _check_eager(state: RunState) -> None:
 
     with progress.step("running the model once on the example inputs"), torch.no_grad():
         try:
+            started = time.perf_counter()
             run_model(state.reference, copy.deepcopy(sample), "the model")
+            state.example_seconds = time.perf_counter() - started
         except PtconvertError as exc:
             exc.path = exc.path or str(state.src)
             raise
@@ -358,6 +377,14 @@ CAPTURING_STEPS = ("export", "script", "ts_to_exported")
 def _forget_program(state: RunState) -> None:
     state.exported = state.scripted = state.positional = None
     state.dynamic_range = {}
+    _unstage(state)
+
+
+def _unstage(state: RunState) -> None:
+    """Remove a staging folder a step made (a rejected program's, or at the end)."""
+    if state.staged is not None:
+        shutil.rmtree(state.staged.parent, ignore_errors=True)
+    state.staged, state.companions, state.obsolete = None, [], []
 
 
 def _tried_all(exc: VerificationError, rejected: list[str], records: list[StepRecord]) -> Exception:
@@ -396,6 +423,13 @@ def _verified_copy(src: Path, d: Detection, out: Path, started: float) -> Conver
     for programs, loaded in a fresh process as a user would."""
     import filecmp
 
+    held = describe(src).files
+    if len(held) > 1:  # ONNX external data: its file names are written inside the model
+        raise UsageError(
+            f"the file is already {d.format}, with its data in "
+            f"{', '.join(Path(f['path']).name for f in held[1:])}: copy the files together",
+            path=src,
+        )
     with atomic_path(out) as tmp, progress.step(f"copying {d.format}"):
         shutil.copyfile(src, tmp)
         if not filecmp.cmp(src, tmp, shallow=False):
@@ -403,7 +437,12 @@ def _verified_copy(src: Path, d: Detection, out: Path, started: float) -> Conver
         note = f"the source is already {d.format}: copied byte for byte and compared"
         # a copy's native code is not run: the source was never trusted
         if d.handler.kind == "program" and not d.handler.runs_native_code:
-            _loads_in_fresh_process(tmp, d.format, RunState(src, d.format), torch_only=False)
+            fresh = _FreshLoad(tmp, d.format, torch_only=False)
+            try:
+                with progress.step("loading the copy in a fresh process"):
+                    fresh.finish(RunState(src, d.format))
+            finally:
+                fresh.stop()
             note += "; the copy loads in a fresh Python process"
     step = StepRecord(
         "copy", f"{d.format} → {d.format}", round(time.perf_counter() - started, 3), "ok"
@@ -460,14 +499,61 @@ def _verify(state: RunState, to: str, artifact: Path, opts: Options) -> ParityRe
     if state.reference is None or state.inputs is None:
         state.notes.append("parity not checked: no eager reference or example inputs")
         return None
-    _loads_in_fresh_process(artifact, to, state)
-    # reload from disk: the check is on what was written, not on the object in memory
-    with progress.step(f"loading the {to} file to compare it"):
-        program = target.open(artifact, opts.device)
+    if target.isolated:  # its runtime loads the written file in a process of its own
+        with progress.step(f"loading the {to} file to compare it"):
+            program = target.open(artifact, opts.device)
+        try:
+            return _compare_program(state, to, program, opts)
+        finally:
+            program.close()
+    # In-process formats: the program in memory (sharing the model's weights, not a second
+    # copy of them) is compared at every size; the written file is loaded in a fresh process
+    # beside that comparison, as a user loads it, and run at the example's size, its outputs
+    # compared with eager's there: what was written is what was compared.
+    sample = state.inputs.at(state.inputs.batch)
+    # a program exported positionally is called so; the others by keyword (TorchScript binds
+    # either way)
+    fresh = _FreshLoad(artifact, to, run=sample, positional=state.positional)
     try:
-        return _compare_program(state, to, program, opts)
+        report = _compare_program(state, to, _in_memory(state, target, artifact), opts)
+        with progress.step("running the written file in a fresh process"):
+            outputs = fresh.finish(state)
+        if outputs is not None:
+            # a stateful model is compared from its saved state, as the file starts from it
+            reference = state.reference
+            if state.stateful:
+                reference = fresh_each_call(reference, lambda m: m, 1)
+            written = compare(
+                reference, lambda **_: outputs, lambda b: sample, [state.inputs.batch]
+            )
+            if written.status != "pass":
+                raise VerificationError(
+                    f"the written {to}, loaded in a fresh process, differs from eager at batch "
+                    f"{state.inputs.batch}: {written.sizes[0].detail}",
+                    path=state.src,
+                )
+        return report
     finally:
-        program.close()
+        fresh.stop()
+
+
+def _in_memory(state: RunState, target: Any, artifact: Path) -> Any:
+    """The program just written, as its format's ``open`` would give it, from memory."""
+    from ptconvert.formats.program import Program, by_position
+
+    if state.exported is not None and state.scripted is None:
+        from ptconvert.formats.pt2 import program_from_exported
+
+        return program_from_exported(state.exported)
+    if state.scripted is not None and state.exported is None:
+        names = [a.name for a in state.scripted.forward.schema.arguments[1:]]
+        return Program(
+            by_position(state.scripted, names),
+            None,
+            state.scripted,
+            lambda m: by_position(m, names),
+        )
+    return target.open(artifact)  # neither, or both (TS2EP): the file itself
 
 
 def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> ParityReport:
@@ -479,6 +565,7 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
     any_dynamic, batch_dynamic = _dynamism(state)
     batches = list(VARIED_BATCHES) if batch_dynamic else [state.inputs.batch]
     changed = state_changes(reference, lambda m: m, state.inputs.at(batches[0]), "the model")
+    state.stateful = bool(changed)
     if changed and program.module is not None and program.call_of is not None:
         # the model updates its own state on every call: both sides start from the saved state
         # and make the same calls in a row, every call's outputs compared
@@ -506,17 +593,17 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
             f"the converted program differs from eager at batch {bad.batch}: {bad.status} "
             f"({bad.detail})",
             path=state.src,
-            hint=_hint_for(bad.status, to, opts),
+            hint=_hint_for(bad.status, to, opts, exported),
         )
     return report
 
 
-def _hint_for(status: str, to: str, opts: Options) -> str:
+def _hint_for(status: str, to: str, opts: Options, exported: bool) -> str:
     if status == "eager_nondeterministic":
         return "the eager model gives different outputs on the same inputs: eval mode, no dropout"
-    if to in ("aoti", "onnx"):
+    if FORMATS_BY_NAME[to].isolated:
         return f"the {to} runtime computes something else than eager: check the pt2 route first"
-    if to == "torchscript" and opts.method != "trace":
+    if not exported and opts.method != "trace":  # TorchScript, scripted
         return "the graph tried the routes it has; --method trace or export (--to pt2) differ"
     return "a trace may have frozen a branch or a shape: try --method script, or export"
 
@@ -534,8 +621,9 @@ def _check_dynamic_dims(
     example = state.inputs.at(
         max(state.inputs.batch, 2) if _dynamism(state)[1] else state.inputs.batch
     )
+    budget = probe_budget(state.example_seconds)
     with progress.step("checking every dynamic dimension at its ends"):
-        ranges = check_program(ep, example, partial(compare, reference, candidate))
+        ranges = check_program(ep, example, partial(compare, reference, candidate), budget=budget)
     if not ranges.dims:
         return batches
     state.dynamic_range = {r.dim.where: r.text for r in ranges.dims}
@@ -553,40 +641,100 @@ def _check_dynamic_dims(
     return batch_sizes_that_hold(ranges, batches)
 
 
-def _loads_in_fresh_process(
-    artifact: Path, to: str, state: RunState, *, torch_only: bool = True
-) -> None:
-    """Load the artifact in a new interpreter with only its runtime imported: what a user does.
-    A program whose output spec needs another package's pytree registrations fails here (a copy
-    of such a program is loaded as ptconvert loads it, with those registrations)."""
-    import subprocess
-    import sys
+class _FreshLoad:
+    """The artifact loading in a new interpreter with only its runtime imported: what a user
+    does. It runs beside the comparison (it is mostly starting Python and importing torch);
+    ``finish`` collects its verdict and, when it was given inputs (``run``: tensors only), the
+    outputs it computed on them. A program whose output spec needs another package's pytree
+    registrations fails there (a copy of such a program is loaded as ptconvert loads it)."""
 
-    load = FORMATS_BY_NAME[to].load_line
-    if not torch_only:
-        load = (
-            "from pathlib import Path\nfrom ptconvert.formats import FORMATS_BY_NAME\n"
-            f"FORMATS_BY_NAME[{to!r}].open(Path(p)).close()"
+    def __init__(
+        self,
+        artifact: Path,
+        to: str,
+        *,
+        torch_only: bool = True,
+        run: dict[str, Any] | None = None,
+        positional: list[str] | None = None,
+    ) -> None:
+        import subprocess
+        import sys
+
+        load = FORMATS_BY_NAME[to].load_line
+        if not torch_only:
+            load = (
+                "from pathlib import Path\nfrom ptconvert.formats import FORMATS_BY_NAME\n"
+                f"FORMATS_BY_NAME[{to!r}].open(Path(p)).close()"
+            )
+        self.to = to
+        self._dir = Path(tempfile.mkdtemp(prefix="ptconvert-fresh-"))
+        code = f"import sys, torch\np = sys.argv[1]\n{load}\n"
+        self._runs = run is not None and all(hasattr(v, "shape") for v in run.values())
+        if self._runs:
+            from safetensors.torch import save_file
+
+            assert run is not None
+            save_file({k: v.contiguous() for k, v in run.items()}, str(self._dir / "in"))
+            call = (
+                f"prog(*[feeds[n] for n in {positional!r}])"
+                if positional is not None
+                else "prog(**feeds)"
+            )
+            code += _RUN_ONCE.format(dir=str(self._dir), call=call)
+        # its messages go to a file: a pipe nobody reads while the comparison runs could fill
+        self._log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by finish/stop)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(artifact)],
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
         )
-    code = f"import sys, torch\np = sys.argv[1]\n{load}\n"
-    with progress.step("loading the result in a fresh process"):
-        proc = subprocess.run(
-            [sys.executable, "-c", code, str(artifact)], capture_output=True, text=True
-        )
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        raise VerificationError(
-            f"the written {to} does not load in a fresh Python process: {last[:300]}",
-            path=state.src,
-        )
+
+    def finish(self, state: RunState) -> tuple[Any, ...] | None:
+        self._proc.wait()
+        self._log.seek(0)
+        stderr = self._log.read()
+        self._log.close()
+        if self._proc.returncode != 0:
+            last = (stderr.strip().splitlines() or ["?"])[-1]
+            raise VerificationError(
+                f"the written {self.to} does not load in a fresh Python process: {last[:300]}",
+                path=state.src,
+            )
+        if not self._runs:
+            return None
+        from safetensors.torch import load_file
+
+        outputs = load_file(str(self._dir / "out"))
+        return tuple(outputs[str(i)] for i in range(len(outputs)))
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._log.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+# what the fresh process runs after loading: the example's inputs in, every output tensor out
+_RUN_ONCE = """
+from safetensors.torch import load_file, save_file
+from torch.utils._pytree import tree_leaves
+feeds = load_file("{dir}/in")
+with torch.no_grad():
+    out = {call}
+if hasattr(out, "to_tuple"):
+    out = out.to_tuple()
+leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+save_file({{str(i): t.contiguous() for i, t in enumerate(leaves)}}, "{dir}/out")
+"""
 
 
 def _check_before_work(to: str, opts: Options) -> None:
     """What the target needs of this machine, said before anything runs."""
-    if to == "aoti" or opts.device != "cpu":
-        from ptconvert.convert.aoti import check_device
+    if opts.device != "cpu":
+        from ptconvert.verify.check import require_device
 
-        check_device(opts.device)
+        require_device(opts.device)
 
 
 @contextmanager
@@ -595,8 +743,7 @@ def _staging(state: RunState) -> Iterator[None]:
     try:
         yield
     finally:
-        if state.staged is not None:
-            shutil.rmtree(state.staged.parent, ignore_errors=True)
+        _unstage(state)
 
 
 def _publish(state: RunState, tmp: Path) -> None:
@@ -605,19 +752,16 @@ def _publish(state: RunState, tmp: Path) -> None:
     if state.staged is None:
         return
     assert state.destination is not None
-    for companion in state.companions:
-        os.replace(companion, state.destination.parent / companion.name)
-    os.replace(state.staged, tmp)
-    for path in state.obsolete:
-        path.unlink(missing_ok=True)
+    moves = [(c, state.destination.parent / c.name) for c in state.companions]
+    place_together([*moves, (state.staged, tmp)], state.obsolete)
 
 
-_STAGE_OBJECTS = {"weights": "weights", "module": "module", "exported": "exported"}
+_STAGES_HELD = ("weights", "module", "exported")  # RunState fields of the same names
 
 
 def _ensure(edge: Edge, state: RunState) -> None:
     """What an edge promises: the stage it leads to is in memory; a file it writes exists."""
-    held = _STAGE_OBJECTS.get(edge.dst)
+    held = edge.dst if edge.dst in _STAGES_HELD else None
     if held is not None and getattr(state, held) is None:
         raise UnsupportedConversionError(
             f"the {edge.step} step did not produce the {edge.dst} stage", path=state.src

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ PROTOBUF_LIMIT = 2 * 1024**3 - 64 * 1024**2  # one protobuf holds < 2 GB; keep a
 _SYMBOL = re.compile(r"\bs\d+\b")
 
 
-def symbol_names(ep: Any, dynamic_batch: bool) -> dict[str, str]:
+def symbol_names(ep: Any) -> dict[str, str]:
     """torch's symbol (``s77``) → the name the ONNX dims get."""
     from ptconvert.verify.ranges import dynamic_dims
 
@@ -177,7 +178,7 @@ def onnx_export(state: RunState, opts: Options) -> None:
         )
     ep = state.exported
     _name_values(program.model, state)
-    names = symbol_names(ep, opts.dynamic_batch)
+    names = symbol_names(ep)
     if names:
         _rename_dims(program.model, names)
         state.notes.append(
@@ -187,6 +188,8 @@ def onnx_export(state: RunState, opts: Options) -> None:
     size = _weight_bytes(ep)
     external = opts.external_data or size > PROTOBUF_LIMIT
     destination = state.destination or state.output
+    if state.staged is not None:  # a program written before on this run was rejected
+        shutil.rmtree(state.staged.parent, ignore_errors=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
     state.staged = stage / destination.name
     program.save(state.staged, external_data=external)

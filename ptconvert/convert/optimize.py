@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import shutil
 import tempfile
 import time
@@ -20,12 +19,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ptconvert import progress
-from ptconvert.atomic import check_output
+from ptconvert.atomic import check_output, place_together
 from ptconvert.errors import MissingRequirementError, PtconvertError, UsageError
 from ptconvert.options import Options
 from ptconvert.report import Check, Report
 
-TARGETS = ("pt2", "aoti", "onnx")
+
+def targets() -> list[str]:
+    """The program formats an edge writes from the exported program (pt2, aoti, onnx)."""
+    from ptconvert.convert.graph import EDGES
+    from ptconvert.formats import FORMATS_BY_NAME
+
+    found = [e.dst for e in EDGES if e.src == "exported" and e.dst in FORMATS_BY_NAME]
+    return [t for t in dict.fromkeys(found) if FORMATS_BY_NAME[t].kind == "program"]
+
 
 Outcome = Literal["kept", "dropped", "failed", "baseline"]
 
@@ -83,13 +90,15 @@ def optimize(
         )
     inputs = reference.inputs
     sizes = batch_sizes or ([1, 8] if opts.dynamic_batch else [inputs.batch])
+    if output is not None:  # said before minutes of work, not after
+        check_output(Path(output), [src], opts.force)
     parent = Path(output).parent if output else src.parent
     parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".ptconvert-optimize.", dir=parent))
     candidates: list[Candidate] = []
     written: dict[str, Path] = {}
     try:
-        for target in TARGETS:
+        for target in targets():
             # each in its own folder, under the name it will have: ONNX external data files
             # are referred to by name
             name = Path(output).name if output else default_output(src, target).name
@@ -155,7 +164,7 @@ def optimize(
                     c.reason = f"verified, slower than {best.runtime}"
             destination = Path(output) if output else default_output(src, best.runtime)
             check_output(destination, [src], opts.force)
-            _move_into_place(written[best.runtime], destination)
+            _move_into_place(best.runtime, written[best.runtime], destination, opts.force)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return OptimizeReport(
@@ -177,10 +186,21 @@ def _speedup(eager: dict[int, float], mine: dict[int, float]) -> float | None:
     return round(math.exp(sum(math.log(eager[b] / mine[b]) for b in common) / len(common)), 3)
 
 
-def _move_into_place(staged: Path, destination: Path) -> None:
+def _move_into_place(fmt: str, staged: Path, destination: Path, force: bool) -> None:
     """The kept artifact and its companion files (ONNX external data) beside the output, the
-    main file last. They were written under the destination's name."""
-    for companion in staged.parent.iterdir():
-        if companion != staged and not companion.name.startswith("."):
-            os.replace(companion, destination.parent / companion.name)
-    os.replace(staged, destination)
+    main file last; a replaced output's companions the new one lacks are removed. They were
+    written under the destination's name."""
+    from ptconvert.formats import FORMATS_BY_NAME
+
+    moves, obsolete = [], []
+    for companion, target in zip(
+        FORMATS_BY_NAME[fmt].companions(staged),
+        FORMATS_BY_NAME[fmt].companions(destination),
+        strict=True,
+    ):
+        check_output(target, [], force)
+        if companion.exists():
+            moves.append((companion, target))
+        else:
+            obsolete.append(target)
+    place_together([*moves, (staged, destination)], obsolete)

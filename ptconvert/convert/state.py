@@ -44,3 +44,5 @@ class RunState:
     companions: list[Path] = field(default_factory=list)
     obsolete: list[Path] = field(default_factory=list)  # files of a replaced output, removed
     notes: list[str] = field(default_factory=list)
+    example_seconds: float | None = None  # one eager call at the example's size
+    stateful: bool = False  # a call changes the model's buffers or attributes

@@ -168,6 +168,7 @@ class Format:
     # the conversion runs them in a fresh interpreter before it reports success
     load_line: ClassVar[str] = ""
     runs_native_code: ClassVar[bool] = False  # loading runs compiled code (needs --trust)
+    isolated: ClassVar[bool] = False  # `open` runs the program in a process of its own
     # a format ptconvert writes through another target's option says which (sharded sets)
     written_by: ClassVar[str] = ""
     carries_model_spec: ClassVar[bool] = False  # names its model class (a config.json beside)
@@ -185,6 +186,11 @@ class Format:
         ``device`` is where a runtime in its own process runs (in-process ones stay on the
         CPU, beside the eager reference)."""
         raise NotImplementedError(f"{self.name} files are not programs")
+
+    def companions(self, path: Path) -> list[Path]:
+        """Files beside ``path`` that a file of this format written there may come with (ONNX
+        external data): checked as outputs are (never an input, replaced only with --force)."""
+        return []
 
     def call_line(self, args: str) -> str:
         """How a user calls the loaded program on ``args`` (``x, mask`` or ``x=…, mask=…``)."""

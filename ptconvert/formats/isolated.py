@@ -23,7 +23,12 @@ def _onnx_runner(path: str, device: str) -> tuple[Any, list[str], list[str]]:
     import onnxruntime as ort
 
     providers = ["CPUExecutionProvider"]
-    if device == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+    if device == "cuda":
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError(
+                "onnxruntime has no CUDA provider here (the onnx extra installs the CPU "
+                "build; install onnxruntime-gpu for --device cuda)"
+            )
         providers.insert(0, "CUDAExecutionProvider")
     session = ort.InferenceSession(path, providers=providers)
     names = [i.name for i in session.get_inputs()]
@@ -98,13 +103,12 @@ class IsolatedRuntime:
         self._proc.start()
         child.close()  # only the child holds its end: its death is an end of file here
         try:
-            accepted, where = self._expect("loading")
+            accepted, _where = self._expect("loading")
         except RuntimeError as exc:
             self.close()
             raise RuntimeDiedError(f"the {kind} runtime cannot load it: {exc}", path=path) from None
         # the names of the inputs the runtime takes (ONNX: the session's); None when unknown
         self.input_names: list[str] | None = accepted
-        self.providers: list[str] = where
 
     def _expect(self, doing: str) -> Any:
         waited = 0.0
@@ -112,7 +116,8 @@ class IsolatedRuntime:
             waited += _POLL_S
             if not self._proc.is_alive() and not self._conn.poll():
                 raise RuntimeError(f"its process died {doing} (exit code {self._proc.exitcode})")
-            if waited >= _TIMEOUT_S:
+            if waited >= _TIMEOUT_S:  # its late answer must not be read as the next one's
+                self._proc.kill()
                 raise RuntimeError(f"no answer after {_TIMEOUT_S} s {doing}")
         try:
             status, value = self._conn.recv()

@@ -53,7 +53,11 @@ class OnnxFormat(Format):
     holds = "an ONNX graph with initializers (optionally in external data files)"
     priority = 10
     kind = "program"
+    isolated = True
     load_line = "import onnxruntime\nsess = onnxruntime.InferenceSession(p)"
+
+    def companions(self, path: Path) -> list[Path]:
+        return [path.with_name(f"{path.name}.data")]
 
     def call_line(self, args: str) -> str:
         feeds = ", ".join(f'"{a.strip().removesuffix("=…")}": …' for a in args.split(","))

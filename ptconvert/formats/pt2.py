@@ -310,7 +310,11 @@ def _io(arg: dict[str, Any], values: dict[str, Any]) -> IOSpec:
 
 def open_exported(path: Path) -> Program:
     """A pt2 file as a program: called by keyword when it was exported so, else by position."""
-    ep = load_exported(path)
+    return program_from_exported(load_exported(path))
+
+
+def program_from_exported(ep: Any) -> Program:
+    """An ExportedProgram (loaded, or just exported) as a program called on named inputs."""
     names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
     args_spec, kwargs_spec = (
         ep.call_spec.in_spec.children() if ep.call_spec.in_spec else (None, None)
@@ -357,6 +361,7 @@ class AotiPackageFormat(Format):
     output_suffix = ".aoti.pt2"
     load_line = "prog = torch._inductor.aoti_load_package(p)"
     runs_native_code = True
+    isolated = True
     holds = "an AOTInductor package: compiled native code (.so) with embedded weights"
     priority = 40
 

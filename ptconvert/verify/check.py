@@ -521,6 +521,8 @@ def on_device(runtime: Any, device: str) -> Any:
     from torch.utils._pytree import tree_map
 
     require_device(device)
+    if getattr(runtime, "isolated", False):
+        return runtime.call  # opened for the device: it moves its inputs there itself
     if runtime.module is None:
         raise MissingRequirementError(
             f"{runtime.format} runs on the CPU only here", path=runtime.path

@@ -18,9 +18,11 @@ hidden state kept in an attribute) is found by ``state_changes`` and run through
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -88,12 +90,37 @@ def _to_fp64(value: Any) -> Any:
     return value
 
 
+# The fp64 ground truth is a float64 copy of the model: twice an fp32 model's memory, and slow on
+# a CPU. Above this size the reference is the eager model run twice (the determinism check),
+# which the report says (``ParityReport.fp64_reference``).
+FP64_BUDGET_BYTES = 512 * 2**20
+_FP64: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def fp64_bytes(reference: Any) -> int:
+    """The size of the model's float64 copy (its parameters and buffers at 8 bytes each)."""
+    tensors = [*getattr(reference, "parameters", list)(), *getattr(reference, "buffers", list)()]
+    return 8 * sum(t.numel() for t in tensors if t.is_floating_point())
+
+
 def fp64_model(reference: Any) -> Any | None:
-    """A float64 copy of the eager model, or None when it cannot be made (memory, dtypes)."""
+    """A float64 copy of the eager model, made once per model; None when it cannot be made
+    (dtypes, copying) or would exceed ``FP64_BUDGET_BYTES``."""
     try:
-        return copy.deepcopy(reference).double()
+        cached = _FP64.get(reference)
+    except TypeError:  # not weak-referenceable: no cache
+        cached = None
+    if cached is not None:
+        return cached
+    if fp64_bytes(reference) > FP64_BUDGET_BYTES:
+        return None
+    try:
+        made = copy.deepcopy(reference).double()
     except Exception:  # some modules cannot be copied or cast; parity then goes without fp64
         return None
+    with contextlib.suppress(TypeError):  # not weak-referenceable: made again next time
+        _FP64[reference] = made
+    return made
 
 
 def describe_inputs(inputs: dict[str, Any]) -> str:

@@ -827,6 +827,7 @@ def check_program(
     example: dict[str, Any],
     judge: Judge,
     rename: dict[str, str] | None = None,
+    budget: int = DEFAULT_BUDGET,
 ) -> RangeReport:
     """Every dynamic dim of ``ep`` checked on ``example`` (named as the caller names its inputs:
     ``rename`` maps the program's input names to those), dims the model takes together moved
@@ -837,7 +838,8 @@ def check_program(
     if rename:
         dims = [dataclasses.replace(d, input=rename.get(d.input, d.input)) for d in dims]
     dims = tie_alike(dims, example_sizes(dims, example))
-    return check_ranges(dims, example, judge, guards=shape_guards(ep) if not rename else None)
+    guards = shape_guards(ep) if not rename else None
+    return check_ranges(dims, example, judge, budget=budget, guards=guards)
 
 
 def batch_sizes_that_hold(report: RangeReport, batches: list[int]) -> list[int]:

@@ -39,6 +39,13 @@ class Runtime:
     # how a copy of ``module`` becomes a call: a stateful model is run on a fresh copy each time
     call_of: Callable[[Any], Callable[..., Any]] | None = None
     exported: Any = None  # a pt2's ExportedProgram: its dynamic dims are checked at their ends
+    isolated: bool = False  # runs in its own process, on the device it was opened for
+
+    def close(self) -> None:
+        """Stop the process an isolated runtime runs in."""
+        close = getattr(self.call, "close", None)
+        if close is not None:
+            close()
 
     @property
     def input_names(self) -> list[str] | None:
@@ -73,7 +80,7 @@ def open_runtime(path: str | Path, opts: Options) -> Runtime:
             call_of=_same,
         )
     guard(path, trust=opts.trust if fmt.runs_native_code else False)
-    program = fmt.open(path)
+    program = fmt.open(path, opts.device)  # a runtime in its own process runs there
     inputs = build.user_inputs(opts)
     if inputs is None and program.exported is not None and program.exported.example_inputs:
         inputs = build.program_sample_inputs(program.exported)
@@ -92,4 +99,5 @@ def open_runtime(path: str | Path, opts: Options) -> Runtime:
         program.signature,
         program.call_of,
         program.exported,
+        fmt.isolated,
     )

@@ -387,3 +387,41 @@ def test_hugging_face_and_torchscript_sources_to_aoti(samples, tmp_path, capsys)
         ["verify", str(samples["hf_bert"]), str(tmp_path / "hf_bert.aoti.pt2")], capsys
     )
     assert code == 11 and "native code" in report["error"]["message"]
+
+
+def test_an_onnx_program_that_differs_from_eager_leaves_nothing(
+    samples, tmp_path, capsys, monkeypatch
+):
+    """A wrong ONNX graph is refused (each route tried writes its own staging folder): no
+    output, no staging folder, no data file is left."""
+    import ptconvert.convert.onnx_export as onnx_export
+
+    real = onnx_export._export
+    other = torch.export.export(seeded(MLP(), 7).eval(), (torch.randn(2, 8),))
+
+    def wrong(ep: Any, opts: Any) -> Any:
+        return real(other, opts)  # another MLP's weights: runs, computes something else
+
+    monkeypatch.setattr(onnx_export, "_export", wrong)
+    out = tmp_path / "out" / "m.onnx"
+    args = [str(samples["mlp_zip"]), "--to", "onnx", *MLP_ARGS, "--external-data"]
+    code, report, _ = run_cli([*args, "-o", str(out)], capsys)
+    assert code == 6 and report["error"]["kind"] == "verification_failed", report
+    assert list(out.parent.iterdir()) == []
+
+
+def test_an_onnx_data_file_is_an_output_like_the_model(samples, tmp_path, capsys):
+    out = tmp_path / "m.onnx"
+    stray = tmp_path / "m.onnx.data"
+    stray.write_bytes(b"someone else's data")
+    args = [str(samples["mlp_zip"]), "--to", "onnx", *MLP_ARGS, "-o", str(out)]
+    code, report, _ = run_cli(args, capsys)
+    assert code == 8 and report["error"]["path"] == str(stray)
+    assert stray.read_bytes() == b"someone else's data" and not out.exists()
+    # an input of that name is never replaced or removed, even with --force
+    source = tmp_path / "weights.onnx.data"
+    source.write_bytes(samples["mlp_zip"].read_bytes())
+    args = [str(source), "--to", "onnx", *MLP_ARGS, "-o", str(tmp_path / "weights.onnx")]
+    code, report, _ = run_cli([*args, "--force"], capsys)
+    assert code == 2 and "overwrite the input" in report["error"]["message"]
+    assert source.read_bytes() == samples["mlp_zip"].read_bytes()

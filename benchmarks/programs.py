@@ -1,0 +1,112 @@
+"""Program conversion at the size users convert: ptconvert against the raw torch API.
+
+Builds a GPT-2-shaped decoder with random weights (default n_embd 1024, 12 layers: ~204 M
+parameters, a 0.8 GB safetensors directory) and measures, interleaved in the same run, wall time
+and peak RSS of:
+
+- raw: ``from_pretrained`` + ``torch.export`` with a dynamic batch + ``torch.export.save``;
+- ``ptconvert DIR --to pt2 --dynamic-batch`` (the default verification);
+- the same with ``--no-verify``.
+
+The verification's own time (the run minus its route's steps) comes from one ``--json`` run.
+Run: ``.venv/bin/python benchmarks/programs.py [--n-embd 1024] [--n-layer 12] [--rounds 2]``.
+Targets (issue: programs at scale): default verification ≤ 1.5× raw wall and ≤ 1.3× raw peak
+RSS; ``--no-verify`` ≤ 1.1× both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from weights import measure  # the same measurement as the weights benchmark
+
+BIN = Path(sys.executable).parent
+
+RAW = """
+import sys, torch, transformers
+src, out = sys.argv[1], sys.argv[2]
+model = transformers.AutoModelForCausalLM.from_pretrained(src).eval()
+model.config.use_cache = False
+ids = torch.randint(0, 1000, (2, 16))
+batch = torch.export.Dim.DYNAMIC
+with torch.no_grad():
+    ep = torch.export.export(
+        model, (), {"input_ids": ids}, dynamic_shapes={"input_ids": {0: batch}}, strict=False
+    )
+torch.export.save(ep, out)
+"""
+
+
+def build(directory: Path, n_embd: int, n_layer: int) -> int:
+    code = f"""
+import torch, transformers
+torch.manual_seed(0)
+config = transformers.GPT2Config(n_embd={n_embd}, n_layer={n_layer}, n_head=16, n_positions=1024)
+model = transformers.GPT2LMHeadModel(config).eval()
+model.save_pretrained({str(directory)!r})
+print(sum(p.numel() for p in model.parameters()))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(done.stdout.split()[-1])
+
+
+def split(src: Path, out: Path) -> str:
+    """The route's steps against the verification, from one --json run."""
+    out.unlink(missing_ok=True)
+    cmd = [str(BIN / "ptconvert"), str(src), "--to", "pt2", "--dynamic-batch", "-o", str(out)]
+    done = subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True)
+    report = json.loads(done.stdout)
+    steps = {s["step"]: s["seconds"] for s in report["steps"]}
+    spent = sum(steps.values())
+    return (
+        f"steps {spent:.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in steps.items())}); "
+        f"verification and the rest {report['seconds'] - spent:.1f} s of {report['seconds']:.1f} s"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n-embd", type=int, default=1024)
+    ap.add_argument("--n-layer", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--dir", type=Path, default=None)
+    args = ap.parse_args()
+    work = args.dir or Path(tempfile.mkdtemp(prefix="ptconvert-programs-"))
+    src = work / "gpt2"
+    params = build(src, args.n_embd, args.n_layer)
+    out = work / "out.pt2"
+    raw = work / "raw.py"
+    raw.write_text(RAW)
+    ptc = [str(BIN / "ptconvert"), str(src), "--to", "pt2", "--dynamic-batch", "-o", str(out)]
+    commands = {
+        "raw API": [sys.executable, str(raw), str(src), str(out)],
+        "ptconvert": ptc,
+        "ptconvert --no-verify": [*ptc, "--no-verify"],
+    }
+    walls: dict[str, list[float]] = {k: [] for k in commands}
+    peaks: dict[str, float] = dict.fromkeys(commands, 0.0)
+    for _ in range(args.rounds):  # interleaved: load and cache state hit all alike
+        for name, cmd in commands.items():
+            seconds, rss = measure(cmd, [out])
+            walls[name].append(seconds)
+            peaks[name] = max(peaks[name], rss)
+    print(f"GPT-2 decoder, {params / 1e6:.0f} M parameters, {args.rounds} interleaved rounds")
+    print(f"{'':24} {'wall s':>8} {'peak RSS MiB':>13} {'wall ×raw':>10} {'RSS ×raw':>9}")
+    base_wall, base_rss = statistics.median(walls["raw API"]), peaks["raw API"]
+    for name in commands:
+        wall = statistics.median(walls[name])
+        print(
+            f"{name:24} {wall:8.1f} {peaks[name]:13.0f} "
+            f"{wall / base_wall:10.2f} {peaks[name] / base_rss:9.2f}"
+        )
+    print(split(src, out))
+
+
+if __name__ == "__main__":
+    main()
