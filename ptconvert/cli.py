@@ -153,6 +153,11 @@ _CONVERSION_OPTIONS = (
     click.option(
         "--onnx-optimize", is_flag=True, help="--to onnx: run onnxscript's graph optimizer."
     ),
+    click.option(
+        "--force-memory",
+        is_flag=True,
+        help="Convert a program although the memory estimate exceeds what is free.",
+    ),
     click.option("--bench", is_flag=True, help="Time the result against eager and torch.compile."),
     click.option(
         "--skip-unsupported", is_flag=True, help="Leave out quantized/sparse/nested tensors."
@@ -248,6 +253,7 @@ def _options(options: dict[str, Any]) -> Any:
         opset=options["opset"],
         external_data=options["external_data"],
         onnx_optimize=options["onnx_optimize"],
+        force_memory=options["force_memory"],
     )
 
 

@@ -44,6 +44,7 @@ class Options:
     opset: int | None = None  # onnx targets: the ai.onnx opset (None: the exporter's default)
     external_data: bool = False  # onnx targets: weights in NAME.onnx.data (always over 2 GB)
     onnx_optimize: bool = False  # onnx targets: onnxscript's graph optimizer on the result
+    force_memory: bool = False  # convert a program although the estimate exceeds free memory
 
     def validate(self) -> Options:
         """Each value of the type and range its option takes (an API caller has no CLI to

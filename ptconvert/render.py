@@ -214,6 +214,12 @@ def render_plan(payload: dict[str, Any], console: Console | None = None) -> None
         console.print(f"[bold red]missing[/bold red] {need}: {escape(hint)}")
     if payload["runnable"]:
         console.print("runnable: every need is met")
+    need, free = payload.get("memory_estimate_bytes"), payload.get("memory_available_bytes")
+    if need is not None:
+        console.print(
+            f"memory: about {need / 2**30:.1f} GiB at its peak"
+            + (f" ({free / 2**30:.1f} GiB available)" if free is not None else "")
+        )
 
 
 def render_edges(edges: list[dict[str, Any]], console: Console | None = None) -> None:

@@ -30,6 +30,7 @@ from ptconvert.errors import (
     VerificationError,
 )
 from ptconvert.formats import FORMATS_BY_NAME, Detection, describe, detect
+from ptconvert.memory import peak_rss_mib
 from ptconvert.model.build import user_inputs
 from ptconvert.options import Options
 from ptconvert.report import Check, Report, StepStatus
@@ -106,7 +107,38 @@ def plan_for(src: str | Path, to: str, opts: Options) -> Plan:
         return Plan(to, to, [copy], source=str(src))
     result = plan(d.format, to, available_needs(d.format, opts), inapplicable(d))
     result.source = str(src)
+    _estimate_memory(result, d)
     return result
+
+
+def _estimate_memory(route: Plan, d: Detection) -> None:
+    """A route that builds the model: its peak memory estimated from the weights' size."""
+    from ptconvert.formats.torch_objects import DTYPE_SIZES
+    from ptconvert.memory import available_bytes, program_estimate
+
+    if not any(e.dst in ("module", "exported") for e in route.edges):
+        return
+    try:
+        info = describe(d.path)
+    except PtconvertError:
+        return
+    weight_bytes = sum(h["elements"] * DTYPE_SIZES.get(k, 4) for k, h in info.dtypes.items())
+    route.memory_estimate_bytes = program_estimate(weight_bytes or info.size_bytes)
+    route.memory_available_bytes = available_bytes()
+
+
+def _check_memory(route: Plan, opts: Options, src: Path) -> None:
+    need, free = route.memory_estimate_bytes, route.memory_available_bytes
+    if need is None or free is None or need <= free or opts.force_memory:
+        return
+    from ptconvert.errors import MissingRequirementError
+
+    raise MissingRequirementError(
+        f"converting this model needs about {need / 2**30:.1f} GiB of memory and "
+        f"{free / 2**30:.1f} GiB is available",
+        path=src,
+        hint="free memory or use a larger machine; --force-memory tries anyway",
+    )
 
 
 def convert(
@@ -162,6 +194,8 @@ def convert_program(
     except PtconvertError as exc:
         exc.path = exc.path or str(src)  # name the file in the message
         raise
+    _estimate_memory(current, d)
+    _check_memory(current, opts, src)
     if not current.runnable:
         from ptconvert.errors import MissingRequirementError, NeedsTrustError
 
@@ -475,6 +509,7 @@ def _record(
         status,
         state.notes[notes_before:],
         error,
+        peak_rss_mib(),
     )
 
 

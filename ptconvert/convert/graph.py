@@ -73,6 +73,9 @@ class Plan(Report):
     edges: list[Edge]
     missing: dict[str, str] = field(default_factory=dict)  # need → how to provide it
     source: str = ""  # the file planned for
+    # program routes: the peak memory estimated from the weights' size, and what is free
+    memory_estimate_bytes: int | None = None
+    memory_available_bytes: int | None = None
 
     @property
     def runnable(self) -> bool:
@@ -95,6 +98,8 @@ class Plan(Report):
                 for e in self.edges
             ],
             "missing": self.missing,
+            "memory_estimate_bytes": self.memory_estimate_bytes,
+            "memory_available_bytes": self.memory_available_bytes,
         }
 
     def describe(self) -> list[str]:

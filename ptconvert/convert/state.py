@@ -19,6 +19,7 @@ class StepRecord(Report):
     status: StepStatus
     notes: list[str] = field(default_factory=list)
     error: str | None = None
+    peak_rss_mib: float | None = None  # the process's peak resident memory when it ended
 
 
 @dataclass

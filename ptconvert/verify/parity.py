@@ -29,6 +29,7 @@ from functools import cache
 from typing import Any, get_args
 
 from ptconvert.errors import ModelRaisedError, PtconvertError
+from ptconvert.memory import FP64_BUDGET_BYTES
 from ptconvert.model.wrappers import output_leaves
 from ptconvert.report import ParityStatus, Report
 
@@ -93,7 +94,6 @@ def _to_fp64(value: Any) -> Any:
 # The fp64 ground truth is a float64 copy of the model: twice an fp32 model's memory, and slow on
 # a CPU. Above this size the reference is the eager model run twice (the determinism check),
 # which the report says (``ParityReport.fp64_reference``).
-FP64_BUDGET_BYTES = 512 * 2**20
 _FP64: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
@@ -112,7 +112,7 @@ def fp64_model(reference: Any) -> Any | None:
         cached = None
     if cached is not None:
         return cached
-    if fp64_bytes(reference) > FP64_BUDGET_BYTES:
+    if fp64_bytes(reference) > FP64_BUDGET_BYTES:  # memory.py estimates with the same budget
         return None
     try:
         made = copy.deepcopy(reference).double()

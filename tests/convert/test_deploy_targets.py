@@ -425,3 +425,21 @@ def test_an_onnx_data_file_is_an_output_like_the_model(samples, tmp_path, capsys
     code, report, _ = run_cli([*args, "--force"], capsys)
     assert code == 2 and "overwrite the input" in report["error"]["message"]
     assert source.read_bytes() == samples["mlp_zip"].read_bytes()
+
+
+def test_memory_is_estimated_before_a_program_is_built_and_a_shortfall_refused(
+    samples, tmp_path, capsys, monkeypatch
+):
+    import ptconvert.memory as memory
+
+    code, plan, _ = run_cli(["plan", str(samples["hf_bert"]), "--to", "pt2"], capsys)
+    assert code == 0 and plan["memory_estimate_bytes"] > memory.BASE_BYTES
+    monkeypatch.setattr(memory, "available_bytes", lambda: 100 * 2**20)  # a small machine
+    out = tmp_path / "b.pt2"
+    args = [str(samples["hf_bert"]), "--to", "pt2", "-o", str(out)]
+    code, report, _ = run_cli(args, capsys)
+    assert code == 5 and "GiB of memory" in report["error"]["message"]
+    assert "--force-memory" in report["error"]["hint"] and not out.exists()
+    code, report, _ = run_cli([*args, "--force-memory"], capsys)
+    assert code == 0, report
+    assert all(s["peak_rss_mib"] > 0 for s in report["steps"])
