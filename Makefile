@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 DEMO_DIR ?= demo-out
 
-.PHONY: setup test test-fast test-slow test-slow-all lint demo bench clean
+.PHONY: setup test test-fast test-slow test-slow-all lint demo bench bench-programs clean
 
 setup: $(STAMP)
 
@@ -58,6 +58,9 @@ demo: setup
 bench: setup
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/weights.py
+
+bench-programs: setup  # minutes: a 204 M-parameter decoder, raw API vs ptconvert
+	$(BIN)/python benchmarks/programs.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) $(DEMO_DIR).list .pytest_cache .mypy_cache .ruff_cache *.egg-info
