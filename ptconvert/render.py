@@ -343,25 +343,55 @@ def render_optimize(report: Any, console: Console | None = None) -> None:
 
 
 class TerminalProgress:
-    """The CLI's progress reporter: a rich spinner with the step's name and elapsed time, and
-    bars for work with a size, on stderr (stdout is the report's)."""
+    """The CLI's progress reporter on stderr (stdout is the report's): one rich display whose
+    lines are the steps running now, each with its name and elapsed time, and a bar where the
+    work has a size (tensors written, batch sizes compared). Steps nest (a conversion's step,
+    the comparison inside it): each is a line of the same display."""
 
     def __init__(self) -> None:
         self._console = Console(stderr=True)
+        self._live: Any = None
+        self._depth = 0
+
+    @contextmanager
+    def _task(self, name: str, total: int | None) -> Iterator[Any]:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        if self._live is None:
+            self._live = Progress(
+                SpinnerColumn(),
+                TextColumn("[bold]{task.description}[/bold]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                transient=True,
+                console=self._console,
+            )
+            self._live.start()
+        self._depth += 1
+        task = self._live.add_task(escape(name), total=total)
+        try:
+            yield task
+        finally:
+            self._live.remove_task(task)
+            self._depth -= 1
+            if self._depth == 0:
+                self._live.stop()
+                self._live = None
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        columns = (SpinnerColumn(), TextColumn("[bold]{task.description}[/bold]"))
-        with Progress(*columns, TimeElapsedColumn(), transient=True, console=self._console) as p:
-            p.add_task(escape(name), total=None)
+        with self._task(name, None):
             yield
 
     @contextmanager
     def bar(self, name: str, total: int) -> Iterator[Callable[[], None]]:
-        from rich.progress import Progress
-
-        with Progress(transient=True, console=self._console) as prog:
-            task = prog.add_task(escape(name), total=total)
-            yield lambda: prog.advance(task)
+        with self._task(name, total) as task:
+            yield lambda: self._live.advance(task)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, get_args
 
+from ptconvert import progress
 from ptconvert.errors import ModelRaisedError, PtconvertError
 from ptconvert.memory import FP64_BUDGET_BYTES
 from ptconvert.model.wrappers import output_leaves
@@ -322,47 +323,74 @@ def compare(
     With ``determinism_once`` eager runs twice at the first size only (a conversion's checks:
     whether the model is deterministic does not depend on the size, and a large model's runs
     are what verification costs)."""
-    import torch
 
     tols = {**TOLERANCES, **(tolerances or {})}
     ref64 = fp64_model(reference)
     sizes: list[SizeResult] = []
-    for i, b in enumerate(batches):
-        inputs = make_inputs(b)
-        with torch.no_grad():
-            who = "the reference model"
-            first = output_leaves(run_model(reference, copy.deepcopy(inputs), who))
-            again = i == 0 or not determinism_once
-            second = (
-                output_leaves(run_model(reference, copy.deepcopy(inputs), who)) if again else first
+    with progress.bar("batch sizes compared", len(batches)) as advance:
+        for i, b in enumerate(batches):
+            _compare_size(
+                i,
+                b,
+                make_inputs(b),
+                reference,
+                candidate,
+                ref64,
+                sizes,
+                tols,
+                atol,
+                rtol,
+                determinism_once,
             )
-            if first.keys() != second.keys() or not all(
-                torch.equal(first[k], second[k]) for k in first
-            ):
-                sizes.append(
-                    SizeResult(b, "eager_nondeterministic", detail="eager ran twice and differed")
-                )
-                continue
-            gold = None
-            if ref64 is not None:
-                try:
-                    gold = output_leaves(ref64(**_to_fp64(copy.deepcopy(inputs))))
-                except Exception:  # an fp64 run can fail (dtype-strict ops); then no RMSE rule
-                    gold = None
-            try:
-                got = output_leaves(candidate(**copy.deepcopy(inputs)))
-            except Exception as exc:  # the artifact may reject a size: that is the finding
-                sizes.append(
-                    SizeResult(b, "fail_to_run", detail=f"{type(exc).__name__}: {exc}"[:300])
-                )
-                continue
-        sizes.append(_compare_leaves(b, first, got, gold, tols, atol, rtol))
+            advance()
     compared = sum(1 for s in sizes if s.status in COMPARED)
     status: ParityStatus = next((s.status for s in sizes if s.status != "pass"), "pass")
     if not sizes:  # no evidence: never a pass
         status = "nothing_compared"
     tolerance = {k: v for k, v in tols.items()}
     return ParityReport(status, sizes, ref64 is not None, tolerance, compared)
+
+
+def _compare_size(
+    i: int,
+    b: int,
+    inputs: dict[str, Any],
+    reference: Any,
+    candidate: Callable[..., Any],
+    ref64: Any,
+    sizes: list[SizeResult],
+    tols: dict[str, float],
+    atol: float | None,
+    rtol: float | None,
+    determinism_once: bool,
+) -> None:
+    """One batch size of ``compare``: its SizeResult appended to ``sizes``."""
+    import torch
+
+    with torch.no_grad():
+        who = "the reference model"
+        first = output_leaves(run_model(reference, copy.deepcopy(inputs), who))
+        again = i == 0 or not determinism_once
+        second = output_leaves(run_model(reference, copy.deepcopy(inputs), who)) if again else first
+        if first.keys() != second.keys() or not all(
+            torch.equal(first[k], second[k]) for k in first
+        ):
+            sizes.append(
+                SizeResult(b, "eager_nondeterministic", detail="eager ran twice and differed")
+            )
+            return
+        gold = None
+        if ref64 is not None:
+            try:
+                gold = output_leaves(ref64(**_to_fp64(copy.deepcopy(inputs))))
+            except Exception:  # an fp64 run can fail (dtype-strict ops); then no RMSE rule
+                gold = None
+        try:
+            got = output_leaves(candidate(**copy.deepcopy(inputs)))
+        except Exception as exc:  # the artifact may reject a size: that is the finding
+            sizes.append(SizeResult(b, "fail_to_run", detail=f"{type(exc).__name__}: {exc}"[:300]))
+            return
+    sizes.append(_compare_leaves(b, first, got, gold, tols, atol, rtol))
 
 
 def _compare_leaves(

@@ -109,3 +109,24 @@ def test_missing_optional_dependency_names_the_extra(samples, monkeypatch, capsy
     code, out, _ = run_cli(["info", str(samples["mlp_onnx"])], capsys)
     assert code == 5 and out["error"]["kind"] == "missing_requirement"
     assert "'onnx'" in out["error"]["message"] and "ptconvert[onnx]" in out["error"]["hint"]
+
+
+def test_progress_steps_nest_in_one_terminal_display() -> None:
+    """A conversion's step holds the comparison's bar: one rich display, both lines shown."""
+    import io
+
+    from rich.console import Console
+
+    from ptconvert.render import TerminalProgress
+
+    shown = io.StringIO()
+    reporter = TerminalProgress()
+    reporter._console = Console(file=shown, force_terminal=True, width=100)
+    with reporter.step("exported → pt2"), reporter.bar("batch sizes compared", 3) as advance:
+        advance()
+        advance()
+    with reporter.step("a later step"):
+        pass
+    text = shown.getvalue()
+    assert "exported → pt2" in text and "batch sizes compared" in text and "a later step" in text
+    assert reporter._live is None  # the display is closed once every step has ended
