@@ -44,6 +44,20 @@ class Registry:
 
         register_edge(edge, step)
 
+    def add_weights_reader(
+        self, format_name: str, reader: Callable[..., Any], independent: Callable[..., Any]
+    ) -> None:
+        """Weights out of a plugin's format: ``reader(detection, key, skip_unsupported)`` gives
+        a ``weights.read.WeightSet``; ``independent(weight_set, may_unpickle, exit_stack)`` reads
+        the same file another way for the bitwise check (``verify.weights``)."""
+        from ptconvert.verify.weights import INDEPENDENT_READERS
+        from ptconvert.weights.read import READERS
+
+        if format_name in READERS:
+            raise UsageError(f"a weights reader for {format_name!r} is registered already")
+        READERS[format_name] = reader
+        INDEPENDENT_READERS[format_name] = independent
+
     def add_need(self, name: str, hint: str, met: Callable[[str, Any], bool]) -> None:
         """A need the plugin's edges declare: ``met(source format, options)`` says whether it
         is there; ``hint`` says how to provide it."""

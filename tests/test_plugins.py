@@ -49,6 +49,26 @@ def register(registry: Any) -> None:
     registry.add_edge(Edge("toy", "signed_toy", "sign_toy", 1, ("toy_key",), "sign"), sign_toy)
 
 
+def _toy_tensors(path: Path) -> dict[str, Any]:
+    """A toy file's tensors: each name's shape, filled with its position in the file."""
+    import torch
+
+    shapes = json.loads(path.read_bytes()[len(MAGIC) :])
+    return {n: torch.full(s, float(i)) for i, (n, s) in enumerate(shapes.items())}
+
+
+def read_toy(d: Any, key: Any, skip: Any) -> Any:
+    from ptconvert.weights.read import weights_from_tensors
+
+    return weights_from_tensors(_toy_tensors(d.path))
+
+
+def read_toy_again(ws: Any, may_unpickle: Any, stack: Any) -> Any:
+    from ptconvert.verify.weights import _Reference, _torch_ref
+
+    return _Reference("toy", {n: _torch_ref(t, None) for n, t in _toy_tensors(ws.origin).items()})
+
+
 def sign_toy(state: Any, opts: Any) -> None:
     state.output.write_bytes(MAGIC + opts.metadata["toy_key"].encode())
 
@@ -70,7 +90,11 @@ def toy_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     from ptconvert.formats import FORMATS, FORMATS_BY_NAME
 
     saved = (list(FORMATS), dict(FORMATS_BY_NAME), list(graph.EDGES), list(graph.FILE_NODES))
+    from ptconvert.verify import weights as verify_weights
+    from ptconvert.weights import read
+
     saved_steps, saved_needs = dict(steps.STEPS), dict(needs.NEEDS)
+    saved_readers = (dict(read.READERS), dict(verify_weights.INDEPENDENT_READERS))
     monkeypatch.setattr(
         importlib.metadata,
         "entry_points",
@@ -86,6 +110,11 @@ def toy_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     steps.STEPS.update(saved_steps)
     needs.NEEDS.clear()
     needs.NEEDS.update(saved_needs)
+    for table, saved_table in zip(
+        (read.READERS, verify_weights.INDEPENDENT_READERS), saved_readers, strict=True
+    ):
+        table.clear()
+        table.update(saved_table)
 
 
 def test_a_plugin_format_and_edge_reach_formats_plan_and_to(
@@ -107,6 +136,22 @@ def test_a_plugin_format_and_edge_reach_formats_plan_and_to(
     assert report["check"] == "none" and any("no check" in n for n in report["notes"])
     code, info, _ = run_cli(["info", str(out)], capsys)
     assert code == 0 and info["format"] == "toy"
+    # and out of it, once the plugin also reads its weights (filled in, the toy keeps shapes
+    # only): its reader, checked bitwise against its independent reader
+    from ptconvert.plugins import Registry
+
+    Registry().add_weights_reader("toy", read_toy, read_toy_again)
+    back = tmp_path / "back.safetensors"
+    code, report, _ = run_cli([str(out), "--to", "safetensors", "-o", str(back)], capsys)
+    assert code == 0 and report["check"] == "bitwise", report
+    from safetensors.torch import load_file
+
+    assert {k: list(v.shape) for k, v in load_file(str(back)).items()} == {
+        "fc1.weight": [16, 8],
+        "fc1.bias": [16],
+        "fc2.weight": [4, 16],
+        "fc2.bias": [4],
+    }
 
 
 def test_a_plugin_need_is_checked_by_the_engine_with_its_hint(

@@ -147,11 +147,12 @@ def convert(
     """The one conversion entry: weights to weights by byte copies checked bitwise
     (``convert_weights``), anything else through the converter graph, checked by the target's
     kind. Every result says in ``check`` which check ran."""
-    from ptconvert.convert.weights import WEIGHT_SOURCES, WEIGHT_TARGETS, convert_weights
+    from ptconvert.convert.weights import WEIGHT_TARGETS, convert_weights
+    from ptconvert.weights.read import weight_sources
 
     opts = (opts or Options()).validate()
     refuse_unsafe(src)  # before detection: an unrecognised file may still be a payload
-    if to in WEIGHT_TARGETS and detect(src).format in WEIGHT_SOURCES:
+    if to in WEIGHT_TARGETS and detect(src).format in weight_sources():
         return convert_weights(
             src,
             to,
@@ -269,10 +270,10 @@ def convert_program(
                 route, taken = route[:cut], taken[:cut]
                 node, queue = "module", list(replanned.edges)
         check: Check = "parity" if parity is not None else "none"
-        from ptconvert.convert.weights import WEIGHT_SOURCES
+        from ptconvert.weights.read import weight_sources
 
         target = FORMATS_BY_NAME.get(to)
-        weights_target = target is not None and target.kind == "weights" and to in WEIGHT_SOURCES
+        weights_target = target is not None and target.kind == "weights" and to in weight_sources()
         if opts.verify and (target is None or (target.kind == "weights" and not weights_target)):
             state.notes.append(f"no check ran: ptconvert cannot read {to} files back")
         if weights_target and opts.verify and state.weights is not None:

@@ -21,12 +21,11 @@ from ptconvert.formats.sharded import read_index
 from ptconvert.report import Check, Report
 from ptconvert.scan.guard import guard, refuse_unsafe
 from ptconvert.verify.weights import WeightsCheck, verify_weights
-from ptconvert.weights.read import WeightSet, read_weights
+from ptconvert.weights.read import WeightSet, read_weights, weight_sources
 from ptconvert.weights.torch_zip import write_torch_zip
 from ptconvert.weights.write import parse_size, write_safetensors
 
 WEIGHT_TARGETS = ("safetensors", "pt")
-WEIGHT_SOURCES = ("pt", "safetensors", "sharded", "hf", "torchscript", "pt2", "onnx")
 
 
 @dataclass
@@ -84,7 +83,7 @@ def convert_weights(
         raise UnsupportedConversionError(f"weights cannot be written as {to!r}", path=src)
     refuse_unsafe(src.parent if src.name.endswith(".index.json") else src)
     d = detect(src)
-    if d.format not in WEIGHT_SOURCES:
+    if d.format not in weight_sources():
         raise UnsupportedConversionError(
             f"{d.format} → {to} goes through the converter graph: use ptconvert.convert",
             path=src,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,34 +93,16 @@ def read_weights(
     """Every tensor of a weights file (pt, safetensors, sharded set or HF directory) or of a
     program (TorchScript, pt2: its parameters and buffers, named as its state dict names them)."""
     d = detect(src)
-    if d.format == "hf":
+    if d.format == "hf":  # a directory: its weights file (or shard index) is read
         weights = weights_file(src)
         assert weights is not None
         d = detect(weights)
-    if d.format == "safetensors":
-        ws = _read_safetensors([d.path])
-    elif d.format == "sharded":
-        ws = _read_sharded(d)
-    elif d.format == "pt":
-        ws = _read_checkpoint(d, key, skip_unsupported)
-    elif d.format == "torchscript":
-        # the attributes pickle, read symbolically: the program is never loaded for its weights
-        ws = _read_checkpoint(d, key, skip_unsupported, program=True)
-    elif d.format == "pt2":
-        from ptconvert.formats.pt2 import weight_refs
-
-        found = weight_refs(d.path)
-        if found is None:
-            ws = _older_pt2_weights(d.path)
-        else:
-            ckpt = PickledCheckpoint("zip", found[1], [], found[0])
-            ws = _read_checkpoint(d, key, skip_unsupported, program=True, ckpt=ckpt)
-    elif d.format == "onnx":
-        ws = _read_onnx(d.path)
-    else:
+    reader = READERS.get(d.format)
+    if reader is None:
         raise UnsupportedConversionError(
             f"ptconvert cannot read the weights of {d.format} files", path=src
         )
+    ws = reader(d, key, skip_unsupported)
     ws.origin, ws.format, ws.layout = d.path, d.format, d.layout
     if not ws.entries:
         left = f" once the {len(ws.skipped)} unsupported ones are left out" if ws.skipped else ""
@@ -175,6 +158,16 @@ def _read_onnx(path: Path) -> WeightSet:
 
 
 _TORCH_NAME = re.compile(r"^[A-Za-z_][\w]*(\.[\w]+)*$")
+
+
+def _read_pt2(d: Detection, key: str | None, skip_unsupported: bool) -> WeightSet:
+    from ptconvert.formats.pt2 import weight_refs
+
+    found = weight_refs(d.path)
+    if found is None:
+        return _older_pt2_weights(d.path)
+    ckpt = PickledCheckpoint("zip", found[1], [], found[0])
+    return _read_checkpoint(d, key, skip_unsupported, program=True, ckpt=ckpt)
 
 
 def _older_pt2_weights(path: Path) -> WeightSet:
@@ -535,3 +528,23 @@ def weights_from_tensors(tensors: dict[str, Any]) -> WeightSet:
         seen[ident] = name
         entries.append(WeightEntry(name, dtype, tuple(t.shape), nbytes, tensor=t))
     return WeightSet(entries, "torch")
+
+
+# A weights reader per format: (detection, --key, --skip-unsupported) → WeightSet. The formats
+# a conversion reads weights from are this table's keys (and "hf", whose file is one of them);
+# a plugin adds its own with ``Registry.add_weights_reader``.
+Reader = Callable[[Detection, "str | None", bool], WeightSet]
+READERS: dict[str, Reader] = {
+    "safetensors": lambda d, key, skip: _read_safetensors([d.path]),
+    "sharded": lambda d, key, skip: _read_sharded(d),
+    "pt": lambda d, key, skip: _read_checkpoint(d, key, skip),
+    # the attributes pickle, read symbolically: the program is never loaded for its weights
+    "torchscript": lambda d, key, skip: _read_checkpoint(d, key, skip, program=True),
+    "pt2": _read_pt2,
+    "onnx": lambda d, key, skip: _read_onnx(d.path),
+}
+
+
+def weight_sources() -> set[str]:
+    """The formats whose weights can be read (directories of them included)."""
+    return {*READERS, "hf"}
