@@ -36,7 +36,10 @@ def available_bytes() -> int | None:
     return None
 
 
-def program_estimate(weight_bytes: int) -> int:
-    """Peak memory of converting a model of ``weight_bytes`` to a program and checking it."""
+def program_estimate(weight_bytes: int, *, verify: bool = True) -> int:
+    """Peak memory of converting a model of ``weight_bytes`` to a program and checking it
+    (without the check: the model and the save's buffer only)."""
+    if not verify:
+        return int(BASE_BYTES + (FACTOR - 1) * weight_bytes)
     fp64 = 2 * weight_bytes if 2 * weight_bytes <= FP64_BUDGET_BYTES else 0
     return int(BASE_BYTES + FACTOR * weight_bytes + fp64)

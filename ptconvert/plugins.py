@@ -50,6 +50,8 @@ class Registry:
         """Weights out of a plugin's format: ``reader(detection, key, skip_unsupported)`` gives
         a ``weights.read.WeightSet``; ``independent(weight_set, may_unpickle, exit_stack)`` reads
         the same file another way for the bitwise check (``verify.weights``)."""
+        from ptconvert.convert.graph import Edge, register_edge
+        from ptconvert.convert.steps import read_weights_step
         from ptconvert.verify.weights import INDEPENDENT_READERS
         from ptconvert.weights.read import READERS
 
@@ -57,6 +59,11 @@ class Registry:
             raise UsageError(f"a weights reader for {format_name!r} is registered already")
         READERS[format_name] = reader
         INDEPENDENT_READERS[format_name] = independent
+        # its weights reach the graph too (with a model spec: a module, a program)
+        register_edge(
+            Edge(format_name, "weights", "read_weights", 1, label="read its weights"),
+            read_weights_step,
+        )
 
     def add_need(self, name: str, hint: str, met: Callable[[str, Any], bool]) -> None:
         """A need the plugin's edges declare: ``met(source format, options)`` says whether it

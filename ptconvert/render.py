@@ -357,7 +357,6 @@ class TerminalProgress:
     def _task(self, name: str, total: int | None) -> Iterator[Any]:
         from rich.progress import (
             BarColumn,
-            MofNCompleteColumn,
             Progress,
             SpinnerColumn,
             TextColumn,
@@ -365,11 +364,22 @@ class TerminalProgress:
         )
 
         if self._live is None:
+            from rich.text import Text
+
+            class SizedBar(BarColumn):  # a bar and a count only for work with a size
+                def render(self, task: Any) -> Any:
+                    return Text("") if task.total is None else super().render(task)
+
+            class Count(TextColumn):
+                def render(self, task: Any) -> Any:
+                    done = f"{task.completed:.0f}/{task.total:.0f}" if task.total else ""
+                    return Text(done)
+
             self._live = Progress(
                 SpinnerColumn(),
                 TextColumn("[bold]{task.description}[/bold]"),
-                BarColumn(),
-                MofNCompleteColumn(),
+                SizedBar(),
+                Count(""),
                 TimeElapsedColumn(),
                 transient=True,
                 console=self._console,

@@ -30,7 +30,7 @@ from ptconvert.errors import (
     VerificationError,
 )
 from ptconvert.formats import FORMATS_BY_NAME, Detection, describe, detect
-from ptconvert.memory import peak_rss_mib
+from ptconvert.memory import FP64_BUDGET_BYTES, peak_rss_mib
 from ptconvert.model.build import user_inputs
 from ptconvert.options import Options
 from ptconvert.report import Check, Report, StepStatus
@@ -107,23 +107,25 @@ def plan_for(src: str | Path, to: str, opts: Options) -> Plan:
         return Plan(to, to, [copy], source=str(src))
     result = plan(d.format, to, available_needs(d.format, opts), inapplicable(d))
     result.source = str(src)
-    _estimate_memory(result, d)
+    _estimate_memory(result, d, opts)
     return result
 
 
-def _estimate_memory(route: Plan, d: Detection) -> None:
-    """A route that builds the model: its peak memory estimated from the weights' size."""
-    from ptconvert.formats.torch_objects import DTYPE_SIZES
+def _estimate_memory(route: Plan, d: Detection, opts: Options) -> None:
+    """A route that builds the model: its peak memory estimated from the size of the weights
+    the conversion reads (the --key entry, not a training checkpoint's optimizer state), read
+    symbolically, before anything is loaded."""
     from ptconvert.memory import available_bytes, program_estimate
+    from ptconvert.weights.read import read_weights
 
     if not any(e.dst in ("module", "exported") for e in route.edges):
         return
     try:
-        info = describe(d.path)
-    except PtconvertError:
-        return
-    weight_bytes = sum(h["elements"] * DTYPE_SIZES.get(k, 4) for k, h in info.dtypes.items())
-    route.memory_estimate_bytes = program_estimate(weight_bytes or info.size_bytes)
+        weights = read_weights(d.path, key=opts.key, skip_unsupported=True)
+        weight_bytes = sum(e.nbytes for e in weights.stored)
+    except PtconvertError:  # a whole pickled module, or a program: its size on disk
+        weight_bytes = describe(d.path).size_bytes
+    route.memory_estimate_bytes = program_estimate(weight_bytes, verify=opts.verify)
     route.memory_available_bytes = available_bytes()
 
 
@@ -195,7 +197,7 @@ def convert_program(
     except PtconvertError as exc:
         exc.path = exc.path or str(src)  # name the file in the message
         raise
-    _estimate_memory(current, d)
+    _estimate_memory(current, d, opts)
     _check_memory(current, opts, src)
     if not current.runnable:
         from ptconvert.errors import MissingRequirementError, NeedsTrustError
@@ -623,6 +625,19 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
         batches = _check_dynamic_dims(state, ranged, reference, candidate, opts, batches)
     with progress.step(f"comparing the {to} program with eager at batch sizes {batches}"):
         report = compare(reference, candidate, state.inputs.at, batches, determinism_once=True)
+    if not report.fp64_reference:
+        from ptconvert.verify.parity import fp64_bytes
+
+        size = fp64_bytes(state.reference)
+        state.notes.append(
+            "the reference is the eager model in its own precision, run twice (the determinism "
+            "check): "
+            + (
+                f"an fp64 copy of it ({size / 2**30:.1f} GiB) is over the budget"
+                if size > FP64_BUDGET_BYTES
+                else "it cannot be copied to fp64"
+            )
+        )
     if report.status != "pass":
         bad = report.failed[0]
         raise VerificationError(
@@ -681,9 +696,9 @@ def _check_dynamic_dims(
 class _FreshLoad:
     """The artifact loading in a new interpreter with only its runtime imported: what a user
     does. It runs beside the comparison (it is mostly starting Python and importing torch);
-    ``finish`` collects its verdict and, when it was given inputs (``run``: tensors only), the
-    outputs it computed on them. A program whose output spec needs another package's pytree
-    registrations fails there (a copy of such a program is loaded as ptconvert loads it)."""
+    ``finish`` collects its verdict and, when it was given inputs (``run``), the outputs it
+    computed on them. A program whose output spec needs another package's pytree registrations
+    fails there (a copy of such a program is loaded as ptconvert loads it)."""
 
     def __init__(
         self,
@@ -697,6 +712,8 @@ class _FreshLoad:
         import subprocess
         import sys
 
+        import torch
+
         load = FORMATS_BY_NAME[to].load_line
         if not torch_only:
             load = (
@@ -704,33 +721,38 @@ class _FreshLoad:
                 f"FORMATS_BY_NAME[{to!r}].open(Path(p)).close()"
             )
         self.to = to
+        self._runs = run is not None
         self._dir = Path(tempfile.mkdtemp(prefix="ptconvert-fresh-"))
-        code = f"import sys, torch\np = sys.argv[1]\n{load}\n"
-        self._runs = run is not None and all(hasattr(v, "shape") for v in run.values())
-        if self._runs:
-            from safetensors.torch import save_file
-
-            assert run is not None
-            save_file({k: v.contiguous() for k, v in run.items()}, str(self._dir / "in"))
-            call = (
-                f"prog(*[feeds[n] for n in {positional!r}])"
-                if positional is not None
-                else "prog(**feeds)"
+        self._log: Any = None
+        self._proc: Any = None
+        try:
+            code = f"import sys, torch\np = sys.argv[1]\n{load}\n"
+            if run is not None:
+                # tensors and Python scalars alike, read back with weights_only=True
+                torch.save(dict(run), self._dir / "in")
+                call = (
+                    f"prog(*[feeds[n] for n in {positional!r}])"
+                    if positional is not None
+                    else "prog(**feeds)"
+                )
+                code += _RUN_ONCE.format(dir=str(self._dir), call=call)
+            # its messages go to a file: a pipe nobody reads while the comparison runs fills
+            self._log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by finish/stop)
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", code, str(artifact)],
+                stdout=subprocess.DEVNULL,
+                stderr=self._log,
             )
-            code += _RUN_ONCE.format(dir=str(self._dir), call=call)
-        # its messages go to a file: a pipe nobody reads while the comparison runs could fill
-        self._log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by finish/stop)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", code, str(artifact)],
-            stdout=subprocess.DEVNULL,
-            stderr=self._log,
-        )
+        except BaseException:
+            self.stop()
+            raise
 
     def finish(self, state: RunState) -> tuple[Any, ...] | None:
+        import torch
+
         self._proc.wait()
         self._log.seek(0)
         stderr = self._log.read()
-        self._log.close()
         if self._proc.returncode != 0:
             last = (stderr.strip().splitlines() or ["?"])[-1]
             raise VerificationError(
@@ -739,30 +761,26 @@ class _FreshLoad:
             )
         if not self._runs:
             return None
-        from safetensors.torch import load_file
-
-        outputs = load_file(str(self._dir / "out"))
-        return tuple(outputs[str(i)] for i in range(len(outputs)))
+        return tuple(torch.load(self._dir / "out", weights_only=True))
 
     def stop(self) -> None:
-        if self._proc.poll() is None:
+        if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
-        self._log.close()
+        if self._log is not None:
+            self._log.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
 # what the fresh process runs after loading: the example's inputs in, every output tensor out
 _RUN_ONCE = """
-from safetensors.torch import load_file, save_file
 from torch.utils._pytree import tree_leaves
-feeds = load_file("{dir}/in")
+feeds = torch.load("{dir}/in", weights_only=True)
 with torch.no_grad():
     out = {call}
 if hasattr(out, "to_tuple"):
     out = out.to_tuple()
-leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-save_file({{str(i): t.contiguous() for i, t in enumerate(leaves)}}, "{dir}/out")
+torch.save([t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], "{dir}/out")
 """
 
 

@@ -104,15 +104,26 @@ def fp64_bytes(reference: Any) -> int:
     return 8 * sum(t.numel() for t in tensors if t.is_floating_point())
 
 
+def _weights_key(reference: Any) -> tuple[Any, ...]:
+    """What the fp64 copy was made from: each tensor's storage and in-place version, and the
+    mode. A model whose weights changed since gets a new copy."""
+    tensors = [*getattr(reference, "parameters", list)(), *getattr(reference, "buffers", list)()]
+    return (
+        getattr(reference, "training", None),
+        tuple((t.data_ptr(), t._version) for t in tensors),
+    )
+
+
 def fp64_model(reference: Any) -> Any | None:
-    """A float64 copy of the eager model, made once per model; None when it cannot be made
-    (dtypes, copying) or would exceed ``FP64_BUDGET_BYTES``."""
+    """A float64 copy of the eager model, made once per model and state of its weights; None
+    when it cannot be made (dtypes, copying) or would exceed ``FP64_BUDGET_BYTES``."""
+    key = _weights_key(reference)
     try:
         cached = _FP64.get(reference)
     except TypeError:  # not weak-referenceable: no cache
         cached = None
-    if cached is not None:
-        return cached
+    if cached is not None and cached[0] == key:
+        return cached[1]
     if fp64_bytes(reference) > FP64_BUDGET_BYTES:  # memory.py estimates with the same budget
         return None
     try:
@@ -120,7 +131,7 @@ def fp64_model(reference: Any) -> Any | None:
     except Exception:  # some modules cannot be copied or cast; parity then goes without fp64
         return None
     with contextlib.suppress(TypeError):  # not weak-referenceable: made again next time
-        _FP64[reference] = made
+        _FP64[reference] = (key, made)
     return made
 
 

@@ -443,3 +443,64 @@ def test_memory_is_estimated_before_a_program_is_built_and_a_shortfall_refused(
     code, report, _ = run_cli([*args, "--force-memory"], capsys)
     assert code == 0, report
     assert all(s["peak_rss_mib"] > 0 for s in report["steps"])
+
+
+RATE_MODEL = """
+import torch
+
+
+class WithRate(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x, sr: int):
+        return self.fc(x) * (sr / 16000)
+
+
+def make():
+    torch.manual_seed(0)
+    return WithRate()
+"""
+
+
+def test_the_written_file_is_run_in_a_fresh_process_scalars_included(tmp_path, capsys, monkeypatch):
+    """What is compared at every size is the program in memory; the file written is run once
+    in a fresh process, a scalar input included, and must give eager's outputs too."""
+    import ptconvert.convert.steps as steps
+
+    (tmp_path / "rate.py").write_text(RATE_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import rate  # type: ignore[import-not-found]
+
+    torch.save(rate.make().state_dict(), tmp_path / "w.pt")
+    args = [str(tmp_path / "w.pt"), "--to", "torchscript", "--model", "rate:make"]
+    args += ["--input", "x:2x8:float32", "--input", "sr::int64=16000"]
+    code, report, _ = run_cli([*args, "-o", str(tmp_path / "ok.ts")], capsys)
+    assert code == 0 and report["check"] == "parity", report
+
+    real = steps.script
+
+    def tampered(state: Any, opts: Any) -> None:  # the file on disk is another model's
+        real(state, opts)
+        other = torch.jit.script(rate.WithRate())
+        other.save(str(state.output))
+
+    monkeypatch.setattr(steps, "script", tampered)
+    monkeypatch.setitem(steps.STEPS, "script", tampered)
+    code, report, _ = run_cli([*args, "-o", str(tmp_path / "bad.ts")], capsys)
+    assert code == 6, report
+    assert "loaded in a fresh process, differs from eager" in report["error"]["message"]
+    assert not (tmp_path / "bad.ts").exists()
+
+
+def test_the_memory_estimate_counts_the_weights_read_not_the_optimizer_state(samples, capsys):
+    from ptconvert.memory import program_estimate
+    from ptconvert.weights.read import read_weights
+
+    ckpt = samples["training_ckpt"]
+    code, plan, _ = run_cli(["plan", str(ckpt), "--to", "pt2", *MLP_ARGS], capsys)
+    assert code == 0, plan
+    weights = sum(e.nbytes for e in read_weights(ckpt).stored)  # the model entry, unwrapped
+    assert plan["memory_estimate_bytes"] == program_estimate(weights)
+    assert weights < ckpt.stat().st_size / 2  # the file is mostly momentum buffers and pickle
