@@ -435,8 +435,8 @@ def test_memory_is_estimated_before_a_program_is_built_and_a_shortfall_refused(
     code, plan, _ = run_cli(["plan", str(samples["hf_bert"]), "--to", "pt2"], capsys)
     assert code == 0 and plan["memory_estimate_bytes"] > memory.BASE_BYTES
     monkeypatch.setattr(memory, "available_bytes", lambda: 100 * 2**20)  # a small machine
-    out = tmp_path / "b.pt2"
-    args = [str(samples["hf_bert"]), "--to", "pt2", "-o", str(out)]
+    out = tmp_path / "m.pt2"
+    args = [str(samples["mlp_zip"]), "--to", "pt2", *MLP_ARGS, "-o", str(out)]
     code, report, _ = run_cli(args, capsys)
     assert code == 5 and "GiB of memory" in report["error"]["message"]
     assert "--force-memory" in report["error"]["hint"] and not out.exists()
