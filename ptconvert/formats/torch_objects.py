@@ -48,6 +48,7 @@ STORAGE_DTYPES: dict[str, tuple[str, int]] = {
 # every torch dtype → bytes per element (``torch.<name>.itemsize``), without importing torch
 DTYPE_SIZES: dict[str, int] = {
     **dict(STORAGE_DTYPES.values()),
+    "bcomplex32": 4,  # torch 2.14: two bfloat16; saved in an UntypedStorage, no typed class
     "float4_e2m1fn_x2": 1,  # two 4-bit values per byte
     "bits1x8": 1,
     "bits2x4": 1,

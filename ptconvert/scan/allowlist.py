@@ -20,6 +20,7 @@ _DTYPE_NAMES = [
     "complex32",
     "complex64",
     "complex128",
+    "bcomplex32",  # torch 2.14: complex of two bfloat16; no typed storage (UntypedStorage, v3)
     "bool",
     "uint8",
     "uint16",

@@ -10,14 +10,14 @@ TorchScript importer resolves it (``torch.X`` and ``torch.autograd.X`` are ``ate
 archive itself or a torchbind class under ``__torch__.torch.classes``).
 
 Policy (allowlist, fail closed): an operator is allowed only when it is listed below for its
-namespace (every ``aten``/``prim``/``quantized`` operator torch 2.13 registers, plus the profiler's
-record_function ops) and is not denied (file, process, network, global RNG/cache state, checks
-skipped); any other namespace is a custom op from some native library. Names, statements and
-expressions TorchScript never writes are refused too. Code that runs at load time, before
-anybody asked for the model to run, is held to stricter rules: ``__setstate__`` (and the methods
-of its own class it calls), default argument values (the importer evaluates them when it compiles
-a method) and class-body values may only assign attributes of ``self`` and call allowlisted
-operators and pure builtins.
+namespace (every ``aten``/``prim``/``quantized`` operator torch 2.13 or 2.14 registers, plus the
+profiler's record_function ops) and is not denied (file, process, network, global RNG/cache
+state, storage re-pointing, checks skipped); any other namespace is a custom op from some native
+library. Names, statements and expressions TorchScript never writes are refused too. Code that
+runs at load time, before anybody asked for the model to run, is held to stricter rules:
+``__setstate__`` (and the methods of its own class it calls), default argument values (the
+importer evaluates them when it compiles a method) and class-body values may only assign
+attributes of ``self`` and call allowlisted operators and pure builtins.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ _DENIED: dict[str, str] = {
     "set_": "re-points a tensor at another storage",
     "set": "re-points a tensor at another storage",
     "set_data": "re-points a tensor at another storage",
+    "shallow_copy_data_": "re-points a tensor at another storage",  # torch 2.14
     "rpc_async": "talks to other processes over the network",
     "rpc_sync": "talks to other processes over the network",
     "rpc_remote": "talks to other processes over the network",
@@ -712,9 +713,11 @@ def _is_inert(stmt: ast.stmt) -> bool:
     )
 
 
-# Every operator name torch 2.13 registers in these namespaces (torch._C._jit_get_all_schemas()),
-# denied ones included (they are refused by _op_problem); tests/scan/test_tscode.py checks this
-# against the installed torch, so an upgrade that adds operators fails loudly instead of silently.
+# Every operator name torch 2.13 or 2.14 registers in these namespaces
+# (torch._C._jit_get_all_schemas(); the union, so aten::cholesky and aten::qr, gone in 2.14, still
+# pass in archives 2.13 wrote), denied ones included (they are refused by _op_problem);
+# tests/scan/test_tscode.py checks this against the installed torch, so an upgrade that adds
+# operators fails loudly instead of silently. Sorted, wrapped at 96 columns.
 _ATEN_OPS = _names(
     """
 Bool Complex ComplexImplicit Delete Float FloatImplicit Generator Int IntImplicit ScalarImplicit
@@ -919,21 +922,21 @@ linalg__powsum linalg_cholesky linalg_cholesky_ex linalg_cond linalg_cross linal
 linalg_diagonal linalg_eig linalg_eigh linalg_eigvals linalg_eigvalsh linalg_householder_product
 linalg_inv linalg_inv_ex linalg_ldl_factor linalg_ldl_factor_ex linalg_ldl_solve linalg_lstsq
 linalg_lu linalg_lu_factor linalg_lu_factor_ex linalg_lu_solve linalg_matmul linalg_matrix_exp
-linalg_matrix_norm linalg_matrix_power linalg_matrix_rank linalg_multi_dot linalg_norm
-linalg_pinv linalg_qr linalg_slogdet linalg_solve linalg_solve_ex linalg_solve_triangular
-linalg_svd linalg_svdvals linalg_tensorinv linalg_tensorsolve linalg_vander linalg_vecdot
-linalg_vector_norm linear linear_backward linspace list ljust local_value log log10 log10_ log1p
-log1p_ log2 log2_ log_ log_normal log_normal_ log_sigmoid log_sigmoid_backward
-log_sigmoid_forward log_softmax logaddexp logaddexp2 logcumsumexp logdet logical_and
-logical_and_ logical_not logical_not_ logical_or logical_or_ logical_xor logical_xor_ logit
-logit_ logit_backward logspace logsumexp lower lstm lstm_cell lstm_mps_backward lstrip lt lt_
-lu_solve lu_unpack mH mT manual_seed margin_ranking_loss masked_fill masked_fill_ masked_scatter
-masked_scatter_ masked_scatter_backward masked_select masked_select_backward mathremainder
-matmul matmul_backward matrix_H matrix_exp matrix_exp_backward matrix_power max max_pool1d
-max_pool1d_with_indices max_pool2d max_pool2d_backward max_pool2d_with_indices
-max_pool2d_with_indices_backward max_pool3d max_pool3d_with_indices
-max_pool3d_with_indices_backward max_unpool2d max_unpool3d maximum mean median meshgrid min
-minimum miopen_batch_norm miopen_batch_norm_backward miopen_convolution
+linalg_matrix_norm linalg_matrix_power linalg_matrix_rank linalg_matrix_sqrth linalg_multi_dot
+linalg_norm linalg_pinv linalg_polar linalg_qr linalg_slogdet linalg_solve linalg_solve_ex
+linalg_solve_triangular linalg_svd linalg_svdvals linalg_tensorinv linalg_tensorsolve
+linalg_vander linalg_vecdot linalg_vector_norm linear linear_backward linspace list ljust
+local_value log log10 log10_ log1p log1p_ log2 log2_ log_ log_normal log_normal_ log_sigmoid
+log_sigmoid_backward log_sigmoid_forward log_softmax logaddexp logaddexp2 logcumsumexp logdet
+logical_and logical_and_ logical_not logical_not_ logical_or logical_or_ logical_xor
+logical_xor_ logit logit_ logit_backward logspace logsumexp lower lstm lstm_cell
+lstm_mps_backward lstrip lt lt_ lu_solve lu_unpack mH mT manual_seed margin_ranking_loss
+masked_fill masked_fill_ masked_scatter masked_scatter_ masked_scatter_backward masked_select
+masked_select_backward mathremainder matmul matmul_backward matrix_H matrix_exp
+matrix_exp_backward matrix_power max max_pool1d max_pool1d_with_indices max_pool2d
+max_pool2d_backward max_pool2d_with_indices max_pool2d_with_indices_backward max_pool3d
+max_pool3d_with_indices max_pool3d_with_indices_backward max_unpool2d max_unpool3d maximum mean
+median meshgrid min minimum miopen_batch_norm miopen_batch_norm_backward miopen_convolution
 miopen_convolution_add_relu miopen_convolution_relu miopen_convolution_transpose miopen_ctc_loss
 miopen_depthwise_convolution miopen_rnn miopen_rnn_backward mish mish_ mish_backward
 mkldnn_adaptive_avg_pool2d mkldnn_adaptive_avg_pool2d_backward mkldnn_convolution mkldnn_linear
@@ -973,44 +976,44 @@ rrelu_with_noise_ rrelu_with_noise_backward rrelu_with_noise_functional rsplit r
 rstrip rsub save scalar_tensor scaled_dot_product_attention scatter scatter_ scatter_add
 scatter_add_ scatter_reduce scatter_reduce_ searchsorted seed segment_reduce select
 select_backward select_copy select_scatter selu selu_ set set_ set_data set_grad_enabled
-setdefault sgn sgn_ sigmoid sigmoid_ sigmoid_backward sign sign_ signbit silu silu_
-silu_backward sin sin_ sinc sinc_ sinh sinh_ size slice slice_backward slice_copy slice_inverse
-slice_scatter slogdet slow_conv3d slow_conv3d_forward slow_conv_dilated2d slow_conv_dilated3d
-slow_conv_transpose2d slow_conv_transpose3d smm smooth_l1_loss smooth_l1_loss_backward
-soft_margin_loss soft_margin_loss_backward softmax softplus softplus_backward softshrink
-softshrink_backward sort sorted sparse_bsc_tensor sparse_bsr_tensor sparse_compressed_tensor
-sparse_coo_tensor sparse_csc_tensor sparse_csr_tensor sparse_dim sparse_mask sparse_resize
-sparse_resize_ sparse_resize_and_clear sparse_resize_and_clear_ sparse_sampled_addmm
-special_airy_ai special_bessel_j0 special_bessel_j1 special_bessel_y0 special_bessel_y1
-special_chebyshev_polynomial_t special_chebyshev_polynomial_u special_chebyshev_polynomial_v
-special_chebyshev_polynomial_w special_digamma special_entr special_erf special_erfc
-special_erfcx special_erfinv special_exp2 special_expit special_expm1 special_gammainc
-special_gammaincc special_gammaln special_hermite_polynomial_h special_hermite_polynomial_he
-special_i0 special_i0e special_i1 special_i1e special_laguerre_polynomial_l
-special_legendre_polynomial_p special_log1p special_log_ndtr special_log_softmax special_logit
-special_logsumexp special_modified_bessel_i0 special_modified_bessel_i1
-special_modified_bessel_k0 special_modified_bessel_k1 special_multigammaln special_ndtr
-special_ndtri special_polygamma special_psi special_round special_scaled_modified_bessel_k0
-special_scaled_modified_bessel_k1 special_shifted_chebyshev_polynomial_t
-special_shifted_chebyshev_polynomial_u special_shifted_chebyshev_polynomial_v
-special_shifted_chebyshev_polynomial_w special_sinc special_softmax special_spherical_bessel_j0
-special_xlog1py special_xlogy special_zeta split split_copy split_with_sizes
-split_with_sizes_copy splitlines sqrt sqrt_ square square_ squeeze squeeze_ squeeze_copy
-sspaddmm stack startswith std std_mean stft storage_offset str stride strip sub sub_ subtract
-subtract_ sum sum_to_size svd swapaxes swapaxes_ swapcase swapdims swapdims_ sym_constrain_range
-sym_constrain_range_for_size sym_is_contiguous sym_numel sym_size sym_storage_offset sym_stride
-t t_ t_copy take take_along_dim tan tan_ tanh tanh_ tanh_backward tensor tensor_split tensordot
-thnn_conv2d threshold threshold_ threshold_backward tile title to to_dense to_dense_backward
-to_here to_mkldnn to_mkldnn_backward to_padded_tensor to_sparse to_sparse_bsc to_sparse_bsr
-to_sparse_csc to_sparse_csr topk trace trace_backward transpose transpose_ transpose_copy
-trapezoid trapz triangular_solve tril tril_ tril_indices triplet_margin_loss triu triu_
-triu_indices true_divide true_divide_ trunc trunc_ type_as unbind unbind_copy unflatten
-unflatten_dense_tensors unfold unfold_backward unfold_copy uniform uniform_ unique_consecutive
-unique_dim unique_dim_consecutive unsafe_chunk unsafe_split unsafe_split_with_sizes unsqueeze
-unsqueeze_ unsqueeze_copy update upper upsample_bicubic2d upsample_bicubic2d_backward
-upsample_bilinear2d upsample_bilinear2d_backward upsample_linear1d upsample_linear1d_backward
-upsample_nearest1d upsample_nearest1d_backward upsample_nearest2d upsample_nearest2d_backward
-upsample_nearest3d upsample_nearest3d_backward upsample_trilinear3d
+setdefault sgn sgn_ shallow_copy_data_ sigmoid sigmoid_ sigmoid_backward sign sign_ signbit silu
+silu_ silu_backward sin sin_ sinc sinc_ sinh sinh_ size slice slice_backward slice_copy
+slice_inverse slice_scatter slogdet slow_conv3d slow_conv3d_forward slow_conv_dilated2d
+slow_conv_dilated3d slow_conv_transpose2d slow_conv_transpose3d smm smooth_l1_loss
+smooth_l1_loss_backward soft_margin_loss soft_margin_loss_backward softmax softplus
+softplus_backward softshrink softshrink_backward sort sorted sparse_bsc_tensor sparse_bsr_tensor
+sparse_compressed_tensor sparse_coo_tensor sparse_csc_tensor sparse_csr_tensor sparse_dim
+sparse_mask sparse_resize sparse_resize_ sparse_resize_and_clear sparse_resize_and_clear_
+sparse_sampled_addmm special_airy_ai special_bessel_j0 special_bessel_j1 special_bessel_y0
+special_bessel_y1 special_chebyshev_polynomial_t special_chebyshev_polynomial_u
+special_chebyshev_polynomial_v special_chebyshev_polynomial_w special_digamma special_entr
+special_erf special_erfc special_erfcx special_erfinv special_exp2 special_expit special_expm1
+special_gammainc special_gammaincc special_gammaln special_hermite_polynomial_h
+special_hermite_polynomial_he special_i0 special_i0e special_i1 special_i1e
+special_laguerre_polynomial_l special_legendre_polynomial_p special_log1p special_log_ndtr
+special_log_softmax special_logit special_logsumexp special_modified_bessel_i0
+special_modified_bessel_i1 special_modified_bessel_k0 special_modified_bessel_k1
+special_multigammaln special_ndtr special_ndtri special_polygamma special_psi special_round
+special_scaled_modified_bessel_k0 special_scaled_modified_bessel_k1
+special_shifted_chebyshev_polynomial_t special_shifted_chebyshev_polynomial_u
+special_shifted_chebyshev_polynomial_v special_shifted_chebyshev_polynomial_w special_sinc
+special_softmax special_spherical_bessel_j0 special_xlog1py special_xlogy special_zeta split
+split_copy split_with_sizes split_with_sizes_copy splitlines sqrt sqrt_ square square_ squeeze
+squeeze_ squeeze_copy sspaddmm stack startswith std std_mean stft storage_offset str stride
+strip sub sub_ subtract subtract_ sum sum_to_size svd swapaxes swapaxes_ swapcase swapdims
+swapdims_ sym_constrain_range sym_constrain_range_for_size sym_is_contiguous sym_numel sym_size
+sym_storage_offset sym_stride t t_ t_copy take take_along_dim tan tan_ tanh tanh_ tanh_backward
+tensor tensor_split tensordot thnn_conv2d threshold threshold_ threshold_backward tile title to
+to_dense to_dense_backward to_here to_mkldnn to_mkldnn_backward to_padded_tensor to_sparse
+to_sparse_bsc to_sparse_bsr to_sparse_csc to_sparse_csr topk trace trace_backward transpose
+transpose_ transpose_copy trapezoid trapz triangular_solve tril tril_ tril_indices
+triplet_margin_loss triu triu_ triu_indices true_divide true_divide_ trunc trunc_ type_as unbind
+unbind_copy unflatten unflatten_dense_tensors unfold unfold_backward unfold_copy uniform
+uniform_ unique_consecutive unique_dim unique_dim_consecutive unsafe_chunk unsafe_split
+unsafe_split_with_sizes unsqueeze unsqueeze_ unsqueeze_copy update upper upsample_bicubic2d
+upsample_bicubic2d_backward upsample_bilinear2d upsample_bilinear2d_backward upsample_linear1d
+upsample_linear1d_backward upsample_nearest1d upsample_nearest1d_backward upsample_nearest2d
+upsample_nearest2d_backward upsample_nearest3d upsample_nearest3d_backward upsample_trilinear3d
 upsample_trilinear3d_backward value_selecting_reduction_backward values values_copy vander var
 var_mean vdot view view_as view_as_complex view_as_complex_copy view_as_real view_as_real_copy
 view_copy vsplit vstack wait warn where xlogy xlogy_ zero zero_ zeros zeros_like zfill

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ptconvert.deps import torch_dtype
 from ptconvert.errors import VerificationError
 from ptconvert.formats.safetensors import DTYPES as SAFETENSORS_DTYPES
 from ptconvert.formats.torch_objects import flatten_tensors
@@ -98,6 +99,13 @@ def verify_weights(
     VerificationError on any difference, or when no independent reader can read the source.
     """
     started = time.perf_counter()
+    for dtype in sorted({e.dtype for e in source.stored}):  # torch reads both sides
+        torch_dtype(
+            dtype,
+            f"checking the {dtype} tensors",
+            path=source.origin,
+            instead="pass --no-verify to convert without the check",
+        )
     back = read_weights(output, keep_prefix=True)
     out = _resolve(back)
     with ExitStack() as stack:

@@ -325,6 +325,8 @@ class _Storages:
         """A contiguous little-endian torch tensor of ``t``, read from its storage bytes."""
         import torch
 
+        from ptconvert.deps import torch_dtype
+
         raw = self.cache.get(t.storage.key)
         if raw is None:
             archive = self.ckpt.archive
@@ -347,7 +349,8 @@ class _Storages:
             # complex numbers swap each of their two halves, as torch does
             unit = size // 2 if t.dtype.startswith("complex") else size
             rows = rows.reshape(-1, unit).flip(1).contiguous()
-        return rows.reshape(-1).view(getattr(torch, t.dtype)).reshape(t.shape)
+        dtype = torch_dtype(t.dtype, f"rebuilding {t.dtype} tensors in memory", path=self.path)
+        return rows.reshape(-1).view(dtype).reshape(t.shape)
 
 
 def _extent(t: TensorRef) -> int:
@@ -489,6 +492,8 @@ def as_tensors(ws: WeightSet) -> dict[str, Any]:
 
     import torch
 
+    from ptconvert.deps import torch_dtype
+
     maps: dict[Path, mmap.mmap] = {}
     out: dict[str, Any] = {}
     for e in ws.stored:
@@ -496,7 +501,7 @@ def as_tensors(ws: WeightSet) -> dict[str, Any]:
             out[e.name] = e.tensor
             continue
         assert e.source is not None
-        dtype = getattr(torch, e.dtype)
+        dtype = torch_dtype(e.dtype, f"loading tensor {e.name!r} into torch", path=e.source.path)
         if e.nbytes == 0:
             out[e.name] = torch.empty(e.shape, dtype=dtype)
             continue

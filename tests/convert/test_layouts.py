@@ -296,6 +296,8 @@ NOT_IN_SAFETENSORS = {
     torch.bits8,
     torch.bits16,
 }
+if hasattr(torch, "bcomplex32"):  # torch 2.14's complex of two bfloat16: safetensors has no code
+    NOT_IN_SAFETENSORS.add(torch.bcomplex32)
 
 
 def every_dtype() -> dict[str, torch.Tensor]:

@@ -469,6 +469,32 @@ def test_operator_tables_cover_the_installed_torch() -> None:
     assert {"from_file", "save"} <= _ATEN_OPS  # the file ops exist, and are refused by name
 
 
+def test_operators_torch_2_14_added_are_judged_like_their_neighbours() -> None:
+    """linalg_polar and linalg_matrix_sqrth are math like linalg_qr; shallow_copy_data_ points
+    a tensor at another's storage, as set_data does, and is refused by name on any torch."""
+    math = (
+        "def forward(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:\n"
+        "  u, h = torch.linalg_polar(x)\n"
+        "  _0, _1 = torch.linalg.polar(x)\n"
+        "  return u, torch.linalg_matrix_sqrth(h), ops.aten.linalg_matrix_sqrth(_1)\n"
+    )
+    assert analyse_code(math) == []
+    for snippet, name in [
+        ("torch.shallow_copy_data_(x, y)", "torch.shallow_copy_data_"),
+        ("ops.aten.shallow_copy_data_(x, y)", "ops.aten.shallow_copy_data_"),
+        ("x.shallow_copy_data_(y)", "x.shallow_copy_data_"),
+    ]:
+        code = f"def forward(self, x: Tensor, y: Tensor) -> Tensor:\n  _0 = {snippet}\n  return x\n"
+        findings = analyse_code(code)
+        assert [(f.severity, f.name) for f in findings] == [("dangerous", name)]
+        assert "re-points a tensor at another storage" in findings[0].reason
+    op = getattr(torch.ops.aten, "shallow_copy_data_", None)  # registered from torch 2.14
+    if op is not None:  # the reason is what the operator does
+        x, y = torch.zeros(2), torch.arange(5.0)
+        op(x, y)
+        assert x.data_ptr() == y.data_ptr() and x.shape == (5,)
+
+
 def test_program_graphs_are_judged_like_code(tmp_path: Path) -> None:
     """A .pt2's serialized graph: real exports are clean, a file or custom operator is not."""
     import zipfile

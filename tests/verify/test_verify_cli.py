@@ -39,7 +39,7 @@ def test_verify_passes_and_reports_every_measure(samples, tmp_path, capsys) -> N
         assert 0 < out["rmse_vs_fp64"] <= 2 * out["eager_rmse_vs_fp64"] + 1e-7
         assert out["cosine"] > 0.999999
     assert report["parity"]["fp64_reference"] is True
-    assert report["environment"]["torch"].startswith("2.13")
+    assert report["environment"]["torch"] == torch.__version__  # recorded, whichever is installed
 
 
 def test_verify_fails_on_different_weights(samples, tmp_path, capsys) -> None:
