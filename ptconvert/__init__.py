@@ -14,6 +14,8 @@ The public API (the CLI is a thin layer over it)::
     ptconvert.verify("model.bin", "model.pt2", model="mypkg.nets:make")
     ptconvert.bench("model.pt2", reference="model.bin", model="mypkg.nets:make")
     ptconvert.optimize("model.bin", model="mypkg.nets:make", inputs=["x:2x8:float32"])
+    ptconvert.convert_many("zoo/", "safetensors", "out/", jobs=4)  # BatchReport
+    ptconvert.cache_info()            # the cache of verified programs; cache_clear() empties it
 
 Options are keywords (the fields of ``ptconvert.Options``); results are dataclasses with
 ``to_dict()`` and ``to_json()``; errors are ``ptconvert.errors`` classes, each with its exit
@@ -37,7 +39,18 @@ import ptconvert.options
 import ptconvert.scan
 import ptconvert.verify  # noqa: F401
 from ptconvert import api as _api
-from ptconvert.api import bench, describe, detect, format_names, optimize, plan
+from ptconvert.api import (
+    bench,
+    cache_clear,
+    cache_info,
+    convert_every,
+    convert_many,
+    describe,
+    detect,
+    format_names,
+    optimize,
+    plan,
+)
 
 
 class _Entry:
@@ -114,7 +127,11 @@ __all__ = [
     "VerificationError",
     "__version__",
     "bench",
+    "cache_clear",
+    "cache_info",
     "convert",
+    "convert_every",
+    "convert_many",
     "describe",
     "detect",
     "format_names",

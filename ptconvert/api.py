@@ -16,7 +16,10 @@ from ptconvert.errors import UsageError
 from ptconvert.plugins import load_plugins
 
 if TYPE_CHECKING:
+    from ptconvert.convert.batch import BatchReport
+    from ptconvert.convert.cache import CacheCleared, CacheInfo
     from ptconvert.convert.engine import ConversionReport
+    from ptconvert.convert.every import EveryFormatReport
     from ptconvert.convert.graph import Plan
     from ptconvert.convert.optimize import OptimizeReport
     from ptconvert.convert.weights import WeightsReport
@@ -65,6 +68,78 @@ def convert(
 
     load_plugins()
     return run(src, to, output, options(opts, **overrides))
+
+
+def convert_many(
+    src_dir: str | Path,
+    to: str,
+    out_dir: str | Path,
+    opts: Options | None = None,
+    *,
+    jobs: int = 1,
+    keep_going: bool = False,
+    executor: str = "local",
+    ray_address: str | None = None,
+    **overrides: Any,
+) -> BatchReport:
+    """Convert every model under ``src_dir`` (files ptconvert recognises, Hugging Face
+    directories as one model) to ``to`` into ``out_dir`` at the same relative places, each as
+    ``convert`` does it, in ``jobs`` local processes or, with ``executor="ray"``, as Ray tasks
+    (``ray_address`` or ``RAY_ADDRESS``; a local Ray otherwise). A failure is reported in its
+    item (``report.exit_code`` is the first one's); without ``keep_going`` nothing new starts
+    after it. A re-run skips the outputs already complete and verified.
+
+    >>> r = ptconvert.convert_many("zoo/", "safetensors", "out/", jobs=2, keep_going=True)
+    >>> r.counts, r.exit_code
+    ({'converted': 2, 'skipped': 0, 'failed': 1, 'not-run': 0}, 3)
+    """
+    from ptconvert.convert.batch import convert_many as run
+
+    load_plugins()
+    return run(
+        src_dir,
+        to,
+        out_dir,
+        options(opts, **overrides),
+        jobs=jobs,
+        keep_going=keep_going,
+        executor=executor,  # type: ignore[arg-type]  # checked there (a UsageError)
+        ray_address=ray_address,
+        convert=convert,
+    )
+
+
+def convert_every(
+    src: str | Path,
+    out_dir: str | Path,
+    opts: Options | None = None,
+    *,
+    batch_sizes: list[int] | None = None,
+    repeats: int = 10,
+    warmup: int = 2,
+    **overrides: Any,
+) -> EveryFormatReport:
+    """Convert ``src`` to every format the converter graph reaches from it, each into
+    ``out_dir`` and verified as ``convert`` verifies it (a target whose route needs what is
+    not here is skipped, saying what), and time the programs that passed beside eager and
+    ``torch.compile`` on the same inputs: the CLI's ``--to all``.
+
+    >>> r = ptconvert.convert_every("model.bin", "every/", model="mypkg.nets:make",
+    ...                             inputs=["x:2x8:float32"], dynamic_batch=True)
+    >>> [(row.format, row.status, row.check, row.vs_eager) for row in r.rows]
+    [('safetensors', 'ok', 'bitwise', None), ('pt2', 'ok', 'parity', 1.1), ...]
+    """
+    from ptconvert.convert.every import convert_every as run
+
+    load_plugins()
+    return run(
+        src,
+        out_dir,
+        options(opts, **overrides),
+        batch_sizes=batch_sizes,
+        repeats=repeats,
+        warmup=warmup,
+    )
 
 
 def optimize(
@@ -230,3 +305,29 @@ def describe(path: str | Path) -> FileInfo:
 
     load_plugins()
     return formats.describe(path)
+
+
+def cache_info() -> CacheInfo:
+    """The cache of verified programs ``convert`` reuses (``PTCONVERT_CACHE``, else the user's
+    cache directory): its root, entries (target, source, size, when) and total size, read
+    without writing anything; ``problem`` says why a conversion would refuse it (exit 12).
+
+    >>> info = ptconvert.cache_info()
+    >>> info.root, len(info.entries), info.total_bytes
+    ('/home/me/.cache/ptconvert', 3, 1843200)
+    """
+    from ptconvert.convert.cache import info
+
+    return info()
+
+
+def cache_clear() -> CacheCleared:
+    """Remove every cache entry, each under its lock; an entry another process is filling or
+    copying is left (``busy``). Raises ``CacheError`` for a directory that is not the user's.
+
+    >>> ptconvert.cache_clear().freed_bytes
+    1843200
+    """
+    from ptconvert.convert.cache import clear
+
+    return clear()

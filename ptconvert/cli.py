@@ -16,7 +16,17 @@ import click
 from ptconvert import progress
 from ptconvert.errors import EXIT_CODES, PtconvertError, UsageError
 
-_COMMANDS = ("convert", "info", "formats", "scan", "plan", "verify", "bench")
+_COMMANDS = (
+    "convert",
+    "info",
+    "formats",
+    "scan",
+    "plan",
+    "verify",
+    "bench",
+    "cache",
+    "completion",
+)
 
 
 class _ConvertByDefault(click.Group):
@@ -29,6 +39,18 @@ class _ConvertByDefault(click.Group):
         return super().parse_args(ctx, args)
 
 
+def _examples(*lines: str) -> str:
+    """A command's --help epilog: its examples, kept as written (click rewraps otherwise)."""
+    return "Examples:\n\n\b\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _format_names(prefix: str, *extra: str) -> list[str]:
+    """Completion of a format name (plugins' formats included)."""
+    from ptconvert.api import format_names
+
+    return [n for n in [*format_names(), *extra] if n.startswith(prefix)]
+
+
 def _exit_code_table() -> str:
     return "\n".join(f"  {code:>3}  {text}" for code, text in sorted(EXIT_CODES.items()))
 
@@ -39,14 +61,26 @@ def _exit_code_table() -> str:
     epilog="Exit codes:\n\n" + _exit_code_table().replace("\n", "\n\n"),
 )
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.option(
+    "-q", "--quiet", is_flag=True, help="No progress and no report: the exit code (and errors)."
+)
+@click.option(
+    "-v", "--verbose", is_flag=True, help="Show torch's own logs and warnings while converting."
+)
 @click.version_option(package_name="ptconvert")
-def cli(debug: bool) -> None:
+def cli(debug: bool, quiet: bool, verbose: bool) -> None:
     """Convert PyTorch models between formats, safely, and prove the result right.
 
     \b
       ptconvert SRC --to FMT [options]   convert (see `ptconvert convert --help`)
+      ptconvert DIR --to FMT -o OUT -j N every model in a folder, N at once
+      ptconvert SRC --to all -o OUT      every format the graph reaches, verified, timed
       ptconvert info PATH                describe a model file without running it
+      ptconvert scan PATH                find code a pickle would run when loaded
       ptconvert formats                  list the formats ptconvert knows
+      ptconvert completion bash          shell completion (eval "$(...)")
+
+    -q and -v work anywhere on the line.
     """
     from ptconvert.plugins import load_plugins
 
@@ -108,6 +142,11 @@ _CONVERSION_OPTIONS = (
     click.option("-o", "--output", type=click.Path(), help="Output path (default: beside SRC)."),
     click.option("--force", is_flag=True, help="Replace an existing output."),
     click.option("--no-verify", is_flag=True, help="Skip the parity check after converting."),
+    click.option(
+        "--no-cache",
+        is_flag=True,
+        help="Programs: neither reuse nor fill the cache of verified artifacts (PTCONVERT_CACHE).",
+    ),
     click.option("--key", help="Take the weights from this entry of a checkpoint dict."),
     click.option("--keep-prefix", is_flag=True, help="Keep a prefix shared by all keys."),
     click.option("--max-shard-size", help="Write shards of at most this size (e.g. 5GB)."),
@@ -173,28 +212,61 @@ def conversion_options(fn: Any) -> Any:
     return fn
 
 
-@cli.command()
+@cli.command(
+    epilog=_examples(
+        "ptconvert model.safetensors --to pt --force",
+        "ptconvert hf-model/ --to pt2 --dynamic-batch",
+        "ptconvert model.bin --to onnx --model mypkg.nets:make --input x:1x3x224x224:float32",
+        "ptconvert zoo/ --to safetensors -o out/ -j 4 --keep-going",
+        "ptconvert model.bin --to all -o every/ --model mypkg.nets:make --input x:2x8:float32",
+    )
+)
 @click.argument("src", type=click.Path(path_type=str))
-@click.option("--to", "to", help="Target format (see `ptconvert formats`).")
+@click.option(
+    "--to",
+    "to",
+    shell_complete=lambda ctx, param, incomplete: _format_names(incomplete, "all"),
+    help="Target format (see `ptconvert formats`); `all`: every format reached, into -o DIR.",
+)
 @click.option(
     "--optimize",
     is_flag=True,
     help="Instead of --to: convert to pt2, aoti and onnx, verify and time each, keep the fastest.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON only.")
+@click.option("-j", "--jobs", type=int, default=1, help="A folder of models: convert N at once.")
+@click.option("--keep-going", is_flag=True, help="A folder of models: go on after a model fails.")
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    help="A folder of models: local processes, or Ray tasks (the `ray` extra).",
+)
+@click.option("--ray-address", help="--executor ray: the cluster (default: RAY_ADDRESS, or local).")
 @conversion_options
 @model_options
 def convert(src: str, to: str | None, optimize: bool, as_json: bool, **options: Any) -> None:
-    """Convert SRC to the format named by --to (or, with --optimize, to the fastest one)."""
+    """Convert SRC to the format named by --to (or, with --optimize, to the fastest one).
+
+    SRC may be a folder of models: each is converted into -o OUT_DIR at the same relative
+    place (-j N at once), a summary table follows, and a re-run skips what is complete."""
     progress.set_quiet(as_json)
     from ptconvert.api import convert as run_convert
+    from ptconvert.convert.batch import is_batch
     from ptconvert.convert.engine import ConversionReport
 
+    batch = {k: options.pop(k) for k in ("jobs", "keep_going", "executor", "ray_address")}
     if optimize:
         _optimize(src, to, as_json, options)
         return
     if to is None:
         raise UsageError("say the target: --to FORMAT (see `ptconvert formats`), or --optimize")
+    if to == "all":
+        _convert_every(src, as_json, options)
+        return
+    if is_batch(src):
+        _convert_many(src, to, as_json, options, batch)
+        return
     report = run_convert(src, to, options["output"], _options(options))
     if isinstance(report, ConversionReport) and options["bench"]:
         _bench_result(report, src, options)
@@ -210,6 +282,47 @@ def convert(src: str, to: str | None, optimize: bool, as_json: bool, **options: 
         from ptconvert.render import render_weights
 
         render_weights(report)
+
+
+def _convert_many(
+    src: str, to: str, as_json: bool, options: dict[str, Any], batch: dict[str, Any]
+) -> None:
+    from ptconvert.api import convert_many
+
+    if not options["output"]:
+        raise UsageError(f"{src} is a folder of models: say where their outputs go with -o OUT_DIR")
+    if options["bench"]:
+        raise UsageError("--bench times one model: run it on one of the outputs")
+    report = convert_many(src, to, options["output"], _options(options), **batch)
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        from ptconvert.render import render_batch
+
+        render_batch(report)
+    if report.exit_code:
+        raise click.exceptions.Exit(report.exit_code)
+
+
+def _convert_every(src: str, as_json: bool, options: dict[str, Any]) -> None:
+    from ptconvert.api import convert_every
+
+    if not options["output"]:
+        raise UsageError("--to all writes one file per format: say the folder with -o OUT_DIR")
+    report = convert_every(
+        src,
+        options["output"],
+        _options(options),
+        batch_sizes=_batch_sizes(options["batch_sizes"]),
+    )
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        from ptconvert.render import render_every
+
+        render_every(report)
+    if any(r.status == "failed" for r in report.rows):
+        raise click.exceptions.Exit(6)
 
 
 def _optimize(src: str, to: str | None, as_json: bool, options: dict[str, Any]) -> None:
@@ -254,6 +367,7 @@ def _options(options: dict[str, Any]) -> Any:
         external_data=options["external_data"],
         onnx_optimize=options["onnx_optimize"],
         force_memory=options["force_memory"],
+        cache=not options["no_cache"],
     )
 
 
@@ -307,7 +421,12 @@ def _key_values(items: tuple[str, ...], option: str) -> dict[str, str]:
     return out
 
 
-@cli.command()
+@cli.command(
+    epilog=_examples(
+        "ptconvert info pytorch_model.bin",
+        "ptconvert info model.pt2 --json",
+    )
+)
 @click.argument("path", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def info(path: str, as_json: bool) -> None:
@@ -325,7 +444,12 @@ def info(path: str, as_json: bool) -> None:
         render_info(result)
 
 
-@cli.command()
+@cli.command(
+    epilog=_examples(
+        "ptconvert formats",
+        "ptconvert formats --graph mermaid",
+    )
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option(
     "--graph", type=click.Choice(["table", "mermaid", "dot"]), help="Print the converter graph."
@@ -360,7 +484,12 @@ def formats(as_json: bool, graph: str | None) -> None:
         render_formats(rows)
 
 
-@cli.command()
+@cli.command(
+    epilog=_examples(
+        "ptconvert scan model.bin",
+        "ptconvert scan downloads/ -j 4 --json",
+    )
+)
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("-j", "jobs", type=int, default=1, help="Scan with N processes.")
@@ -386,7 +515,12 @@ def scan(paths: tuple[str, ...], as_json: bool, jobs: int, allow: tuple[str, ...
         raise click.exceptions.Exit(code)
 
 
-@cli.command()
+@cli.command(
+    epilog=_examples(
+        "ptconvert plan model.bin --to pt2",
+        "ptconvert plan hf-model/ --to aoti --dynamic-batch",
+    )
+)
 @click.argument("src", type=click.Path(path_type=str))
 @click.option("--to", "to", required=True, help="Target format.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
@@ -410,7 +544,12 @@ def plan(src: str, to: str, as_json: bool, **options: Any) -> None:
         raise click.exceptions.Exit(5)
 
 
-@cli.command()
+@cli.command(
+    epilog=_examples(
+        "ptconvert verify model.bin model.pt2 --model mypkg.nets:make",
+        "ptconvert verify hf-model/ model.onnx --batch-sizes 1,4",
+    )
+)
 @click.argument("reference", type=click.Path(path_type=str))
 @click.argument("candidate", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
@@ -474,7 +613,12 @@ def verify(
         render_verify(report)
 
 
-@cli.command()
+@cli.command(
+    epilog=_examples(
+        "ptconvert bench model.pt2 --reference model.bin --model mypkg.nets:make",
+        "ptconvert bench model.pt2 --batch-sizes 1,8,32 --plot latency.png",
+    )
+)
 @click.argument("artifact", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option(
@@ -535,16 +679,81 @@ def bench(
         render_bench(report)
 
 
+@cli.command(
+    epilog=_examples(
+        'eval "$(ptconvert completion bash)"    # in ~/.bashrc',
+        'eval "$(ptconvert completion zsh)"     # in ~/.zshrc',
+        "ptconvert completion fish > ~/.config/fish/completions/ptconvert.fish",
+    )
+)
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the completion script of SHELL (commands, options, format names, files)."""
+    from click.shell_completion import get_completion_class
+
+    completer = get_completion_class(shell)
+    assert completer is not None  # the choices are click's own shells
+    click.echo(completer(cli, {}, "ptconvert", "_PTCONVERT_COMPLETE").source())
+
+
+@cli.group(epilog=_examples("ptconvert cache info", "ptconvert cache clear --json"))
+def cache() -> None:
+    """The cache of verified programs (PTCONVERT_CACHE, else ~/.cache/ptconvert)."""
+
+
+@cache.command("info")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def cache_info(as_json: bool) -> None:
+    """Where the cache is, what it holds and its size."""
+    from ptconvert.api import cache_info as run_info
+
+    report = run_info()
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        from ptconvert.render import render_cache
+
+        render_cache(report)
+
+
+@cache.command("clear")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def cache_clear(as_json: bool) -> None:
+    """Remove every entry (one another process is using is left, and named)."""
+    from ptconvert.api import cache_clear as run_clear
+
+    report = run_clear()
+    if as_json:
+        _emit_json(report.to_dict())
+        return
+    click.echo(
+        f"freed {report.freed_bytes / 2**20:.1f} MiB: {report.removed} entries removed from "
+        f"{report.root}"
+    )
+    for key in report.busy:
+        click.echo(f"left {key[:12]}: another process is using it")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI and turn errors into messages and documented exit codes."""
     args = list(sys.argv[1:] if argv is None else argv)
     as_json, debug = "--json" in args, "--debug" in args
-    if sys.stderr.isatty() and not as_json:
+    # -q/-v anywhere on the line (click would take them only before the command)
+    quiet, verbose = _take(args, "-q", "--quiet"), _take(args, "-v", "--verbose")
+    from ptconvert.quiet import set_verbose
+
+    set_verbose(verbose)
+    if sys.stderr.isatty() and not as_json and not quiet:
         from ptconvert.render import TerminalProgress
 
         progress.set_reporter(TerminalProgress())
     try:
-        code = cli.main(args, prog_name="ptconvert", standalone_mode=False)
+        import contextlib
+        import io
+
+        silent = quiet and not as_json  # --json still prints its JSON
+        with contextlib.redirect_stdout(io.StringIO()) if silent else contextlib.nullcontext():
+            code = cli.main(args, prog_name="ptconvert", standalone_mode=False)
         if isinstance(code, int):  # a command's own exit code (click.exceptions.Exit)
             return code
     except PtconvertError as exc:
@@ -583,6 +792,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     return 0
+
+
+def _take(args: list[str], *flags: str) -> bool:
+    """Remove ``flags`` from ``args`` (before a ``--``); whether one was there."""
+    end = args.index("--") if "--" in args else len(args)
+    found = [i for i in range(end) if args[i] in flags]
+    for i in reversed(found):
+        del args[i]
+    return bool(found)
 
 
 def _report_error(payload: dict[str, Any], text: str, code: int, as_json: bool) -> None:

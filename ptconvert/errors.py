@@ -147,6 +147,15 @@ class ModelRaisedError(UnsupportedConversionError):
     kind = "model_error"
 
 
+class CacheError(PtconvertError):
+    """The cache directory cannot be used: owned by another user, read-only, or on a read-only
+    filesystem. Said before any work, with the ways out (permissions, PTCONVERT_CACHE,
+    ``--no-cache``)."""
+
+    exit_code = 12
+    kind = "cache"
+
+
 EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "internal error (a bug: please report it with --debug output)",
@@ -159,4 +168,5 @@ EXIT_CODES: dict[int, str] = {
     OutputExistsError.exit_code: "output exists (pass --force to replace it)",
     UnsafeInputError.exit_code: "refused by the security scan (dangerous)",
     NeedsTrustError.exit_code: "needs code: loading would import user classes (pass --trust)",
+    CacheError.exit_code: "the cache directory cannot be used (another user's, or read-only)",
 }

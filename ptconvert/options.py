@@ -45,6 +45,7 @@ class Options:
     external_data: bool = False  # onnx targets: weights in NAME.onnx.data (always over 2 GB)
     onnx_optimize: bool = False  # onnx targets: onnxscript's graph optimizer on the result
     force_memory: bool = False  # convert a program although the estimate exceeds free memory
+    cache: bool = True  # programs: reuse a verified artifact of the same inputs (convert/cache.py)
 
     def validate(self) -> Options:
         """Each value of the type and range its option takes (an API caller has no CLI to

@@ -17,8 +17,11 @@ class Reporter(Protocol):
         """Shown while the step named ``name`` runs."""
         ...
 
-    def bar(self, name: str, total: int) -> AbstractContextManager[Callable[[], None]]:
-        """A bar of ``total`` parts; the context gives the function that advances it by one."""
+    def bar(
+        self, name: str, total: int, unit: str = ""
+    ) -> AbstractContextManager[Callable[..., None]]:
+        """A bar of ``total`` parts (``unit`` "B": bytes, shown as sizes with the time left);
+        the context gives ``advance(amount=1)``."""
         ...
 
 
@@ -48,10 +51,10 @@ def step(name: str) -> Iterator[None]:
 
 
 @contextmanager
-def bar(name: str, total: int) -> Iterator[Callable[[], None]]:
-    """A progress bar named after the step; yields the function that advances it by one."""
-    if _reporter is None or total < 2:
-        yield lambda: None
+def bar(name: str, total: int, unit: str = "") -> Iterator[Callable[..., None]]:
+    """A progress bar named after the step; yields ``advance(amount=1)``."""
+    if _reporter is None or (total < 2 and not unit):
+        yield lambda amount=1: None
         return
-    with _reporter.bar(name, total) as advance:
+    with _reporter.bar(name, total, unit) as advance:
         yield advance

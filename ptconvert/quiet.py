@@ -15,9 +15,20 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+_verbose = False
+
+
+def set_verbose(verbose: bool) -> None:
+    """``-v``: let torch's own logging and warnings through (quiet_torch does nothing)."""
+    global _verbose
+    _verbose = verbose
+
 
 @contextmanager
 def quiet_torch() -> Iterator[None]:
+    if _verbose:
+        yield
+        return
     sys.stderr.flush()
     saved = os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)

@@ -95,6 +95,95 @@ def render_formats(rows: list[dict[str, Any]], console: Console | None = None) -
     console.print(t)
 
 
+_BATCH_STYLE = {"converted": "green", "skipped": "cyan", "failed": "red", "not-run": "yellow"}
+
+
+def render_batch(report: Any, console: Console | None = None) -> None:
+    """A folder converted: one row per model, then the errors in full."""
+    from pathlib import Path
+
+    console = console or Console()
+    t = Table("model", "status", "check", "size", "seconds", "output")
+    for item in report.items:
+        style = _BATCH_STYLE[item.status]
+        out = Path(item.output)
+        shown = out.relative_to(report.out_dir) if out.is_relative_to(report.out_dir) else out
+        t.add_row(
+            escape(item.src),
+            f"[{style}]{item.status}[/{style}]",
+            "-" if item.status in ("failed", "not-run") else item.check,
+            _size(item.size),
+            f"{item.seconds:.1f}",
+            "-" if item.status in ("failed", "not-run") else escape(str(shown)),
+        )
+    console.print(t)
+    for item in report.items:
+        if item.error:
+            console.print(f"[red]{escape(item.src)}[/red]: {escape(item.error['message'])}")
+    if report.counts.get("not-run"):
+        console.print("not-run: not started after a failure (--keep-going goes on)")
+    counts = ", ".join(f"{n} {k}" for k, n in report.counts.items() if n)
+    console.print(
+        f"{len(report.items)} models under {escape(report.src)} → {report.to} in "
+        f"{escape(report.out_dir)}: "
+        f"{counts or 'none found'} ({report.seconds:.1f} s, {report.executor}, -j {report.jobs})"
+    )
+
+
+def _path_of(route: list[str]) -> str:
+    """["pt → weights", "weights → module"] as "weights→module" (the stages passed)."""
+    return "→".join(step.split(" → ")[-1] for step in route)
+
+
+def render_every(report: Any, console: Console | None = None) -> None:
+    """``--to all``: one row per format (route, size, check, latency against eager and
+    torch.compile), the two baselines, then why any format was skipped or failed."""
+    console = console or Console()
+    sizes = report.batch_sizes
+    t = Table("format")
+    t.add_column("route", no_wrap=True)
+    for name in ("size", "check", *[f"ms @ {b}" for b in sizes], "× eager", "× torch.compile"):
+        t.add_column(name)
+
+    def ms(medians: dict[Any, float]) -> list[str]:
+        return [f"{medians[b]:.3f}" if b in medians else "-" for b in sizes]
+
+    from ptconvert.convert.optimize import speedup
+
+    eager = report.baselines.get("eager", {})
+    for name, medians in report.baselines.items():
+        ratio = speedup(eager, medians)
+        t.add_row(
+            f"[dim]{name}[/dim]",
+            "-",
+            "-",
+            "-",
+            *ms(medians),
+            f"{ratio:.2f}" if ratio is not None else "-",
+            "-",
+        )
+    for r in report.rows:
+        style = {"ok": "", "failed": "red", "skipped": "yellow"}[r.status]
+        t.add_row(
+            f"[{style}]{r.format}[/{style}]" if style else r.format,
+            escape(_path_of(r.route)) if r.route else r.status,
+            _size(r.size) if r.size is not None else "-",
+            r.check if r.status == "ok" else "-",
+            *(ms(r.median_ms) if r.median_ms else ["-"] * len(sizes)),
+            f"{r.vs_eager:.2f}" if r.vs_eager is not None else "-",
+            f"{r.vs_compile:.2f}" if r.vs_compile is not None else "-",
+        )
+    console.print(t)
+    for r in report.rows:
+        if r.status != "ok":
+            console.print(f"{r.format}: {r.status}: {escape(r.reason)}")
+    done = sum(1 for r in report.rows if r.status == "ok")
+    console.print(
+        f"{escape(report.source)} ({report.source_format}) → {done} formats in "
+        f"{escape(report.out_dir)} ({report.seconds:.1f} s); weights formats run as eager does"
+    )
+
+
 def render_weights(report: Any, console: Console | None = None) -> None:
     """A weights conversion: what was written, how, and the verification verdict."""
     console = console or Console()
@@ -230,6 +319,23 @@ def render_edges(edges: list[dict[str, Any]], console: Console | None = None) ->
     console.print(t)
 
 
+def render_cache(info: Any, console: Console | None = None) -> None:
+    """``cache info``: the root, then one row per entry (oldest first)."""
+    console = console or Console()
+    incomplete = f", {info.incomplete} incomplete (refilled when next asked for)"
+    console.print(
+        f"[bold]{escape(info.root)}[/bold]: {len(info.entries)} entries, "
+        f"{_size(info.total_bytes)}{incomplete if info.incomplete else ''}"
+    )
+    if info.problem:
+        console.print(f"[bold red]unusable[/bold red]: {escape(info.problem)}")
+    if info.entries:
+        t = Table("key", "target", "source", "size", "created (UTC)")
+        for e in info.entries:
+            t.add_row(e.key[:12], e.target, escape(e.source), _size(e.bytes), e.created)
+        console.print(t)
+
+
 def render_verify(report: Any, console: Console | None = None) -> None:
     """Verdict, then per batch size and output: errors against eager and against fp64."""
     console = console or Console()
@@ -354,13 +460,14 @@ class TerminalProgress:
         self._depth = 0
 
     @contextmanager
-    def _task(self, name: str, total: int | None) -> Iterator[Any]:
+    def _task(self, name: str, total: int | None, unit: str = "") -> Iterator[Any]:
         from rich.progress import (
             BarColumn,
             Progress,
             SpinnerColumn,
             TextColumn,
             TimeElapsedColumn,
+            TimeRemainingColumn,
         )
 
         if self._live is None:
@@ -372,8 +479,15 @@ class TerminalProgress:
 
             class Count(TextColumn):
                 def render(self, task: Any) -> Any:
-                    done = f"{task.completed:.0f}/{task.total:.0f}" if task.total else ""
-                    return Text(done)
+                    if not task.total:
+                        return Text("")
+                    if task.fields.get("unit") == "B":
+                        return Text(f"{_size(int(task.completed))}/{_size(int(task.total))}")
+                    return Text(f"{task.completed:.0f}/{task.total:.0f}")
+
+            class Left(TimeRemainingColumn):  # the time left of work measured in bytes
+                def render(self, task: Any) -> Any:
+                    return super().render(task) if task.fields.get("unit") else Text("")
 
             self._live = Progress(
                 SpinnerColumn(),
@@ -381,12 +495,13 @@ class TerminalProgress:
                 SizedBar(),
                 Count(""),
                 TimeElapsedColumn(),
+                Left(),
                 transient=True,
                 console=self._console,
             )
             self._live.start()
         self._depth += 1
-        task = self._live.add_task(escape(name), total=total)
+        task = self._live.add_task(escape(name), total=total, unit=unit)
         try:
             yield task
         finally:
@@ -402,6 +517,6 @@ class TerminalProgress:
             yield
 
     @contextmanager
-    def bar(self, name: str, total: int) -> Iterator[Callable[[], None]]:
-        with self._task(name, total) as task:
-            yield lambda: self._live.advance(task)
+    def bar(self, name: str, total: int, unit: str = "") -> Iterator[Callable[..., None]]:
+        with self._task(name, total, unit) as task:
+            yield lambda amount=1: self._live.advance(task, amount)

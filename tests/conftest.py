@@ -20,6 +20,15 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test its own empty cache of converted programs (subprocesses inherit the variable):
+    never the user's, and no test served an artifact another test made."""
+    root = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("PTCONVERT_CACHE", str(root))
+    return root
+
+
 @pytest.fixture(scope="session")
 def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Every fixture format, built once per test session."""

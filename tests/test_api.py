@@ -29,7 +29,11 @@ PUBLIC = {
     "VerificationError",
     "__version__",
     "bench",
+    "cache_clear",
+    "cache_info",
     "convert",
+    "convert_every",
+    "convert_many",
     "describe",
     "detect",
     "format_names",
@@ -69,8 +73,8 @@ def test_convert_scans_converts_and_names_its_check(
             shown.append(name)
             return contextlib.nullcontext()
 
-        def bar(self, name: str, total: int) -> Any:
-            return contextlib.nullcontext(lambda: None)
+        def bar(self, name: str, total: int, unit: str = "") -> Any:
+            return contextlib.nullcontext(lambda amount=1: None)
 
     progress.set_reporter(Recorder())
     try:

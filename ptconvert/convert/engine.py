@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ptconvert import progress
 from ptconvert.atomic import atomic_path, check_output, place_together
+from ptconvert.convert.cache import cache_slot
 from ptconvert.convert.graph import EDGES, Edge, Plan, plan
 from ptconvert.convert.state import RunState, StepRecord
 from ptconvert.convert.steps import STEPS
@@ -67,6 +68,7 @@ class ConversionReport(Report):
     # "copy" (bytes compared), or "none" (--no-verify, or nothing to run it against)
     check: Check = "none"
     bench: Any = None  # a verify.bench.BenchReport when --bench was given
+    cached: bool = False  # copied from the cache: the steps and check are those that filled it
 
 
 def _suffix(fmt: str) -> str:
@@ -76,6 +78,21 @@ def _suffix(fmt: str) -> str:
 
 def default_output(src: Path, to: str) -> Path:
     return src.with_name(src.name.split(".")[0] + _suffix(to))
+
+
+def output_for(src: Path, to: str, opts: Options) -> Path:
+    """Where ``convert`` writes ``src`` converted to ``to`` when no output is given."""
+    from ptconvert.convert.weights import WEIGHT_TARGETS
+    from ptconvert.convert.weights import default_output as weights_output
+    from ptconvert.weights.read import weight_sources
+
+    try:
+        fmt = detect(src).format
+    except PtconvertError:
+        return default_output(src, to)  # the conversion will say what is wrong with it
+    if to in WEIGHT_TARGETS and fmt in weight_sources():
+        return weights_output(src, to, fmt, opts.max_shard_size is not None)
+    return default_output(src, to)
 
 
 def available_needs(src_format: str, opts: Options) -> frozenset[str]:
@@ -216,6 +233,24 @@ def convert_program(
     for companion in target.companions(out) if target else []:
         check_output(companion, [src], opts.force)
     _check_before_work(to, opts)
+    with cache_slot(d, to, out, opts) as slot:
+        if slot.hit is not None:
+            return slot.report(src, started)
+        return slot.store(_run_route(src, d, to, out, opts, current, banned, started))
+
+
+def _run_route(
+    src: Path,
+    d: Detection,
+    to: str,
+    out: Path,
+    opts: Options,
+    current: Plan,
+    banned: set[Edge],
+    started: float,
+) -> ConversionReport:
+    """The route run step by step inside ``atomic_path`` (planned again when a step or the
+    parity check fails), the output written and checked."""
     state = RunState(src, d.format, inputs=user_inputs(opts), destination=out)
     records: list[StepRecord] = []
     route: list[str] = []
@@ -361,6 +396,28 @@ def _interface(
 # to ``budget`` × the example's size: the budget shrinks as the model's example call grows, so a
 # large model is probed at 2-4× its example instead of 16×.
 PROBE_SECONDS = 0.5
+
+
+COMPARE_SECONDS = 3.0  # the default batch sizes beyond 1, 2, 3 only within this estimate
+
+
+def batches_by_cost(
+    example_seconds: float | None, example_batch: int
+) -> tuple[list[int], list[int]]:
+    """The default sizes compared (1, 2, 3 always; the larger primes while the estimated time
+    of comparing them fits COMPARE_SECONDS) and those left out."""
+    kept: list[int] = []
+    left: list[int] = []
+    for b in VARIED_BATCHES:
+        fits = _compare_cost(example_seconds, example_batch, [*kept, b]) <= COMPARE_SECONDS
+        (kept if b <= 3 or fits else left).append(b)
+    return kept, left
+
+
+def _compare_cost(example_seconds: float | None, example_batch: int, sizes: list[int]) -> float:
+    """Eager and the program at each size, each call about linear in the batch."""
+    per_item = (example_seconds or 0.0) / max(1, example_batch)
+    return 2 * per_item * sum(sizes)
 
 
 def probe_budget(example_seconds: float | None) -> int:
@@ -601,7 +658,16 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
     # several sizes (and so several input draws): a frozen branch or shape shows at one of them
     exported = state.exported is not None
     any_dynamic, batch_dynamic = _dynamism(state)
-    batches = list(VARIED_BATCHES) if batch_dynamic else [state.inputs.batch]
+    batches = [state.inputs.batch]
+    if batch_dynamic:
+        batches, left = batches_by_cost(state.example_seconds, state.inputs.batch)
+        if left:
+            state.notes.append(
+                f"compared at batch sizes {batches}: {left} would take about "
+                f"{_compare_cost(state.example_seconds, state.inputs.batch, left):.0f} s more "
+                f"(sizes are chosen by the model's call time; `ptconvert verify --batch-sizes` "
+                "checks any)"
+            )
     changed = state_changes(reference, lambda m: m, state.inputs.at(batches[0]), "the model")
     state.stateful = bool(changed)
     if changed and program.module is not None and program.call_of is not None:

@@ -70,7 +70,6 @@ def optimize(
     warmup: int = 3,
 ) -> OptimizeReport:
     from ptconvert.convert.engine import convert_program, default_output
-    from ptconvert.verify.bench import bench
     from ptconvert.verify.runtime import open_runtime
 
     started = time.perf_counter()
@@ -114,42 +113,15 @@ def optimize(
                 continue
             written[target] = out
             candidates.append(Candidate(target, "dropped", "", report.check, report.route))
-        contenders: dict[str, Any] = {"eager": reference.call}
-        if reference.module is not None and hasattr(reference.module, "forward"):
-            import torch
-
-            contenders["torch.compile"] = torch.compile(reference.module)
-        runtimes = {
-            t: open_runtime(p, dataclasses.replace(opts, trust=True)) for t, p in written.items()
-        }
-        contenders.update({t: r.call for t, r in runtimes.items()})
-        try:
-            with progress.step(f"timing {', '.join(contenders)} at batch sizes {sizes}"):
-                timed = bench(
-                    str(src),
-                    contenders,
-                    inputs.at,
-                    sizes,
-                    repeats=repeats,
-                    warmup=warmup,
-                    device="cpu",
-                )
-        finally:
-            for r in runtimes.values():
-                close = getattr(r.call, "close", None)
-                if close is not None:
-                    close()
-        medians: dict[str, dict[int, float]] = {}
-        for t in timed.timings:
-            medians.setdefault(t.runtime, {})[t.batch] = round(t.median_ms, 4)
+        medians, timed = time_beside_eager(src, reference, written, sizes, opts, repeats, warmup)
         for name in ("eager", "torch.compile"):
-            if name in contenders:
+            if name in medians or name in timed.skipped:
                 why = timed.skipped.get(name, "the baseline: not an artifact")
                 candidates.append(Candidate(name, "baseline", why, median_ms=medians.get(name, {})))
         eager = medians.get("eager", {})
         for c in candidates:
             c.median_ms = c.median_ms or medians.get(c.runtime, {})
-            c.vs_eager = _speedup(eager, c.median_ms)
+            c.vs_eager = speedup(eager, c.median_ms)
             if c.runtime in written and c.runtime in timed.skipped:
                 c.outcome, c.reason = "failed", f"could not be timed: {timed.skipped[c.runtime]}"
         timed_ok = [c for c in candidates if c.runtime in written and c.outcome == "dropped"]
@@ -179,7 +151,52 @@ def optimize(
     )
 
 
-def _speedup(eager: dict[int, float], mine: dict[int, float]) -> float | None:
+def time_beside_eager(
+    src: Path,
+    reference: Any,
+    written: dict[str, Path],
+    sizes: list[int],
+    opts: Options,
+    repeats: int,
+    warmup: int,
+) -> tuple[dict[str, dict[int, float]], Any]:
+    """Eager, ``torch.compile`` of it, and each written program on its own runtime, on the
+    same inputs at ``sizes``: the medians (runtime → batch → ms) and the BenchReport."""
+    from ptconvert.verify.bench import bench
+    from ptconvert.verify.runtime import open_runtime
+
+    contenders: dict[str, Any] = {"eager": reference.call}
+    if reference.module is not None and hasattr(reference.module, "forward"):
+        import torch
+
+        contenders["torch.compile"] = torch.compile(reference.module)
+    runtimes = {
+        t: open_runtime(p, dataclasses.replace(opts, trust=True)) for t, p in written.items()
+    }
+    contenders.update({t: r.call for t, r in runtimes.items()})
+    try:
+        with progress.step(f"timing {', '.join(contenders)} at batch sizes {sizes}"):
+            timed = bench(
+                str(src),
+                contenders,
+                reference.inputs.at,
+                sizes,
+                repeats=repeats,
+                warmup=warmup,
+                device="cpu",
+            )
+    finally:
+        for r in runtimes.values():
+            close = getattr(r.call, "close", None)
+            if close is not None:
+                close()
+    medians: dict[str, dict[int, float]] = {}
+    for t in timed.timings:
+        medians.setdefault(t.runtime, {})[t.batch] = round(t.median_ms, 4)
+    return medians, timed
+
+
+def speedup(eager: dict[int, float], mine: dict[int, float]) -> float | None:
     common = [b for b in mine if b in eager and mine[b] > 0]
     if not common:
         return None

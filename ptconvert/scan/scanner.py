@@ -108,7 +108,8 @@ def _tar_record_runs(stream: Stream) -> list[PickleRun]:
 
 
 def expand(paths: Iterable[str | Path]) -> list[Path]:
-    """Files to scan: directories recursively, in a stable order."""
+    """Files to scan: directories recursively, in a stable order; a shard index with the shards
+    it names (loading the index loads them)."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -116,10 +117,22 @@ def expand(paths: Iterable[str | Path]) -> list[Path]:
                 dirs.sort()
                 out += [Path(root) / f for f in sorted(files)]
         elif p.exists():
-            out.append(p)
+            out += [p, *_shards_named(p)]
         else:
             raise InputError("no such file or directory", path=p)
-    return out
+    return list(dict.fromkeys(out))
+
+
+def _shards_named(path: Path) -> list[Path]:
+    if not path.name.endswith(".index.json"):
+        return []
+    from ptconvert.formats.sharded import read_index
+
+    try:
+        names = sorted({str(n) for n in read_index(path)["weight_map"].values()})
+    except InputError:
+        return []  # not an index after all: scanned as the file it is
+    return [path.parent / n for n in names if (path.parent / n).is_file()]
 
 
 def scan(paths: Iterable[str | Path], *, allow: Iterable[str] = (), jobs: int = 1) -> ScanReport:
@@ -127,18 +140,23 @@ def scan(paths: Iterable[str | Path], *, allow: Iterable[str] = (), jobs: int = 
     allowed = frozenset(allow)
     files = expand(paths)
     results: list[FileScan] = []
-    with progress.bar("scanning", len(files)) as advance:
+    sizes = [f.stat().st_size for f in files]
+    with progress.bar(f"scanning {len(files)} files", sum(sizes), unit="B") as advance:
         if jobs > 1 and len(files) > 1:
             from concurrent.futures import ProcessPoolExecutor
 
             with ProcessPoolExecutor(jobs) as pool:
-                for r in pool.map(scan_file, files, [allowed] * len(files), chunksize=4):
+                for r, size in zip(
+                    pool.map(scan_file, files, [allowed] * len(files), chunksize=4),
+                    sizes,
+                    strict=True,
+                ):
                     results.append(r)
-                    advance()
+                    advance(size)
         else:
-            for f in files:
+            for f, size in zip(files, sizes, strict=True):
                 results.append(scan_file(f, allowed))
-                advance()
+                advance(size)
     counts: dict[str, int] = {k: sum(1 for r in results if r.verdict == k) for k in SEVERITY_ORDER}
     worst = max((SEVERITY_ORDER[r.verdict] for r in results), default=0)
     overall = next(k for k, v in SEVERITY_ORDER.items() if v == worst)

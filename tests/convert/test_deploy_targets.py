@@ -488,7 +488,7 @@ def test_the_written_file_is_run_in_a_fresh_process_scalars_included(tmp_path, c
 
     monkeypatch.setattr(steps, "script", tampered)
     monkeypatch.setitem(steps.STEPS, "script", tampered)
-    code, report, _ = run_cli([*args, "-o", str(tmp_path / "bad.ts")], capsys)
+    code, report, _ = run_cli([*args, "-o", str(tmp_path / "bad.ts"), "--no-cache"], capsys)
     assert code == 6, report
     assert "loaded in a fresh process, differs from eager" in report["error"]["message"]
     assert not (tmp_path / "bad.ts").exists()

@@ -202,6 +202,18 @@ def test_conversion_refuses_dangerous_and_needs_code(malicious, samples, tmp_pat
     assert code == 11 and "fixtures.models.SmallCNN" in out["error"]["message"]
 
 
+def test_a_shard_index_is_refused_for_the_shards_it_names(malicious, tmp_path, capsys) -> None:
+    index = malicious["sharded_set"] / "pytorch_model.bin.index.json"
+    program = ["--model", "fixtures.models:MLP", "--input", "x:2x8:float32", "--no-verify"]
+    for to, extra in (("pt2", program), ("safetensors", [])):
+        code, out, _ = run_cli([str(index), "--to", to, "-o", str(tmp_path / to), *extra], capsys)
+        assert code == 10, (to, out)
+        assert "pytorch_model-00002-of-00002.bin" in out["error"]["path"]
+    code, out, _ = run_cli(["scan", str(index)], capsys)
+    assert code == 10 and len(out["files"]) == 3  # the index and both shards
+    assert not list(tmp_path.iterdir())
+
+
 def test_ambiguous_zip_is_refused(tmp_path: Path) -> None:
     import pickle
     import zipfile

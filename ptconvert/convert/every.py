@@ -1,0 +1,127 @@
+"""``--to all``: one model through every format the converter graph reaches from it.
+
+Each target is a `convert` of the source (so each is verified as any conversion is), written
+into one folder; the programs that pass are timed on the same inputs beside eager and
+``torch.compile``. One table: format, route, size, check, latency against both.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ptconvert.errors import MissingRequirementError, PtconvertError, UsageError
+from ptconvert.options import Options
+from ptconvert.report import Check, Report
+
+RowStatus = Literal["ok", "failed", "skipped"]
+
+
+@dataclass
+class FormatRow(Report):
+    format: str
+    status: RowStatus
+    reason: str = ""  # why it failed or was skipped
+    output: str | None = None
+    route: list[str] = field(default_factory=list)
+    size: int | None = None  # bytes on disk (a folder's files together)
+    check: Check = "none"
+    median_ms: dict[int, float] = field(default_factory=dict)  # programs: batch → median
+    vs_eager: float | None = None  # geometric mean over batch sizes of eager / this
+    vs_compile: float | None = None  # the same against torch.compile
+
+
+@dataclass
+class EveryFormatReport(Report):
+    source: str
+    source_format: str
+    out_dir: str
+    batch_sizes: list[int]
+    rows: list[FormatRow]
+    seconds: float
+    baselines: dict[str, dict[int, float]] = field(default_factory=dict)  # eager, torch.compile
+    bench: Any = None  # the verify.bench.BenchReport of every contender
+
+
+def convert_every(
+    src: str | Path,
+    out_dir: str | Path,
+    opts: Options,
+    *,
+    batch_sizes: list[int] | None = None,
+    repeats: int = 10,
+    warmup: int = 2,
+) -> EveryFormatReport:
+    from ptconvert.convert.engine import convert, output_for
+    from ptconvert.convert.optimize import speedup, time_beside_eager
+    from ptconvert.formats import FORMATS, FORMATS_BY_NAME, detect
+    from ptconvert.verify.runtime import open_runtime
+
+    started = time.perf_counter()
+    src, out_dir = Path(src), Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError("--to all writes a folder of outputs: -o names a folder", path=out_dir)
+    if opts.device != "cpu":
+        raise UsageError("--to all times on the CPU only in this version")
+    source_format = detect(src).format
+    rows: list[FormatRow] = []
+    for fmt in FORMATS:
+        if fmt.name == source_format:
+            continue
+        out = out_dir / output_for(src, fmt.name, opts).name
+        try:
+            report = convert(src, fmt.name, out, opts)
+        except MissingRequirementError as exc:  # a route exists, what it needs is not here
+            rows.append(FormatRow(fmt.name, "skipped", _first_line(exc)))
+            continue
+        except PtconvertError as exc:
+            status: RowStatus = "skipped" if _no_route(exc) else "failed"
+            rows.append(FormatRow(fmt.name, status, _first_line(exc)))
+            continue
+        route = list(getattr(report, "route", []) or [f"{source_format} → {fmt.name}"])
+        rows.append(FormatRow(fmt.name, "ok", "", str(out), route, _size(out), report.check))
+    reference = open_runtime(src, opts)
+    written = {
+        r.format: Path(r.output)
+        for r in rows
+        if r.output and r.check == "parity" and FORMATS_BY_NAME[r.format].kind == "program"
+    }
+    sizes = batch_sizes or ([1, 8] if opts.dynamic_batch else [])
+    baselines: dict[str, dict[int, float]] = {}
+    timed = None
+    if written and reference.call is not None and reference.inputs is not None:
+        sizes = sizes or [reference.inputs.batch]
+        medians, timed = time_beside_eager(src, reference, written, sizes, opts, repeats, warmup)
+        baselines = {k: v for k, v in medians.items() if k in ("eager", "torch.compile")}
+        for row in rows:
+            row.median_ms = medians.get(row.format, {})
+            row.vs_eager = speedup(baselines.get("eager", {}), row.median_ms)
+            row.vs_compile = speedup(baselines.get("torch.compile", {}), row.median_ms)
+    return EveryFormatReport(
+        str(src),
+        source_format,
+        str(out_dir),
+        sizes,
+        rows,
+        round(time.perf_counter() - started, 3),
+        baselines,
+        timed,
+    )
+
+
+def _first_line(exc: PtconvertError) -> str:
+    return exc.message.splitlines()[0] + (f" ({exc.hint})" if exc.hint else "")
+
+
+def _no_route(exc: PtconvertError) -> bool:
+    from ptconvert.errors import UnsupportedConversionError
+
+    return isinstance(exc, (UnsupportedConversionError, UsageError))
+
+
+def _size(path: Path) -> int | None:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size if path.exists() else None

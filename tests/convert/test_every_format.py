@@ -1,0 +1,79 @@
+"""``--to all``: one model through every format the graph reaches, each read back by the format's
+own loader, the programs timed beside eager and torch.compile."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fixtures.models import MLP
+from tests.conftest import run_cli
+
+MLP_ARGS = ["--model", "fixtures.models:MLP", "--input", "x:2x8:float32", "--dynamic-batch"]
+
+
+@pytest.mark.slow  # an AOTInductor compile and torch.compile
+def test_every_format_is_written_verified_and_timed(
+    samples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "every"
+    code, report, _ = run_cli(
+        [str(samples["mlp_zip"]), "--to", "all", "-o", str(out), *MLP_ARGS], capsys
+    )
+    assert code == 0
+    rows = {r["format"]: r for r in report["rows"]}
+    assert {f: r["status"] for f, r in rows.items()} == {
+        "safetensors": "ok",
+        "sharded": "skipped",  # written by --max-shard-size, said in the reason
+        "torchscript": "ok",
+        "pt2": "ok",
+        "aoti": "ok",
+        "onnx": "ok",
+        "hf": "skipped",
+    }
+    assert "--max-shard-size" in rows["sharded"]["reason"]
+    assert rows["safetensors"]["check"] == "bitwise"
+    programs = ("torchscript", "pt2", "aoti", "onnx")
+    assert all(rows[f]["check"] == "parity" for f in programs)
+    assert set(report["baselines"]) == {"eager", "torch.compile"}
+    for f in programs:
+        assert set(rows[f]["median_ms"]) == {"1", "8"}, f
+        assert rows[f]["vs_eager"] > 0 and rows[f]["vs_compile"] > 0, f
+        assert rows[f]["size"] == Path(rows[f]["output"]).stat().st_size
+
+    # each file, read back by its own loader in a new interpreter, computes what eager does
+    model = MLP()
+    model.load_state_dict(torch.load(samples["mlp_zip"], weights_only=True))
+    x = torch.randn(3, 8)
+    outputs = {f: r["output"] for f, r in rows.items() if r["status"] == "ok"}
+    torch.save({"x": x, "y": model(x).detach(), "outputs": outputs}, tmp_path / "io.pt")
+    script = f"""
+import torch, onnxruntime
+from safetensors.torch import load_file
+from torch._inductor import aoti_load_package
+io = torch.load({str(tmp_path / "io.pt")!r})
+r, x, y = io["outputs"], io["x"], io["y"]
+assert set(load_file(r["safetensors"])) == {{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}}
+outs = [torch.jit.load(r["torchscript"])(x), torch.export.load(r["pt2"]).module()(x),
+        aoti_load_package(r["aoti"])(x)]
+s = onnxruntime.InferenceSession(r["onnx"])
+outs.append(torch.from_numpy(s.run(None, {{s.get_inputs()[0].name: x.numpy()}})[0]))
+for o in outs:
+    torch.testing.assert_close(o, y, rtol=1e-4, atol=1e-5)
+print("ok", len(outs))
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["ok", "4"]
+
+
+def test_every_format_needs_an_output_folder(
+    samples: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, report, _ = run_cli([str(samples["mlp_zip"]), "--to", "all", *MLP_ARGS], capsys)
+    assert code == 2
+    assert "-o OUT_DIR" in report["error"]["message"]
