@@ -85,3 +85,14 @@ def place_together(moves: list[tuple[Path, Path]], obsolete: Sequence[Path] = ()
         os.replace(written, destination)
     for path in obsolete:
         path.unlink(missing_ok=True)
+
+
+def disk_size(path: Path) -> int:
+    """Bytes of a file, or of every file under a folder (symlinks not followed); 0 when
+    nothing is there (a dangling link)."""
+    try:
+        if not path.is_dir():
+            return path.stat().st_size
+        return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    except OSError:
+        return 0

@@ -38,6 +38,12 @@ class _ConvertByDefault(click.Group):
             args = [*args[:first], "convert", *args[first:]]
         return super().parse_args(ctx, args)
 
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[Any]:
+        """The commands, and files: ``ptconvert SRC`` converts."""
+        from click.shell_completion import CompletionItem
+
+        return [*super().shell_complete(ctx, incomplete), CompletionItem(incomplete, type="file")]
+
 
 def _examples(*lines: str) -> str:
     """A command's --help epilog: its examples, kept as written (click rewraps otherwise)."""
@@ -321,8 +327,8 @@ def _convert_every(src: str, as_json: bool, options: dict[str, Any]) -> None:
         from ptconvert.render import render_every
 
         render_every(report)
-    if any(r.status == "failed" for r in report.rows):
-        raise click.exceptions.Exit(6)
+    if report.exit_code:
+        raise click.exceptions.Exit(report.exit_code)
 
 
 def _optimize(src: str, to: str | None, as_json: bool, options: dict[str, Any]) -> None:
@@ -794,13 +800,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _take(args: list[str], *flags: str) -> bool:
-    """Remove ``flags`` from ``args`` (before a ``--``); whether one was there."""
+def _take(args: list[str], short: str, long: str) -> bool:
+    """Remove the flag ``-x``/``--long`` from ``args`` (before a ``--``), also from a group of
+    short flags (``-qv``); whether it was there."""
+    letter, found = short[1], False
     end = args.index("--") if "--" in args else len(args)
-    found = [i for i in range(end) if args[i] in flags]
-    for i in reversed(found):
-        del args[i]
-    return bool(found)
+    for i in reversed(range(end)):
+        arg = args[i]
+        if arg == long:
+            del args[i]
+            found = True
+        elif arg[:1] == "-" and arg[1:2] != "-" and letter in arg and set(arg[1:]) <= set("qv"):
+            rest = arg.replace(letter, "")  # a group of the global flags only: -qv, -vq
+            args[i : i + 1] = [rest] if rest != "-" else []
+            found = True
+    return found
 
 
 def _report_error(payload: dict[str, Any], text: str, code: int, as_json: bool) -> None:

@@ -11,6 +11,9 @@ from typing import Any
 
 from ptconvert.errors import MissingRequirementError
 
+# The entry-point group plugins register under (plugins.py loads it; the cache keys its members).
+PLUGIN_GROUP = "ptconvert.plugins"
+
 # Which extra of ptconvert brings each optional top-level package.
 EXTRAS: dict[str, str] = {
     "onnx": "onnx",

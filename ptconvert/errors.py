@@ -148,9 +148,9 @@ class ModelRaisedError(UnsupportedConversionError):
 
 
 class CacheError(PtconvertError):
-    """The cache directory cannot be used: owned by another user, read-only, or on a read-only
-    filesystem. Said before any work, with the ways out (permissions, PTCONVERT_CACHE,
-    ``--no-cache``)."""
+    """The cache directory cannot be used: owned by another user, writable by others, read-only,
+    or on a read-only filesystem. Said before any work, with the ways out (permissions,
+    PTCONVERT_CACHE, ``--no-cache``)."""
 
     exit_code = 12
     kind = "cache"
@@ -168,5 +168,6 @@ EXIT_CODES: dict[int, str] = {
     OutputExistsError.exit_code: "output exists (pass --force to replace it)",
     UnsafeInputError.exit_code: "refused by the security scan (dangerous)",
     NeedsTrustError.exit_code: "needs code: loading would import user classes (pass --trust)",
-    CacheError.exit_code: "the cache directory cannot be used (another user's, or read-only)",
+    CacheError.exit_code: "the cache directory cannot be used (another user's, writable by "
+    "others, read-only)",
 }

@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ptconvert.deps import PLUGIN_GROUP as GROUP
 from ptconvert.errors import UsageError
 
-GROUP = "ptconvert.plugins"
 _loaded: list[str] = []  # the entry points loaded, by name (loading happens once)
 _failed: list[UsageError] = []  # a plugin that failed keeps failing every call, as it did first
 

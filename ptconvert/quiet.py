@@ -24,6 +24,10 @@ def set_verbose(verbose: bool) -> None:
     _verbose = verbose
 
 
+def is_verbose() -> bool:
+    return _verbose
+
+
 @contextmanager
 def quiet_torch() -> Iterator[None]:
     if _verbose:

@@ -117,9 +117,10 @@ def render_batch(report: Any, console: Console | None = None) -> None:
             "-" if item.status in ("failed", "not-run") else escape(str(shown)),
         )
     console.print(t)
+    errors = Console(stderr=True)  # errors on stderr: -q keeps them, pipes get them apart
     for item in report.items:
         if item.error:
-            console.print(f"[red]{escape(item.src)}[/red]: {escape(item.error['message'])}")
+            errors.print(f"[red]{escape(item.src)}[/red]: {escape(item.error['message'])}")
     if report.counts.get("not-run"):
         console.print("not-run: not started after a failure (--keep-going goes on)")
     counts = ", ".join(f"{n} {k}" for k, n in report.counts.items() if n)

@@ -6,6 +6,7 @@ cache (the autouse ``cache_dir`` fixture of conftest.py points PTCONVERT_CACHE a
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import json
@@ -13,6 +14,8 @@ import os
 import shutil
 import subprocess
 import sys
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -109,13 +112,7 @@ def test_the_key_follows_content_and_the_options_that_change_the_artifact(
         return cache.cache_key(det, target, tmp_path / out, opts)[0]
 
     base = key(Options(**SPEC))
-    # what does not change the bytes: not in the key (a new option is, by default)
-    for name in cache.NOT_IN_KEY:
-        assert hasattr(Options(), name), name
-    assert key(Options(**SPEC, force=True, verify=False, force_memory=True, cache=False)) == base
     assert key(Options(**SPEC), out="elsewhere.pt2") == base  # pt2 names no companion
-    assert key(Options(**SPEC, dynamic_batch=True)) != base
-    assert key(Options(**SPEC, seed=1)) != base
     assert key(Options(**SPEC), "torchscript", out="o.ts") != base
     # the onnx file names its external data by the output's name
     assert key(Options(**SPEC), "onnx", out="a.onnx") != key(Options(**SPEC), "onnx", out="b.onnx")
@@ -134,6 +131,244 @@ def test_the_key_follows_content_and_the_options_that_change_the_artifact(
     inputs = cache.cache_key(d, "pt2", tmp_path / "o.pt2", Options(**SPEC))[1]
     assert inputs["model_source"]  # fixtures/models.py, found without importing anything new
     assert inputs["versions"]["torch"] == str(torch.__version__)
+
+
+def _another_value(f: dataclasses.Field[Any], kind: Any, tmp_path: Path) -> Any:
+    """A value of the option's type other than its default."""
+    default = getattr(Options(), f.name)
+    if f.name == "example_inputs":  # keyed by the file's content
+        path = tmp_path / "example.pt"
+        torch.save({"x": torch.ones(2, 8)}, path)
+        return path
+    if typing.get_origin(kind) is typing.Literal:
+        return next(a for a in typing.get_args(kind) if a != default)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None: an X
+        (kind,) = [a for a in typing.get_args(kind) if a is not type(None)]
+    base = typing.get_origin(kind) or kind
+    if base is bool:
+        return not default
+    if base is int:
+        return (default or 0) + 1
+    if base is str:
+        return "changed"
+    if base is list:
+        return [*default, "x:4x8:float32"]
+    if base is dict:
+        return {**default, "changed": "1"}
+    raise AssertionError(f"Options.{f.name}: give this test a changed value of {kind}")
+
+
+def test_every_option_is_in_the_key_but_those_that_do_not_change_the_artifact(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """Each Options field changed alone: the key changes, but for NOT_IN_KEY's (a new option
+    is in the key by default)."""
+    d = detect(checkpoint)
+    base = cache.cache_key(d, "pt2", tmp_path / "o.pt2", Options(**SPEC))[0]
+    kinds = typing.get_type_hints(Options)
+    fields = dataclasses.fields(Options)
+    assert set(cache.NOT_IN_KEY) <= {f.name for f in fields}
+    for f in fields:
+        opts = dataclasses.replace(
+            Options(**SPEC), **{f.name: _another_value(f, kinds[f.name], tmp_path)}
+        )
+        assert getattr(opts, f.name) != getattr(Options(**SPEC), f.name), f.name
+        changed = cache.cache_key(d, "pt2", tmp_path / "o.pt2", opts)[0]
+        if f.name in cache.NOT_IN_KEY:
+            assert changed == base, f"{f.name} is in NOT_IN_KEY but changes the key"
+        else:
+            assert changed != base, f"{f.name} does not change the key"
+
+
+def test_the_key_follows_inductor_settings_plugins_and_the_gpu(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.metadata
+
+    d = detect(checkpoint)
+
+    def key(**options: Any) -> str:
+        return cache.cache_key(d, "aoti", tmp_path / "o.pt2", Options(**SPEC, **options))[0]
+
+    for name in [n for n in os.environ if n.startswith(cache.KEYED_ENVIRONMENT)]:
+        monkeypatch.delenv(name)
+    base = key()
+    monkeypatch.setenv("PTCONVERT_UNRELATED", "1")
+    # where Inductor keeps compiled kernels: torch sets it in os.environ when it first compiles
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    assert key() == base
+    monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "1")
+    tuned = key()
+    assert tuned != base
+    monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "0")
+    assert key() not in (base, tuned)
+    monkeypatch.delenv("TORCHINDUCTOR_MAX_AUTOTUNE")
+    monkeypatch.setenv("TORCH_COMPILE_DYNAMIC", "1")
+    assert key() != base
+    monkeypatch.delenv("TORCH_COMPILE_DYNAMIC")
+    assert key() == base
+
+    # a plugin installed, then upgraded: each a miss
+    installed = importlib.metadata.entry_points
+
+    def plugins(version: str) -> Any:
+        dist = types.SimpleNamespace(name="ptconvert-toy", version=version)
+        ep = types.SimpleNamespace(name="toy", value="ptconvert_toy:register", dist=dist)
+        return lambda group=None: [ep] if group == "ptconvert.plugins" else []
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", plugins("1.0"))
+    with_plugin = key()
+    assert with_plugin != base
+    inputs = cache.cache_key(d, "aoti", tmp_path / "o.pt2", Options(**SPEC))[1]
+    assert inputs["plugins"] == [
+        {"entry_point": "toy=ptconvert_toy:register", "dist": "ptconvert-toy", "version": "1.0"}
+    ]
+    monkeypatch.setattr(importlib.metadata, "entry_points", plugins("1.1"))
+    assert key() not in (base, with_plugin)
+    monkeypatch.setattr(importlib.metadata, "entry_points", installed)
+    assert key() == base
+
+    # --device cuda: the GPU it is compiled for, and torch's CUDA; said when there is none
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    no_gpu = key(device="cuda")
+    assert no_gpu != key()
+    inputs = cache.cache_key(d, "aoti", tmp_path / "o.pt2", Options(**SPEC, device="cuda"))[1]
+    assert inputs["gpu"] == {"seen": False}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    hopper = key(device="cuda")
+    assert hopper != no_gpu
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    ampere = key(device="cuda")
+    assert ampere not in (hopper, no_gpu)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    assert key(device="cuda") not in (ampere, hopper, no_gpu)
+    assert key() == base  # the CPU's programs do not depend on the GPU
+
+
+def test_a_pickled_module_is_not_cached(
+    cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole pickled module (--trust) runs the forward of a class the key does not cover:
+    a changed forward must not be answered from the cache."""
+    (tmp_path / "code").mkdir()
+    net = tmp_path / "code" / "cached_net.py"
+    forward = "import torch\n\nclass Net(torch.nn.Module):\n" + (
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(4, 3)\n\n"
+        "    def forward(self, x):\n        return self.fc(x) * {}\n"
+    )
+    net.write_text(forward.format("2"))
+    monkeypatch.syspath_prepend(str(tmp_path / "code"))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    import cached_net  # type: ignore[import-not-found]
+
+    torch.manual_seed(0)
+    model = cached_net.Net().eval()
+    torch.save(model, tmp_path / "net.pt")
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        plain = model.fc(x)
+    spec = {"trust": True, "inputs": ["x:2x4:float32"]}
+    first = ptconvert.convert(tmp_path / "net.pt", "pt2", tmp_path / "a.pt2", **spec)
+    assert not first.cached and first.check == "parity"
+    torch.testing.assert_close(torch.export.load(tmp_path / "a.pt2").module()(x), plain * 2)
+
+    net.write_text(forward.format("3.0"))  # the class's forward edited, its pickle unchanged
+    monkeypatch.delitem(sys.modules, "cached_net")
+    # (--no-verify: it may use a verified entry, and is quicker)
+    second = ptconvert.convert(tmp_path / "net.pt", "pt2", tmp_path / "b.pt2", verify=False, **spec)
+    # the edited forward, not the first program from the cache
+    torch.testing.assert_close(torch.export.load(tmp_path / "b.pt2").module()(x), plain * 3)
+    assert not second.cached
+    for report in (first, second):
+        assert any("not part of the cache key" in n for n in report.notes), report.notes
+    assert not (cache_dir / "entries").exists()  # neither read nor stored
+    inputs = cache.cache_key(detect(tmp_path / "net.pt"), "pt2", tmp_path / "c.pt2", Options())[1]
+    assert "cached_net.Net" in inputs["imports_code"]  # what the key does not cover, said
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a file another user's takes root")
+def test_another_users_entry_is_neither_served_nor_replaced(
+    filled: Path, cache_dir: Path, checkpoint: Path, tmp_path: Path
+) -> None:
+    """A hit is not scanned and its sha256 lies in its own complete.json: an entry another
+    user made (or any file of it) is a miss, and left as it is."""
+    entry = _use(filled, cache_dir)
+    (artifact,) = (entry / "files").iterdir()
+    before = {p: (p.stat().st_uid, p.read_bytes()) for p in (entry / "complete.json", artifact)}
+    os.chown(entry, 12345, -1)
+    try:
+        report = ptconvert.convert(checkpoint, "pt2", tmp_path / "o.pt2", **SPEC)
+        assert not report.cached and report.check == "parity"
+        assert any(
+            "owned by uid 12345" in n and "neither used nor replaced" in n for n in report.notes
+        ), report.notes
+        _computes_as_eager(tmp_path / "o.pt2", checkpoint)
+        assert {p: (p.stat().st_uid, p.read_bytes()) for p in before} == before
+        assert entry.stat().st_uid == 12345
+        assert [e.name for e in (cache_dir / "entries").iterdir()] == [entry.name]
+    finally:
+        os.chown(entry, os.geteuid(), -1)
+    # one file of it another user's: looked up as a conversion would, neither hit nor filled
+    out = tmp_path / "slot.pt2"
+    for planted in (entry / "complete.json", entry / "files", artifact):
+        os.chown(planted, 12345, -1)
+        try:
+            with cache.cache_slot(detect(checkpoint), "pt2", out, Options(**SPEC)) as slot:
+                assert slot.hit is None and not slot.filling and not out.exists()
+                assert slot.note and f"{planted} is owned by uid 12345" in slot.note
+        finally:
+            os.chown(planted, os.geteuid(), -1)
+    with cache.cache_slot(detect(checkpoint), "pt2", out, Options(**SPEC)) as slot:
+        assert slot.hit is not None and slot.note is None  # all of it the user's again: a hit
+
+
+def test_the_copy_out_places_files_together_and_sizes_come_from_disk_size(
+    cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One way to do each thing: a multi-file output goes in place through
+    ``atomic.place_together`` (companions first, the main file last, a replaced output's
+    companion removed), sizes through ``atomic.disk_size``."""
+    import hashlib
+
+    from ptconvert import atomic
+    from ptconvert.formats import FORMATS_BY_NAME
+
+    entry = tmp_path / "entry"
+    (entry / "files").mkdir(parents=True)
+    stored = {"m.onnx": b"the graph", "m.onnx.data": b"the weights"}
+    for name, data in stored.items():
+        (entry / "files" / name).write_bytes(data)
+    meta = {n: {"size": len(b), "sha256": hashlib.sha256(b).hexdigest()} for n, b in stored.items()}
+    record = {"main": "m.onnx", "files": meta}
+    placed: list[Any] = []
+
+    def place(moves: Any, obsolete: Any = ()) -> None:
+        placed.append(([d.name for _, d in moves], [p.name for p in obsolete]))
+        atomic.place_together(moves, obsolete)
+
+    monkeypatch.setattr(cache, "place_together", place)
+    out = tmp_path / "out" / "m.onnx"
+    cache._copy_out(entry, record, out, FORMATS_BY_NAME["onnx"])
+    assert placed == [(["m.onnx.data", "m.onnx"], [])]
+    assert {p.name: p.read_bytes() for p in out.parent.iterdir()} == stored  # no temporary left
+    # a replaced output whose companion the stored one lacks; a corrupt file places nothing
+    only_main = {"main": "m.onnx", "files": {"m.onnx": meta["m.onnx"]}}
+    cache._copy_out(entry, only_main, out, FORMATS_BY_NAME["onnx"])
+    assert placed[-1] == (["m.onnx"], ["m.onnx.data"])
+    assert [p.name for p in out.parent.iterdir()] == ["m.onnx"]
+    (entry / "files" / "m.onnx.data").write_bytes(b"the weightS")
+    with pytest.raises(cache._Corrupt):
+        cache._copy_out(entry, record, out, FORMATS_BY_NAME["onnx"])
+    assert len(placed) == 2 and [p.name for p in out.parent.iterdir()] == ["m.onnx"]
+
+    sized: list[Path] = []
+    monkeypatch.setattr(cache, "disk_size", lambda p: sized.append(p) or atomic.disk_size(p))
+    ptconvert.cache_info()
+    assert sized == [cache_dir]
 
 
 def test_a_directory_is_keyed_by_every_file_it_loads_from(tmp_path: Path) -> None:
@@ -250,25 +485,36 @@ def test_four_processes_refilling_one_entry_leave_one_good_artifact(
     assert len(ptconvert.cache_info().entries) == 1
 
 
-@pytest.mark.parametrize("fault", ["read-only", "another user", "entries read-only"])
+FAULTS = {  # how a cache folder is made unusable, and what the error says
+    "read-only": (0o555, "read-only"),
+    "another user": (None, "owned by uid 12345"),
+    "entries read-only": (0o555, "read-only"),
+    "writable by others": (0o777, "other users could plant programs there"),
+    "tmp writable by others, sticky": (0o1777, "other users could plant programs there"),
+    "entries writable by others": (0o707, "other users could plant programs there"),
+}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
 def test_an_unusable_cache_directory_is_exit_12(
     fault: str, cache_dir: Path, checkpoint: Path, tmp_path: Path, capsys: Any
 ) -> None:
+    mode, said = FAULTS[fault]
     folder = cache_dir
-    if fault == "entries read-only":
-        folder = cache_dir / "entries"
+    if fault.startswith(("entries", "tmp")):
+        folder = cache_dir / fault.split()[0]
         folder.mkdir()
-    if fault == "another user":
+    if mode is None:
         os.chown(folder, 12345, -1)
     else:
-        folder.chmod(0o555)
+        folder.chmod(mode)
     try:
         out = tmp_path / "m.pt2"
         code = main([str(checkpoint), "--to", "pt2", "-o", str(out), *SPEC_ARGS])
         err = capsys.readouterr().err
         assert code == 12, err
         assert str(folder) in err and "--no-cache" in err and "Traceback" not in err
-        assert ("owned by uid 12345" if fault == "another user" else "read-only") in err
+        assert said in err
         assert not out.exists()
         code, report, _ = run_cli(
             [str(checkpoint), "--to", "pt2", "-o", str(out), *SPEC_ARGS], capsys
@@ -283,6 +529,20 @@ def test_an_unusable_cache_directory_is_exit_12(
     finally:
         os.chown(folder, os.geteuid(), -1)
         folder.chmod(0o755)
+
+
+def test_a_group_writable_cache_is_used(
+    filled: Path, cache_dir: Path, checkpoint: Path, tmp_path: Path
+) -> None:
+    """Under umask 002 every folder is group-writable: accepted (each user a group of their
+    own), unlike writable by others."""
+    _use(filled, cache_dir)
+    for folder in (cache_dir, *(cache_dir / n for n in ("entries", "locks", "tmp"))):
+        folder.mkdir(exist_ok=True)
+        folder.chmod(0o2775)
+    report = ptconvert.convert(checkpoint, "pt2", tmp_path / "g.pt2", **SPEC)
+    assert report.cached
+    assert ptconvert.cache_info().problem is None
 
 
 def test_a_read_only_filesystem_is_exit_12(

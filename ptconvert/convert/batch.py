@@ -8,7 +8,6 @@ folder) that lets a re-run skip the outputs already complete and verified.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -21,10 +20,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ptconvert import progress
-from ptconvert.atomic import atomic_path
+from ptconvert.atomic import atomic_path, disk_size
 from ptconvert.errors import InputError, PtconvertError, UsageError
 from ptconvert.options import Options
-from ptconvert.report import Report, to_jsonable
+from ptconvert.report import Report
 
 MANIFEST = ".ptconvert-batch.json"
 ItemStatus = Literal["converted", "skipped", "failed", "not-run"]
@@ -41,6 +40,7 @@ class BatchItem(Report):
     seconds: float = 0.0
     error: dict[str, Any] | None = None  # the error's to_dict(): type, exit_code, message, hint
     report: dict[str, Any] | None = None  # the conversion's report (its --json)
+    worker: str | None = None  # the process (host:pid) that converted it
 
 
 @dataclass
@@ -75,22 +75,34 @@ def is_batch(src: str | Path) -> bool:
 def models_under(root: Path, skip: Path | None = None) -> list[Path]:
     """Every model under ``root`` in a stable order: a model directory (Hugging Face) as one,
     a sharded index for its shards, and each file ptconvert recognises. A file that carries a
-    model suffix but cannot be recognised is listed too, so the batch reports it as broken."""
+    model suffix but cannot be recognised is listed too, so the batch reports it as broken.
+    Symlinked folders are followed (each real folder once); ``skip`` (the outputs' folder)
+    and hidden names are left out."""
     from ptconvert.formats import FORMATS, detect
+    from ptconvert.formats.sharded import shard_paths
 
     suffixes = tuple(s for f in FORMATS for s in f.suffixes)
+    skipped = skip.resolve() if skip is not None else None
+    seen: set[Path] = set()
     found: list[Path] = []
-    for dirpath, dirs, files in os.walk(root):
+    for dirpath, dirs, files in os.walk(root, followlinks=True):
         here = Path(dirpath)
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and here / d != skip)
+        real = here.resolve()
+        if real in seen or real == skipped:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         if here != root and _is_model(here, detect):
             found.append(here)
             dirs[:] = []
             continue
-        shards = _shards_listed(here, files)
+        shards = {
+            p.resolve() for f in files if f.endswith(".index.json") for p in shard_paths(here / f)
+        }
         for name in sorted(files):
             path = here / name
-            if name.startswith(".") or name in shards:
+            if name.startswith(".") or path.resolve() in shards:
                 continue
             if _is_model(path, detect) or name.lower().endswith(suffixes):
                 found.append(path)
@@ -103,19 +115,6 @@ def _is_model(path: Path, detect: Callable[[Path], Any]) -> bool:
     except PtconvertError:
         return False
     return True
-
-
-def _shards_listed(folder: Path, files: list[str]) -> set[str]:
-    """The shard files that a sharded index in ``folder`` names (converted through the index)."""
-    listed: set[str] = set()
-    for name in files:
-        if name.endswith(".index.json"):
-            try:
-                weight_map = json.loads((folder / name).read_text()).get("weight_map", {})
-                listed |= {str(v) for v in weight_map.values()}
-            except (OSError, ValueError, AttributeError):
-                continue  # a broken index is listed as a model and fails there, named
-    return listed
 
 
 def output_names(
@@ -162,9 +161,16 @@ def convert_many(
         raise InputError("not a directory", path=root)
     if out_root.exists() and not out_root.is_dir():
         raise UsageError("the output of a batch is a directory", path=out_root)
+    if out_root.resolve() == root.resolve():
+        raise UsageError(
+            "the outputs would go into the source folder, where the next run would take them "
+            "for models",
+            path=out_root,
+            hint="choose another -o (a folder inside the source folder is left out of the search)",
+        )
     started = time.perf_counter()
     with progress.step(f"finding the models under {root}"):
-        sources = models_under(root, skip=out_root.resolve() if out_root.exists() else out_root)
+        sources = models_under(root, skip=out_root)
     if not sources:
         raise InputError(
             "no model under this folder (no file ptconvert recognises, no Hugging Face directory)",
@@ -172,37 +178,74 @@ def convert_many(
         )
     outputs = output_names(sources, root, out_root, to, opts)
     manifest = _Manifest(out_root / MANIFEST)
-    digest = _options_digest(to, opts)
     items: list[BatchItem] = []
-    todo: list[tuple[int, Path, Path, Options]] = []
-    for src, out in zip(sources, outputs, strict=True):
-        item = BatchItem(str(src.relative_to(root)), str(out), _size(src))
-        items.append(item)
-        done = manifest.complete(item.src, _fingerprint(src), digest, out, opts.verify)
-        if done is not None:
-            item.status, item.check = "skipped", done
-            continue
-        # an output this batch wrote before (from older bytes or options) is replaced
-        ours = manifest.wrote(item.src, out)
-        todo.append((len(items) - 1, src, out, replace(opts, force=opts.force or ours)))
+    todo: list[_Task] = []
+    with progress.bar(f"reading {len(sources)} models", len(sources)) as advance:
+        for src, out in zip(sources, outputs, strict=True):
+            item = BatchItem(str(src.relative_to(root)), str(out), _source_size(src))
+            items.append(item)
+            # what the output is a function of, read before the conversion starts
+            key = output_key(src, to, out, opts)
+            done = manifest.complete(item.src, key, out, to, opts.verify)
+            advance()
+            if done is not None:
+                item.status, item.check = "skipped", done
+                continue
+            # an output this batch wrote (and nobody changed since) is replaced without --force
+            ours = manifest.wrote(item.src, out, to)
+            todo.append(
+                _Task(len(items) - 1, src, out, replace(opts, force=opts.force or ours), key)
+            )
     report = BatchReport(str(root), str(out_root), to, executor, jobs, items)
-    total = sum(items[i].size for i, *_ in todo)
+    total = sum(items[t.index].size for t in todo)
     with (
         progress.bar(f"converting {len(todo)} models to {to}", total, unit="B") as advance,
         _executor(executor, jobs, ray_address) as submit,
     ):
-        for index, result in _run(todo, to, convert, submit, jobs, keep_going):
-            item = items[index]
+        for task, result in _run(todo, to, convert, submit, jobs, keep_going):
+            item = items[task.index]
             _settle(item, result)
             if item.status == "converted":
-                src = root / item.src
-                manifest.record(item.src, _fingerprint(src), digest, Path(item.output), item)
+                manifest.record(item.src, task.key, task.out, to, item.check)
             advance(item.size)
     report.seconds = round(time.perf_counter() - started, 3)
     report.counts = {s: sum(1 for i in items if i.status == s) for s in _STATUSES}
     failed = [i for i in items if i.status == "failed"]
     report.exit_code = int(failed[0].error["exit_code"]) if failed and failed[0].error else 0
     return report
+
+
+@dataclass
+class _Task:
+    index: int  # in the report's items
+    src: Path
+    out: Path
+    opts: Options
+    key: str | None  # cache.cache_key of the source, target and options; None: unreadable
+    tries: int = 0
+
+
+def output_key(src: Path, to: str, out: Path, opts: Options) -> str | None:
+    """What determines the output (the cache's key: the bytes of every file the source loads
+    from, the model's code, the options, the versions), or None when that cannot say it: a
+    file not recognised, a pickle that imports classes of its own."""
+    from ptconvert.convert.cache import cache_key
+    from ptconvert.formats import detect
+
+    try:
+        key, covered = cache_key(detect(src), to, out, opts)
+    except PtconvertError:
+        return None
+    # a whole pickled module: the classes it imports are not in the key, so never "complete"
+    return None if covered.get("imports_code") else key
+
+
+def _source_size(src: Path) -> int:
+    """Bytes the conversion reads: a shard index counts its shards."""
+    from ptconvert.formats.sharded import shard_paths
+
+    shards = shard_paths(src) if src.name.endswith(".index.json") else []
+    return disk_size(src) + sum(disk_size(s) for s in shards)
 
 
 _STATUSES: tuple[ItemStatus, ...] = ("converted", "skipped", "failed", "not-run")
@@ -213,36 +256,43 @@ def _settle(item: BatchItem, result: dict[str, Any]) -> None:
     if "error" in result:
         item.status, item.error = "failed", result["error"]
         return
+    item.worker = result.get("worker")
     item.status, item.report = "converted", result["report"]
     item.check = str(result["report"].get("check", "none"))
 
 
 def _run(
-    todo: list[tuple[int, Path, Path, Options]],
+    todo: list[_Task],
     to: str,
     convert: Callable[..., Any],
     submit: Callable[..., Future[dict[str, Any]]],
     jobs: int,
     keep_going: bool,
-) -> Iterator[tuple[int, dict[str, Any]]]:
+) -> Iterator[tuple[_Task, dict[str, Any]]]:
     """Results as they finish, at most ``jobs`` at once; without ``keep_going`` nothing new
-    starts after a failure (those already running finish)."""
+    starts after a failure (those already running finish). A model whose worker died is run
+    once more: a crash takes the models converted beside it down too."""
     queue = list(todo)
-    running: dict[Future[dict[str, Any]], int] = {}
+    running: dict[Future[dict[str, Any]], _Task] = {}
     stop = False
     while running or (queue and not stop):
         while queue and not stop and len(running) < jobs:
-            index, src, out, opts = queue.pop(0)
-            running[submit(convert_one, convert, str(src), to, str(out), opts)] = index
+            task = queue.pop(0)
+            task.tries += 1
+            args = (convert, str(task.src), to, str(task.out), task.opts)
+            running[submit(convert_one, *args)] = task
         finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
         for fut in finished:
-            index = running.pop(fut)
+            task = running.pop(fut)
             try:
                 result = fut.result()
             except Exception as exc:  # the worker itself died (killed, out of memory, lost node)
+                if task.tries < 2:
+                    queue.insert(0, task)
+                    continue
                 result = _failure(exc, 0.0, worker=True)
             stop = stop or ("error" in result and not keep_going)
-            yield index, result
+            yield task, result
 
 
 def convert_one(
@@ -254,14 +304,21 @@ def convert_one(
         report = convert(src, to, output, opts)  # its folder is made when it writes
     except Exception as exc:
         return _failure(exc, time.perf_counter() - started)
-    return {"report": report.to_dict(), "seconds": round(time.perf_counter() - started, 3)}
+    seconds = round(time.perf_counter() - started, 3)
+    return {"report": report.to_dict(), "seconds": seconds, "worker": _worker()}
+
+
+def _worker() -> str:
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _failure(exc: BaseException, seconds: float, *, worker: bool = False) -> dict[str, Any]:
     if isinstance(exc, PtconvertError):
         error = exc.to_dict()
     else:  # a bug or a dead worker: said plainly, with where it happened
-        where = "the worker process died" if worker else "internal error"
+        where = "the worker process died (twice)" if worker else "internal error"
         error = {
             "type": type(exc).__name__,
             "kind": "internal",
@@ -283,15 +340,45 @@ def _executor(kind: Executor, jobs: int, address: str | None) -> Iterator[Callab
     if jobs == 1:  # one at a time: in this process, as `ptconvert SRC --to` would
         yield _here
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    # spawn, not fork: torch's threads and the driver's state do not survive a fork
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        jobs, mp_context=context, initializer=_share_cores, initargs=(jobs,)
-    ) as pool:
+    pool = _Processes(jobs)
+    try:
         yield pool.submit
+    finally:
+        pool.close()
+
+
+class _Processes:
+    """``jobs`` spawned worker processes (spawn, not fork: torch's threads and the driver's
+    state do not survive a fork); a pool a dead worker broke is replaced at the next submit."""
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs = jobs
+        self.pool = self._start()
+
+    def _start(self) -> Any:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        from ptconvert.quiet import is_verbose
+
+        context = multiprocessing.get_context("spawn")
+        setup = (self.jobs, is_verbose())
+        return ProcessPoolExecutor(
+            self.jobs, mp_context=context, initializer=_worker_setup, initargs=setup
+        )
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            return self.pool.submit(fn, *args)
+        except BrokenProcessPool:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = self._start()
+            return self.pool.submit(fn, *args)
+
+    def close(self) -> None:
+        self.pool.shutdown()
 
 
 def _here(fn: Callable[..., dict[str, Any]], *args: Any) -> Future[dict[str, Any]]:
@@ -300,11 +387,15 @@ def _here(fn: Callable[..., dict[str, Any]], *args: Any) -> Future[dict[str, Any
     return done
 
 
-def _share_cores(jobs: int) -> None:
-    """Each of ``jobs`` workers takes its share of the cores (torch would take them all)."""
+def _worker_setup(jobs: int, verbose: bool) -> None:
+    """Each of ``jobs`` workers takes its share of the cores (torch would take them all) and
+    the driver's -v."""
     import torch
 
+    from ptconvert.quiet import set_verbose
+
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // jobs))
+    set_verbose(verbose)
 
 
 @contextmanager
@@ -333,66 +424,60 @@ def _ray(jobs: int, address: str | None) -> Iterator[Callable[..., Future]]:
             ray.shutdown()
 
 
-def _size(path: Path) -> int:
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return path.stat().st_size
+def _outputs_stat(out: Path, to: str) -> list[Any]:
+    """Names, sizes and mtimes of the output and its companion files (an ONNX model's data)."""
+    from ptconvert.formats import FORMATS_BY_NAME
 
-
-def _fingerprint(path: Path) -> list[Any]:
-    """What a re-run compares to see that a source is unchanged: names, sizes, mtimes."""
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    return [
-        [str(p.relative_to(path)) if path.is_dir() else "", p.stat().st_size, p.stat().st_mtime_ns]
-        for p in files
-    ]
-
-
-def _options_digest(to: str, opts: Options) -> str:
-    """The options that shape the output (not --force, which only says it may be replaced)."""
-    shaping = {k: v for k, v in to_jsonable(opts).items() if k not in ("force", "force_memory")}
-    text = json.dumps({"to": to, **shaping}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    target = FORMATS_BY_NAME.get(to)
+    paths = [out, *(target.companions(out) if target else [])]
+    files = [f for p in paths for f in (sorted(p.rglob("*")) if p.is_dir() else [p])]
+    return [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file()]
 
 
 class _Manifest:
-    """What this output folder's batches wrote: per source, its fingerprint, the options, the
-    output's size and mtime, and the check that passed. Rewritten whole after each model."""
+    """What this output folder's batches wrote: per source, the key of what determined the
+    output (``output_key``), the output's files as written, and the check that passed.
+    Rewritten whole after each model, by the driver only."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.entries: dict[str, dict[str, Any]] = {}
         try:
             data = json.loads(path.read_text())
-            self.entries = dict(data.get("entries", {})) if data.get("version") == 1 else {}
+            self.entries = dict(data.get("entries", {})) if data.get("version") == 2 else {}
         except (OSError, ValueError, AttributeError):
             pass  # no manifest (or an unreadable one): everything is converted again
 
-    def complete(
-        self, src: str, fingerprint: list[Any], digest: str, out: Path, verify: bool
-    ) -> str | None:
+    def complete(self, src: str, key: str | None, out: Path, to: str, verify: bool) -> str | None:
         """The check of a complete output of the same source and options, or None."""
         e = self.entries.get(src)
-        if e is None or e["fingerprint"] != fingerprint or e["options"] != digest:
+        if key is None or e is None or e["key"] != key or e["output"] != str(out):
             return None
-        if not out.exists() or _fingerprint(out) != e["output_stat"]:
+        if not self._untouched(e, out, to):
             return None
         return str(e["check"]) if e["check"] != "none" or not verify else None
 
-    def wrote(self, src: str, out: Path) -> bool:
+    def wrote(self, src: str, out: Path, to: str) -> bool:
+        """Whether the file at ``out`` is the one this batch wrote (or nothing is there)."""
         e = self.entries.get(src)
-        return e is not None and e["output"] == str(out)
+        return (
+            e is not None
+            and e["output"] == str(out)
+            and (not out.exists() or self._untouched(e, out, to))
+        )
 
-    def record(
-        self, src: str, fingerprint: list[Any], digest: str, out: Path, item: BatchItem
-    ) -> None:
+    def _untouched(self, e: dict[str, Any], out: Path, to: str) -> bool:
+        return out.exists() and _outputs_stat(out, to) == e["files"]
+
+    def record(self, src: str, key: str | None, out: Path, to: str, check: str) -> None:
+        if key is None:
+            return
         self.entries[src] = {
-            "fingerprint": fingerprint,
-            "options": digest,
+            "key": key,
             "output": str(out),
-            "output_stat": _fingerprint(out),
-            "check": item.check,
+            "files": _outputs_stat(out, to),
+            "check": check,
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(self.path) as tmp:
-            tmp.write_text(json.dumps({"version": 1, "entries": self.entries}, indent=1))
+            tmp.write_text(json.dumps({"version": 2, "entries": self.entries}, indent=1))

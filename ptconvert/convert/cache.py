@@ -15,11 +15,16 @@ every file, and only by the process that holds the key's lock exclusively (the o
 find it complete). An entry is only ever made from a conversion whose parity check passed, and
 its bytes are checked against the stored sha256 as they are copied out: a corrupt, incomplete or
 unreadable entry is a miss and is filled again.
+
+A hit is neither scanned nor loaded, and the sha256 it is checked against lies in the entry
+itself: whoever can write an entry chooses what users run. So a cache folder that other users
+can write is refused (exit 12), an entry any of whose paths another user owns is neither served
+nor replaced, and a source whose loading imports classes (a whole pickled module, ``--trust``)
+is not cached at all: the source of those classes is not part of the key.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -33,14 +38,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ptconvert import progress
-from ptconvert.atomic import atomic_path, open_output
+from ptconvert.atomic import disk_size, open_output, place_together
+from ptconvert.deps import PLUGIN_GROUP
 from ptconvert.errors import CacheError, PtconvertError
 from ptconvert.formats import FORMATS_BY_NAME, Detection
 from ptconvert.options import Options
@@ -64,6 +70,15 @@ NOT_IN_KEY: dict[str, str] = {
 
 # Packages whose version changes what a conversion writes (when installed).
 KEYED_PACKAGES = ("ptconvert", "torch", "transformers", "onnx", "onnxruntime", "onnxscript")
+
+# Environment variables that change what torch.compile / Inductor / export produce: every one
+# set with these prefixes is in the key, by name and value.
+KEYED_ENVIRONMENT = ("TORCHINDUCTOR_", "TORCH_COMPILE_")
+NOT_KEYED_ENVIRONMENT = {
+    # where compiled kernels are kept, not what they are; and torch sets it in os.environ at
+    # its first compile, which would make a process's later conversions other keys
+    "TORCHINDUCTOR_CACHE_DIR": "torch sets it itself",
+}
 
 _HINT = (
     "fix its owner or permissions, set PTCONVERT_CACHE to a directory of your own, "
@@ -188,9 +203,80 @@ def _versions() -> dict[str, str | None]:
     return found
 
 
+def _environment() -> dict[str, str]:
+    return {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if k.startswith(KEYED_ENVIRONMENT) and k not in NOT_KEYED_ENVIRONMENT
+    }
+
+
+def _plugins() -> list[dict[str, str | None]]:
+    """The installed plugins: each entry point with the name and version of the distribution
+    that provides it (an editable install's edits keep its version: not a miss)."""
+    import importlib.metadata
+
+    found = []
+    for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP):
+        dist = getattr(ep, "dist", None)
+        found.append(
+            {
+                "entry_point": f"{ep.name}={ep.value}",
+                "dist": getattr(dist, "name", None),
+                "version": getattr(dist, "version", None),
+            }
+        )
+    return sorted(found, key=lambda p: json.dumps(p, sort_keys=True))
+
+
+def _gpu() -> dict[str, Any]:
+    """The GPU a ``--device cuda`` program is compiled and checked on, and the CUDA torch was
+    built with; ``seen: False`` when torch sees none (the conversion will say so)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"seen": False}
+    return {
+        "seen": True,
+        "name": torch.cuda.get_device_name(),
+        "capability": list(torch.cuda.get_device_capability()),
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+    }
+
+
+def imported_code(d: Detection) -> list[str]:
+    """The classes (and functions) loading the source imports: a whole pickled module's class,
+    its layers, anything a ``--trust`` pickle names. Their source is not in the key, so a
+    conversion with any is not cached. ``["?"]`` when the source cannot be described."""
+    from ptconvert.formats import describe
+
+    try:
+        return sorted(describe(d.path).needs_code)
+    except Exception:  # a plugin format's info may fail its own way: not cached
+        return ["?"]
+
+
 def cache_key(d: Detection, to: str, out: Path, opts: Options) -> tuple[str, dict[str, Any]]:
-    """The key of converting the detected source to ``to`` with ``opts``, and what it hashes
-    (kept in the entry for ``cache info``)."""
+    """What determines this conversion's output: the public way to ask it (the cache keys its
+    entries by it; ``convert_many``'s manifest records it to skip an output whose key is
+    unchanged). Returns the key (a sha256, hex) of converting the detected source ``d`` to
+    ``to`` onto ``out`` with ``opts``, and the document it hashes (kept in a cache entry for
+    ``cache info``): the source's content, the ``--model`` and ``--example-inputs`` files, every
+    option but ``NOT_IN_KEY``, the versions of ``KEYED_PACKAGES`` and of the installed plugins,
+    the ``KEYED_ENVIRONMENT`` variables, the CPU (native code) or GPU (``--device cuda``).
+
+    Not covered, so a changed output with the same key: what a ``pkg.module:factory`` module
+    imports, and the source of the classes loading the input imports, listed in the document's
+    ``imports_code`` (a whole pickled module, ``--trust``). When ``imports_code`` is non-empty
+    the key does not determine the output: the cache does not keep such a conversion, and a
+    caller should not treat an equal key as an equal output either."""
+    return _key(d, to, out, opts, imported_code(d))
+
+
+def _key(
+    d: Detection, to: str, out: Path, opts: Options, imports: list[str]
+) -> tuple[str, dict[str, Any]]:
     target = FORMATS_BY_NAME[to]
     source = hashlib.sha256()
     total = 0
@@ -213,7 +299,12 @@ def cache_key(d: Detection, to: str, out: Path, opts: Options) -> tuple[str, dic
         "example_inputs": _content(opts.example_inputs) if opts.example_inputs else None,
         "options": options,
         "versions": _versions(),
+        "plugins": _plugins(),
+        "environment": _environment(),
+        "imports_code": imports,
     }
+    if opts.device == "cuda":
+        doc["gpu"] = _gpu()
     if target.companions(out):  # the main file names its companions by the output's name
         doc["output_name"] = out.name
     if target.runs_native_code:
@@ -230,15 +321,28 @@ def _unusable(folder: Path, what: str) -> CacheError:
 
 
 def _check_folder(folder: Path) -> None:
-    """Ours and writable. Checked on the mode bits, not with os.access: root passes every
-    access check, and a cache another user can write is one they can put artifacts in."""
+    """Ours, writable, and not writable by other users. Checked on the mode bits, not with
+    os.access: root passes every access check, and a cache another user can write is one they
+    can put artifacts in."""
     st = folder.stat()
+    mode = stat.S_IMODE(st.st_mode)
     if not stat.S_ISDIR(st.st_mode):
         raise _unusable(folder, "is not a directory")
     if st.st_uid != os.geteuid():
         raise _unusable(folder, f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})")
     if not st.st_mode & stat.S_IWUSR or not st.st_mode & stat.S_IXUSR:
-        raise _unusable(folder, f"is read-only (mode {stat.S_IMODE(st.st_mode):o})")
+        raise _unusable(folder, f"is read-only (mode {mode:o})")
+    # Group-writable is accepted: under umask 002 every folder is, and such setups give each
+    # user a group of their own (user private groups). Writable by others (o+w) is every user
+    # of the machine, sticky bit or not: any of them could create entries/KEY before the
+    # owner does (a hit is not scanned, its sha256 is in that same folder), or fill tmp/ and
+    # locks/ with their own files.
+    if st.st_mode & stat.S_IWOTH:
+        raise _unusable(
+            folder,
+            f"is writable by other users (mode {mode:o}): other users could plant programs there "
+            "that conversions would hand out as verified",
+        )
 
 
 def _os_error(folder: Path, exc: OSError) -> CacheError:
@@ -308,6 +412,37 @@ class _Corrupt(Exception):
     """An entry whose files are not what its complete.json says."""
 
 
+def _foreign(entry: Path) -> str | None:
+    """What of the entry another user owns (the entry, complete.json, a file), or None. Such
+    an entry is neither served nor replaced: its sha256 is in the same complete.json, so its
+    owner chooses what it holds. Links are not followed."""
+    me = os.geteuid()
+    try:
+        owner = entry.lstat().st_uid
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{entry} cannot be examined: {exc.strerror or exc}"
+    if owner != me:
+        return f"{entry} is owned by uid {owner}, not by you (uid {me})"
+    if not entry.is_dir() or entry.is_symlink():
+        return None  # not an entry: a miss, filled again
+
+    problems: list[OSError] = []
+    for folder, dirs, names in os.walk(entry, onerror=problems.append):
+        for name in [*dirs, *names]:
+            path = Path(folder) / name
+            try:
+                owner = path.lstat().st_uid
+            except OSError as exc:
+                return f"{path} cannot be examined: {exc.strerror or exc}"
+            if owner != me:
+                return f"{path} is owned by uid {owner}, not by you (uid {me})"
+    if problems:
+        return f"{entry} cannot be examined: {problems[0].strerror or problems[0]}"
+    return None
+
+
 def _record(entry: Path) -> dict[str, Any] | None:
     """The entry's complete.json when the entry is whole (every file there, at its size)."""
     try:
@@ -350,24 +485,42 @@ def _copy(src: Path, dst: Path, expect: dict[str, Any] | None = None) -> dict[st
     return got
 
 
+def _beside(destination: Path) -> Path:
+    """A new empty file beside ``destination`` (named as ``atomic_path`` names its temporary
+    files), with the mode an output gets."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(
+        prefix=f".{destination.name}.", suffix=f".tmp{destination.suffix}", dir=destination.parent
+    )
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(name, 0o666 & ~umask)
+    return Path(name)
+
+
 def _copy_out(entry: Path, record: dict[str, Any], out: Path, target: Format) -> None:
-    """Put the entry's files in place as the conversion would: each through ``atomic_path``,
-    companions first and the main file last (it names them)."""
+    """Put the entry's files in place as the conversion does: each copied (its sha256 checked)
+    to a temporary name beside its destination, then ``place_together``: the companions first,
+    the main file last (it names them), a replaced output's companions this one lacks removed."""
     files: dict[str, Any] = record["files"]
     main = record["main"]
+    companions = target.companions(out)
     # only the target's own companions of this output, by name: never a path elsewhere
-    if set(files) - {main} - {c.name for c in target.companions(out)}:
+    if set(files) - {main} - {c.name for c in companions}:
         raise _Corrupt("files the target does not write beside its output")
-    with progress.step(f"copying the {target.name} from the cache"):
-        with ExitStack() as stack:  # exits last-in first: the main file's rename comes last
-            _copy(entry / "files" / main, stack.enter_context(atomic_path(out)), files[main])
-            for name, meta in files.items():
-                if name != main:
-                    tmp = stack.enter_context(atomic_path(out.parent / name))
-                    _copy(entry / "files" / name, tmp, meta)
-        for stale in target.companions(out):  # a replaced output's companion this one lacks
-            if stale.name not in files:
-                stale.unlink(missing_ok=True)
+    order = [*sorted(n for n in files if n != main), main]
+    moves: list[tuple[Path, Path]] = []
+    try:
+        with progress.step(f"copying the {target.name} from the cache"):
+            for name in order:
+                destination = out if name == main else out.parent / name
+                moves.append((_beside(destination), destination))
+                _copy(entry / "files" / name, moves[-1][0], files[name])
+            place_together(moves, [c for c in companions if c.name not in files])
+    finally:
+        for written, _ in moves:  # left only when something failed
+            written.unlink(missing_ok=True)
 
 
 def _remove(path: Path) -> None:
@@ -390,6 +543,7 @@ class Slot:
     hit: dict[str, Any] | None = None
     filling: bool = False
     key_inputs: dict[str, Any] = field(default_factory=dict)
+    note: str | None = None  # why the cache was not used (said in the report)
 
     def report(self, src: Path, started: float) -> ConversionReport:
         """The stored report, for this source and output, saying where it came from."""
@@ -399,6 +553,8 @@ class Slot:
     def store(self, report: ConversionReport) -> ConversionReport:
         """Keep a verified result (the parity check ran and passed); a failure to store it
         is a note, not a failed conversion: the output is written."""
+        if self.note and self.note not in report.notes:
+            report.notes.append(self.note)
         if not self.filling or report.check != "parity" or report.cached:
             return report
         assert self.root is not None and self.out is not None and self.target is not None
@@ -433,6 +589,10 @@ def _fill(slot: Slot, report: ConversionReport) -> None:
         # complete.json is complete
         (tmp / "complete.json").write_text(json.dumps(record, indent=1, default=str))
         entry = slot.root / "entries" / slot.key
+        foreign = _foreign(entry)  # found before the fill began; here too, to be sure
+        if foreign:
+            raise OSError(f"{foreign}: left as it is")
+        # (tmp is mkdtemp's, mode 0700: no other user can reach a file of the entry)
         # incomplete or corrupt (a whole one was a hit), and the folders of fills that died:
         # this process holds the key's lock, no other is filling it
         for stale in [entry, *(slot.root / "tmp").glob(f"{slot.key}.*")]:
@@ -483,7 +643,15 @@ def _report(
 
 def _hit(slot: Slot, entry: Path) -> bool:
     """Copy a whole entry out and check that its report reads back; False when it is not
-    whole (a miss)."""
+    whole (a miss), or is another user's (a miss that is not filled: ``slot.note`` says why)."""
+    foreign = _foreign(entry)
+    if foreign:
+        slot.note = (
+            f"not from the cache, nor stored in it: {foreign}; an entry another user made (or "
+            "could change) is neither used nor replaced (remove it, or set PTCONVERT_CACHE "
+            "to a directory of your own)"
+        )
+        return False
     record = _record(entry)
     if record is None:
         return False
@@ -510,24 +678,35 @@ def cache_slot(d: Detection, to: str, out: Path, opts: Options) -> Iterator[Slot
     if not opts.cache or target is None or target.kind != "program":
         yield Slot()
         return
+    imports = imported_code(d)
+    if imports:
+        # the classes the pickle imports are not part of the key: an edited forward would be
+        # a stale hit. Neither read nor stored, and the cache directory not even looked at.
+        named = ", ".join(imports[:3]) + (", …" if len(imports) > 3 else "")
+        yield Slot(
+            note=(
+                f"not cached: loading the input imports code ({named}) whose source is not "
+                "part of the cache key, so a changed class would not be a miss"
+                if imports != ["?"]
+                else "not cached: what loading the input imports could not be told"
+            )
+        )
+        return
     root = cache_root()
     _prepare(root)
     with progress.step("hashing the input for the cache"):
-        key, inputs = cache_key(d, to, out, opts)
+        key, inputs = _key(d, to, out, opts, imports)
     slot = Slot(root, key, out, target, key_inputs=inputs)
     entry = root / "entries" / key
     # readers share the lock (hits copy at once side by side); a filler holds it alone
     with _locked(root, key, fcntl.LOCK_SH):
         found = _hit(slot, entry)
-    if found:
-        yield slot
-        return
-    if not opts.verify:
+    if found or slot.note or not opts.verify:
         yield slot
         return
     with _locked(root, key, fcntl.LOCK_EX):
         # another process may have filled it while this one waited
-        if not _hit(slot, entry):
+        if not _hit(slot, entry) and not slot.note:
             slot.filling = True
         yield slot
 
@@ -561,17 +740,6 @@ class CacheCleared(Report):
     busy: list[str] = field(default_factory=list)  # keys another process holds: left alone
 
 
-def _du(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    total = 0
-    for dirpath, _, names in os.walk(path):
-        for name in names:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
-
-
 def info() -> CacheInfo:
     """What the cache holds, read without taking locks or writing anything."""
     root = cache_root()
@@ -596,12 +764,12 @@ def info() -> CacheInfo:
                 entry.name,
                 str(report.get("target_format")),
                 Path(str(report.get("source"))).name,
-                _du(entry),
+                disk_size(entry),
                 str(record.get("created_utc", "")),
             )
         )
     result.entries.sort(key=lambda e: e.created)
-    result.total_bytes = _du(root)
+    result.total_bytes = disk_size(root)
     return result
 
 
@@ -625,7 +793,7 @@ def clear() -> CacheCleared:
                 result.busy.append(key)
                 continue
             for path in paths:
-                freed = _du(path)
+                freed = disk_size(path)
                 _remove(path)
                 result.freed_bytes += freed
                 result.removed += path.parent.name == "entries"

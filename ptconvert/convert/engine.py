@@ -80,17 +80,23 @@ def default_output(src: Path, to: str) -> Path:
     return src.with_name(src.name.split(".")[0] + _suffix(to))
 
 
+def byte_copy(src_format: str, to: str) -> bool:
+    """Whether ``convert`` takes the weights path (byte copies checked bitwise), not the graph."""
+    from ptconvert.convert.weights import WEIGHT_TARGETS
+    from ptconvert.weights.read import weight_sources
+
+    return to in WEIGHT_TARGETS and src_format in weight_sources()
+
+
 def output_for(src: Path, to: str, opts: Options) -> Path:
     """Where ``convert`` writes ``src`` converted to ``to`` when no output is given."""
-    from ptconvert.convert.weights import WEIGHT_TARGETS
     from ptconvert.convert.weights import default_output as weights_output
-    from ptconvert.weights.read import weight_sources
 
     try:
         fmt = detect(src).format
     except PtconvertError:
         return default_output(src, to)  # the conversion will say what is wrong with it
-    if to in WEIGHT_TARGETS and fmt in weight_sources():
+    if byte_copy(fmt, to):
         return weights_output(src, to, fmt, opts.max_shard_size is not None)
     return default_output(src, to)
 
@@ -166,12 +172,11 @@ def convert(
     """The one conversion entry: weights to weights by byte copies checked bitwise
     (``convert_weights``), anything else through the converter graph, checked by the target's
     kind. Every result says in ``check`` which check ran."""
-    from ptconvert.convert.weights import WEIGHT_TARGETS, convert_weights
-    from ptconvert.weights.read import weight_sources
+    from ptconvert.convert.weights import convert_weights
 
     opts = (opts or Options()).validate()
     refuse_unsafe(src)  # before detection: an unrecognised file may still be a payload
-    if to in WEIGHT_TARGETS and detect(src).format in weight_sources():
+    if byte_copy(detect(src).format, to):
         return convert_weights(
             src,
             to,

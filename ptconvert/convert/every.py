@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ptconvert.errors import MissingRequirementError, PtconvertError, UsageError
+from ptconvert.atomic import disk_size
+from ptconvert.errors import (
+    MissingRequirementError,
+    PtconvertError,
+    UnsupportedConversionError,
+    UsageError,
+)
 from ptconvert.options import Options
 from ptconvert.report import Check, Report
 
@@ -43,6 +49,7 @@ class EveryFormatReport(Report):
     seconds: float
     baselines: dict[str, dict[int, float]] = field(default_factory=dict)  # eager, torch.compile
     bench: Any = None  # the verify.bench.BenchReport of every contender
+    exit_code: int = 0  # 0, or the exit code of the first format that failed
 
 
 def convert_every(
@@ -54,7 +61,7 @@ def convert_every(
     repeats: int = 10,
     warmup: int = 2,
 ) -> EveryFormatReport:
-    from ptconvert.convert.engine import convert, output_for
+    from ptconvert.convert.engine import convert, output_for, plan_for
     from ptconvert.convert.optimize import speedup, time_beside_eager
     from ptconvert.formats import FORMATS, FORMATS_BY_NAME, detect
     from ptconvert.verify.runtime import open_runtime
@@ -67,8 +74,14 @@ def convert_every(
         raise UsageError("--to all times on the CPU only in this version")
     source_format = detect(src).format
     rows: list[FormatRow] = []
+    failures: list[PtconvertError] = []
     for fmt in FORMATS:
         if fmt.name == source_format:
+            continue
+        try:  # no route at all, or one written by another target's option: not for --to all
+            plan_for(src, fmt.name, opts)
+        except (UsageError, UnsupportedConversionError) as exc:
+            rows.append(FormatRow(fmt.name, "skipped", _first_line(exc)))
             continue
         out = out_dir / output_for(src, fmt.name, opts).name
         try:
@@ -77,11 +90,11 @@ def convert_every(
             rows.append(FormatRow(fmt.name, "skipped", _first_line(exc)))
             continue
         except PtconvertError as exc:
-            status: RowStatus = "skipped" if _no_route(exc) else "failed"
-            rows.append(FormatRow(fmt.name, status, _first_line(exc)))
+            failures.append(exc)
+            rows.append(FormatRow(fmt.name, "failed", _first_line(exc)))
             continue
         route = list(getattr(report, "route", []) or [f"{source_format} → {fmt.name}"])
-        rows.append(FormatRow(fmt.name, "ok", "", str(out), route, _size(out), report.check))
+        rows.append(FormatRow(fmt.name, "ok", "", str(out), route, disk_size(out), report.check))
     reference = open_runtime(src, opts)
     written = {
         r.format: Path(r.output)
@@ -108,20 +121,9 @@ def convert_every(
         round(time.perf_counter() - started, 3),
         baselines,
         timed,
+        failures[0].exit_code if failures else 0,
     )
 
 
 def _first_line(exc: PtconvertError) -> str:
     return exc.message.splitlines()[0] + (f" ({exc.hint})" if exc.hint else "")
-
-
-def _no_route(exc: PtconvertError) -> bool:
-    from ptconvert.errors import UnsupportedConversionError
-
-    return isinstance(exc, (UnsupportedConversionError, UsageError))
-
-
-def _size(path: Path) -> int | None:
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return path.stat().st_size if path.exists() else None

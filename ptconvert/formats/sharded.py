@@ -24,6 +24,16 @@ def read_index(path: Path) -> dict[str, Any]:
     return index
 
 
+def shard_paths(index: Path) -> list[Path]:
+    """The shard files an index names (loading the index loads them), those that exist, in
+    order; none when ``index`` is not a readable index."""
+    try:
+        names = sorted({str(n) for n in read_index(index)["weight_map"].values()})
+    except (InputError, OSError):
+        return []
+    return [index.parent / n for n in names if (index.parent / n).is_file()]
+
+
 def shard_kind(names: list[str]) -> str | None:
     if names and all(n.endswith(".safetensors") for n in names):
         return "safetensors"

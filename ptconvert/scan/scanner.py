@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ptconvert import progress
+from ptconvert.atomic import disk_size
 from ptconvert.errors import InputError
 from ptconvert.report import Report, Verdict
 from ptconvert.scan.analysis import (
@@ -126,13 +127,9 @@ def expand(paths: Iterable[str | Path]) -> list[Path]:
 def _shards_named(path: Path) -> list[Path]:
     if not path.name.endswith(".index.json"):
         return []
-    from ptconvert.formats.sharded import read_index
+    from ptconvert.formats.sharded import shard_paths
 
-    try:
-        names = sorted({str(n) for n in read_index(path)["weight_map"].values()})
-    except InputError:
-        return []  # not an index after all: scanned as the file it is
-    return [path.parent / n for n in names if (path.parent / n).is_file()]
+    return shard_paths(path)  # not an index after all: none, scanned as the file it is
 
 
 def scan(paths: Iterable[str | Path], *, allow: Iterable[str] = (), jobs: int = 1) -> ScanReport:
@@ -140,7 +137,7 @@ def scan(paths: Iterable[str | Path], *, allow: Iterable[str] = (), jobs: int = 
     allowed = frozenset(allow)
     files = expand(paths)
     results: list[FileScan] = []
-    sizes = [f.stat().st_size for f in files]
+    sizes = [disk_size(f) for f in files]  # a dangling link is reported by its scan
     with progress.bar(f"scanning {len(files)} files", sum(sizes), unit="B") as advance:
         if jobs > 1 and len(files) > 1:
             from concurrent.futures import ProcessPoolExecutor

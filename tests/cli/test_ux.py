@@ -30,6 +30,28 @@ def test_quiet_prints_nothing_but_errors_and_keeps_the_exit_code(
     # --json still prints its JSON under -q
     assert main(["info", str(samples["mlp_zip"]), "--quiet", "--json"]) == 0
     assert '"format"' in capsys.readouterr().out
+    # with -v in one group of flags
+    assert (
+        main([str(samples["mlp_zip"]), "--to", "safetensors", "-o", str(out), "--force", "-qv"])
+        == 0
+    )
+    assert capsys.readouterr().out == ""
+    assert quiet.is_verbose()
+    quiet.set_verbose(False)
+
+
+def test_quiet_keeps_the_errors_of_a_folder_of_models(
+    samples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    zoo = tmp_path / "zoo"
+    zoo.mkdir()
+    (zoo / "a.pt").write_bytes(samples["mlp_zip"].read_bytes())
+    (zoo / "broken.pt").write_bytes(samples["mlp_zip"].read_bytes()[:3000])
+    args = [str(zoo), "--to", "safetensors", "-o", str(tmp_path / "out"), "--keep-going", "-q"]
+    assert main(args) == 3
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "broken.pt" in captured.err and "cannot read this file completely" in captured.err
 
 
 def test_verbose_lets_torchs_own_output_through(capfd: pytest.CaptureFixture[str]) -> None:
@@ -57,15 +79,16 @@ def test_shell_completion_completes_commands_and_format_names() -> None:
     script = subprocess.run([*PTCONVERT, "completion", "bash"], capture_output=True, text=True)
     assert script.returncode == 0 and "_PTCONVERT_COMPLETE=bash_complete" in script.stdout
 
-    def complete(words: str, index: int) -> list[str]:
+    def complete(words: str, index: int) -> list[tuple[str, str]]:
         env = {**os.environ, "_PTCONVERT_COMPLETE": "bash_complete"}
         env.update(COMP_WORDS=words, COMP_CWORD=str(index))
         run = subprocess.run(PTCONVERT, capture_output=True, text=True, env=env)
-        return [line.split(",", 1)[1] for line in run.stdout.splitlines()]
+        return [tuple(line.split(",", 1)) for line in run.stdout.splitlines()]  # type: ignore[misc]
 
-    assert complete("ptconvert sc", 1) == ["scan"]
-    assert complete("ptconvert model.bin --to p", 3) == ["pt", "pt2"]
-    assert "all" in complete("ptconvert model.bin --to ", 3)
+    # a command, or a file to convert (the shell lists the files)
+    assert complete("ptconvert sc", 1) == [("plain", "scan"), ("file", "sc")]
+    assert complete("ptconvert model.bin --to p", 3) == [("plain", "pt"), ("plain", "pt2")]
+    assert ("plain", "all") in complete("ptconvert model.bin --to ", 3)
 
 
 def test_no_colour_when_the_output_is_not_a_terminal(samples: dict[str, Path]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,9 @@ def test_a_folder_is_converted_in_two_processes_and_the_broken_file_reported(
     _same_tensors(zoo / "a.pt", out / "a.safetensors")
     _same_tensors(zoo / "sub" / "b.pt", out / "sub" / "b.safetensors")
     assert not (out / "broken.safetensors").exists()
+    here = f"{socket.gethostname()}:{os.getpid()}"
+    workers = {i["worker"] for i in report["items"] if i["status"] == "converted"}
+    assert workers and here not in workers  # converted in other processes
     assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, "a.safetensors", "sub"])
 
 
@@ -109,6 +113,90 @@ def test_an_output_the_batch_did_not_write_is_kept_without_force(
     assert code == 8
     assert _statuses(report)["a.pt"] == ("failed", "none")
     assert (out / "a.safetensors").read_bytes() == b"someone else's file"
+
+
+def test_a_rerun_never_replaces_a_file_someone_else_put_at_an_output(
+    samples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    zoo, out = _zoo(samples, tmp_path), tmp_path / "out"
+    args = [str(zoo), "--to", "safetensors", "-o", str(out), "--keep-going"]
+    assert run_cli(args, capsys)[0] == 3
+    (out / "a.safetensors").write_bytes(b"my own notes")  # the user's file, where ours was
+    torch.save({k: v * 2 for k, v in torch.load(zoo / "a.pt").items()}, zoo / "a.pt")
+    code, report, _ = run_cli(args, capsys)
+    assert code == 8  # a.pt's: the first failure in the order of the files
+    assert _statuses(report)["a.pt"] == ("failed", "none")
+    assert next(i for i in report["items"] if i["src"] == "a.pt")["error"]["exit_code"] == 8
+    assert (out / "a.safetensors").read_bytes() == b"my own notes"
+
+
+def test_an_output_folder_inside_the_source_folder_is_not_searched(
+    samples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    zoo = _zoo(samples, tmp_path)
+    args = [str(zoo), "--to", "safetensors", "-o", str(zoo / "out"), "--keep-going"]
+    assert run_cli(args, capsys)[0] == 3
+    code, report, _ = run_cli(args, capsys)
+    assert {i["src"] for i in report["items"]} == {"a.pt", "broken.pt", "sub/b.pt"}
+    assert report["counts"]["skipped"] == 2
+    code, report, _ = run_cli([str(zoo), "--to", "safetensors", "-o", str(zoo)], capsys)
+    assert code == 2 and "source folder" in report["error"]["message"]
+
+
+def test_a_changed_shard_is_converted_again_and_symlinked_folders_are_followed(
+    samples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    zoo = tmp_path / "zoo"
+    zoo.mkdir()
+    shutil.copytree(samples["block_sharded_safetensors"].parent, zoo / "block")
+    (zoo / "bert").symlink_to(samples["hf_bert"], target_is_directory=True)
+    args = [str(zoo), "--to", "safetensors", "-o", str(tmp_path / "out")]
+    code, report, _ = run_cli(args, capsys)
+    assert code == 0, report
+    index = samples["block_sharded_safetensors"].name
+    assert _statuses(report) == {
+        "bert": ("converted", "bitwise"),
+        f"block/{index}": ("converted", "bitwise"),
+    }
+    shard = sorted((zoo / "block").glob("*.safetensors"))[-1]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF  # the same size, another weight
+    shard.write_bytes(bytes(data))
+    code, report, _ = run_cli(args, capsys)
+    assert _statuses(report)[f"block/{index}"] == ("converted", "bitwise")
+    assert _statuses(report)["bert"] == ("skipped", "bitwise")
+
+
+def _dies_on_a(src: str, to: str, output: str, opts: Any) -> Any:
+    """ptconvert.convert, except that the process dies on a.pt (out of memory, a segfault)."""
+    import ptconvert
+
+    if src.endswith("a.pt"):
+        os._exit(9)
+    return ptconvert.convert(src, to, output, opts)
+
+
+def test_a_dead_worker_fails_its_model_only(samples: dict[str, Path], tmp_path: Path) -> None:
+    from ptconvert.convert.batch import convert_many
+    from ptconvert.options import Options
+
+    report = convert_many(
+        _zoo(samples, tmp_path),
+        "safetensors",
+        tmp_path / "out",
+        Options(),
+        jobs=2,
+        keep_going=True,
+        convert=_dies_on_a,
+    )
+    assert [(i.src, i.status) for i in report.items] == [
+        ("a.pt", "failed"),
+        ("broken.pt", "failed"),
+        ("sub/b.pt", "converted"),
+    ]
+    assert report.items[0].error is not None
+    assert "worker process died" in report.items[0].error["message"]
+    assert report.exit_code == 1
 
 
 def test_without_keep_going_nothing_starts_after_a_failure(

@@ -77,3 +77,42 @@ def test_every_format_needs_an_output_folder(
     code, report, _ = run_cli([str(samples["mlp_zip"]), "--to", "all", *MLP_ARGS], capsys)
     assert code == 2
     assert "-o OUT_DIR" in report["error"]["message"]
+
+
+BOOM = """
+import torch
+from torch import nn
+
+
+class Boom(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("this model cannot run")
+
+
+def make() -> nn.Module:
+    return Boom()
+"""
+
+
+def test_a_model_that_raises_fails_every_program_and_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "boom.py").write_text(BOOM)
+    torch.save({"fc.weight": torch.ones(4, 8), "fc.bias": torch.zeros(4)}, tmp_path / "w.pt")
+    args = [str(tmp_path / "w.pt"), "--to", "all", "-o", str(tmp_path / "every")]
+    args += ["--model", f"{tmp_path / 'boom.py'}:make", "--input", "x:2x8:float32"]
+    code, report, _ = run_cli(args, capsys)
+    rows = {r["format"]: r for r in report["rows"]}
+    assert code == 4  # the model's own error, as for one target
+    assert rows["safetensors"]["status"] == "ok"  # weights need no run
+    for f in ("torchscript", "pt2", "aoti", "onnx"):
+        assert rows[f]["status"] == "failed", f
+        assert "cannot run" in rows[f]["reason"], rows[f]
+    assert rows["sharded"]["status"] == rows["hf"]["status"] == "skipped"
+    assert report["baselines"] == {}  # nothing to time
+    code, report, _ = run_cli(args, capsys)  # the outputs exist: the usual exit 8
+    assert code == 8

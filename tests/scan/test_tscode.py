@@ -240,7 +240,9 @@ def test_encoder_layer_is_judged_in_milliseconds() -> None:
     for data in members.values():
         assert analyse_code_bytes(data) == []
     elapsed = time.perf_counter() - start
-    assert elapsed < 0.5, f"{len(members)} members took {elapsed * 1000:.1f} ms"
+    # ~25 ms on an idle core: the bound catches a pathological (quadratic) analysis, not a
+    # machine under load
+    assert elapsed < 2.0, f"{len(members)} members took {elapsed * 1000:.1f} ms"
 
 
 # -- load-time file creation ---------------------------------------------------------------
