@@ -9,7 +9,8 @@ and peak RSS of:
 - the same with ``--no-verify``.
 
 The verification's own time (the run minus its route's steps) comes from one ``--json`` run.
-Run: ``.venv/bin/python benchmarks/programs.py [--n-embd 1024] [--n-layer 12] [--rounds 2]``.
+Run: ``.venv/bin/python benchmarks/programs.py [--n-embd 1024] [--n-layer 12] [--rounds 2]``;
+``--factory`` measures a ``--model`` factory's checkpoint (a 201 M Linear stack) instead.
 Targets (issue: programs at scale): default verification ≤ 1.5× raw wall and ≤ 1.3× raw peak
 RSS; ``--no-verify`` ≤ 1.1× both.
 """
@@ -43,6 +44,59 @@ torch.export.save(ep, out)
 """
 
 
+STACK = """
+import torch
+from torch import nn
+
+
+class Stack(nn.Module):
+    def __init__(self, width: int = 4096, depth: int = 12) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def make() -> nn.Module:
+    return Stack()
+"""
+
+RAW_FACTORY = """
+import sys, torch
+from safetensors.torch import load_file
+sys.path.insert(0, sys.argv[3])
+import stack
+src, out = sys.argv[1], sys.argv[2]
+model = stack.make().eval()
+model.load_state_dict(load_file(src))
+x = torch.randn(2, 4096)
+ep = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
+torch.export.save(ep, out)
+"""
+
+
+def build_factory(directory: Path) -> int:
+    """A --model factory (a stack of 12 Linear(4096, 4096): 201 M parameters) and its
+    weights in one safetensors file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "stack.py").write_text(STACK)
+    code = f"""
+import sys, torch
+from safetensors.torch import save_file
+sys.path.insert(0, {str(directory)!r})
+import stack
+torch.manual_seed(0)
+model = stack.make()
+save_file(model.state_dict(), {str(directory / "stack.safetensors")!r})
+print(sum(p.numel() for p in model.parameters()))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(done.stdout.split()[-1])
+
+
 def build(directory: Path, n_embd: int, n_layer: int) -> int:
     code = f"""
 import torch, transformers
@@ -56,11 +110,19 @@ print(sum(p.numel() for p in model.parameters()))
     return int(done.stdout.split()[-1])
 
 
+def ptconvert(src: Path, out: Path) -> list[str]:
+    # --no-cache: every round converts (the cache would serve the second one in no time)
+    cmd = [str(BIN / "ptconvert"), str(src), "--to", "pt2", "--dynamic-batch", "-o", str(out)]
+    if src.suffix == ".safetensors":  # the factory's checkpoint
+        cmd += ["--model", f"{src.parent / 'stack.py'}:make", "--input", "x:2x4096:float32"]
+    return [*cmd, "--no-cache"]
+
+
 def split(src: Path, out: Path) -> str:
     """The route's steps against the verification, from one --json run."""
     out.unlink(missing_ok=True)
-    cmd = [str(BIN / "ptconvert"), str(src), "--to", "pt2", "--dynamic-batch", "-o", str(out)]
-    done = subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True)
+    cmd = [*ptconvert(src, out), "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     report = json.loads(done.stdout)
     steps = {s["step"]: s["seconds"] for s in report["steps"]}
     spent = sum(steps.values())
@@ -76,16 +138,28 @@ def main() -> None:
     ap.add_argument("--n-layer", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument(
+        "--factory",
+        action="store_true",
+        help="a --model factory's checkpoint (a 201 M Linear stack) instead of a HF directory",
+    )
     args = ap.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="ptconvert-programs-"))
-    src = work / "gpt2"
-    params = build(src, args.n_embd, args.n_layer)
-    out = work / "out.pt2"
     raw = work / "raw.py"
-    raw.write_text(RAW)
-    ptc = [str(BIN / "ptconvert"), str(src), "--to", "pt2", "--dynamic-batch", "-o", str(out)]
+    if args.factory:
+        params = build_factory(work / "factory")
+        src = work / "factory" / "stack.safetensors"
+        raw.write_text(RAW_FACTORY)
+        title = "Linear stack (--model factory)"
+    else:
+        src = work / "gpt2"
+        params = build(src, args.n_embd, args.n_layer)
+        raw.write_text(RAW)
+        title = "GPT-2 decoder"
+    out = work / "out.pt2"
+    ptc = ptconvert(src, out)
     commands = {
-        "raw API": [sys.executable, str(raw), str(src), str(out)],
+        "raw API": [sys.executable, str(raw), str(src), str(out), str(src.parent)],
         "ptconvert": ptc,
         "ptconvert --no-verify": [*ptc, "--no-verify"],
     }
@@ -96,7 +170,7 @@ def main() -> None:
             seconds, rss = measure(cmd, [out])
             walls[name].append(seconds)
             peaks[name] = max(peaks[name], rss)
-    print(f"GPT-2 decoder, {params / 1e6:.0f} M parameters, {args.rounds} interleaved rounds")
+    print(f"{title}, {params / 1e6:.0f} M parameters, {args.rounds} interleaved rounds")
     print(f"{'':24} {'wall s':>8} {'peak RSS MiB':>13} {'wall ×raw':>10} {'RSS ×raw':>9}")
     base_wall, base_rss = statistics.median(walls["raw API"]), peaks["raw API"]
     for name in commands:

@@ -65,13 +65,22 @@ def eager_from_weights(src: Path, src_format: str, weights: WeightSet, opts: Opt
     """The model the options name (``--model``, or the directory's transformers class) with
     ``weights`` loaded into the object they fit."""
     if opts.model:
-        model, own_inputs = module_from_factory(ModelSpec(opts.model, opts.model_args))
-        tensors = as_tensors(weights)
-        label, target = choose_target(model, list(tensors))
+        spec, tensors = ModelSpec(opts.model, opts.model_args), as_tensors(weights)
+        assigned = _assigned_on_meta(spec, tensors, src, opts)
+        if assigned is None:  # built as usual (random init), the weights copied in
+            model, own_inputs = module_from_factory(spec)
+            label, target = choose_target(model, list(tensors))
+            tied, unexpected = load_strict(target, tensors, src, non_strict=opts.non_strict)
+        else:
+            model, own_inputs, label, target, tied, unexpected = assigned
         notes = []
+        if assigned is not None:
+            notes.append(
+                "the model was built on the meta device and given the weights themselves "
+                "(no random init, no second copy)"
+            )
         if target is not model:
             notes.append(f"the weights were loaded into {label}, with their own keys")
-        tied, unexpected = load_strict(target, tensors, src, non_strict=opts.non_strict)
         if tied:
             notes.append(f"tied weights restored from their source: {tied}")
         if unexpected:
@@ -89,6 +98,37 @@ def eager_from_weights(src: Path, src_format: str, weights: WeightSet, opts: Opt
         # the reference: the same model with use_cache=False and its outputs as named tensors
         return Eager(model, named_outputs(model, list(inputs.at(1))), inputs, loaded.notes)
     raise MissingRequirementError("weights → module needs a model spec", path=src)
+
+
+def _assigned_on_meta(
+    spec: ModelSpec, tensors: dict[str, Any], src: Path, opts: Options
+) -> tuple[Any, ExampleInputs | None, str, Any, list[str], list[str]] | None:
+    """The factory's model built on the meta device, its parameters and buffers the weights
+    themselves (``assign``: no random init, no second copy of the weights; they stay in the
+    source's copy-on-write mapping until written). None when that does not give a whole model
+    of the factory's own dtypes: a buffer the checkpoint lacks (computed in ``__init__``), a
+    factory or a load that fails on meta, a weight of another dtype (the usual load converts
+    it). The caller then builds the model as usual."""
+    import itertools
+
+    import torch
+
+    try:
+        with torch.device("meta"):
+            model, own_inputs = module_from_factory(spec)
+        label, target = choose_target(model, list(tensors))
+        dtypes = {k: v.dtype for k, v in model.state_dict().items()}
+        tied, unexpected = load_strict(
+            target, tensors, src, non_strict=opts.non_strict, assign=True
+        )
+    except Exception:  # the usual build says what is wrong, if anything
+        return None
+    held = itertools.chain(model.parameters(), model.buffers())
+    if any(t.is_meta for t in held):
+        return None
+    if {k: v.dtype for k, v in model.state_dict().items()} != dtypes:
+        return None
+    return model, own_inputs, label, target, tied, unexpected
 
 
 def eager_from_pickle(src: Path, opts: Options) -> Eager:

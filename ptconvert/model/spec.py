@@ -245,16 +245,22 @@ def _with_prefix(
 
 
 def load_strict(
-    model: Any, tensors: dict[str, Any], where: Path, *, non_strict: bool = False
+    model: Any,
+    tensors: dict[str, Any],
+    where: Path,
+    *,
+    non_strict: bool = False,
+    assign: bool = False,
 ) -> tuple[list[str], list[str]]:
     """Load ``tensors`` into ``model``; error on any mismatch that is not a tied weight.
 
     Missing keys (weights that would stay random) are always an error; keys the model does not
     have are one too unless ``non_strict`` (a training checkpoint's extra entries). Returns the
-    keys restored from the weight they are tied to, and the unexpected keys left out."""
+    keys restored from the weight they are tied to, and the unexpected keys left out. With
+    ``assign`` the module takes the tensors themselves (a model built on the meta device)."""
     own = model.state_dict()
     tensors = _match_base_prefix(model, own, tensors)
-    result = model.load_state_dict(tensors, strict=False)
+    result = model.load_state_dict(tensors, strict=False, assign=assign)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
     loaded_ptrs = {own[k].data_ptr() for k in tensors if k in own}

@@ -252,6 +252,17 @@ def _module_state(module: Any) -> dict[str, tuple[str, Any]]:
     return out
 
 
+def _shared_parameters(module: Any) -> dict[int, Any]:
+    """A deepcopy memo that keeps ``module``'s parameters as they are."""
+    params = getattr(module, "parameters", None)
+    if not callable(params) or not hasattr(module, "named_buffers"):
+        return {}
+    try:
+        return {id(p): p for p in params()}
+    except Exception:  # a module whose parameters cannot be listed: copied whole
+        return {}
+
+
 def state_changes(
     module: Any, call_of: Callable[[Any], Callable[..., Any]], inputs: dict[str, Any], who: str
 ) -> list[str] | None:
@@ -263,7 +274,9 @@ def state_changes(
     try:
         with warnings.catch_warnings():  # torch's deprecation notes from copying pytree specs
             warnings.simplefilter("ignore")
-            probe = copy.deepcopy(module)
+            # the parameters are shared, not copied (a call does not change them, and they
+            # are most of the memory); buffers and attributes, what a call may change, are
+            probe = copy.deepcopy(module, _shared_parameters(module))
     except Exception:  # some modules cannot be copied: their state is then not checked
         return None
     before = _module_state(probe)

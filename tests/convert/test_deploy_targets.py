@@ -483,8 +483,10 @@ def test_the_written_file_is_run_in_a_fresh_process_scalars_included(tmp_path, c
 
     def tampered(state: Any, opts: Any) -> None:  # the file on disk is another model's
         real(state, opts)
-        other = torch.jit.script(rate.WithRate())
-        other.save(str(state.output))
+        model = rate.WithRate()
+        with torch.no_grad():
+            model.fc.weight += 1  # another model's weights, whatever the RNG state
+        torch.jit.script(model).save(str(state.output))
 
     monkeypatch.setattr(steps, "script", tampered)
     monkeypatch.setitem(steps.STEPS, "script", tampered)
