@@ -4,6 +4,7 @@ runtimes both build their eager models here, the same way."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,8 +110,6 @@ def _assigned_on_meta(
     of the factory's own dtypes: a buffer the checkpoint lacks (computed in ``__init__``), a
     factory or a load that fails on meta, a weight of another dtype (the usual load converts
     it). The caller then builds the model as usual."""
-    import itertools
-
     import torch
 
     try:
@@ -123,12 +122,41 @@ def _assigned_on_meta(
         )
     except Exception:  # the usual build says what is wrong, if anything
         return None
-    held = itertools.chain(model.parameters(), model.buffers())
-    if any(t.is_meta for t in held):
+    if _holds_meta(model):
         return None
     if {k: v.dtype for k, v in model.state_dict().items()} != dtypes:
         return None
     return model, own_inputs, label, target, tied, unexpected
+
+
+def _holds_meta(value: Any, depth: int = 0, seen: set[int] | None = None) -> bool:
+    """Whether a meta tensor is left anywhere the model can reach: parameters, buffers, and
+    tensors kept as plain attributes (of modules, of the objects they hold, of the object a
+    wrapped bound method belongs to), in lists, tuples and dicts."""
+    import torch
+
+    seen = set() if seen is None else seen
+    if id(value) in seen or depth > 6:
+        return False
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        return value.is_meta
+    if isinstance(value, torch.nn.Module):
+        held = itertools.chain(value.parameters(), value.buffers())
+        if any(t.is_meta for t in held):
+            return True
+        subs = [m for m in value.modules() if m is not value]
+        return any(_holds_meta(v, depth + 1, seen) for v in [*vars(value).values(), *subs])
+    owner = getattr(value, "__self__", None)  # a bound method (a wrapped predictor's call)
+    if owner is not None and not isinstance(owner, type) and callable(value):
+        return _holds_meta(owner, depth + 1, seen)
+    if isinstance(value, (list, tuple, set)):
+        return any(_holds_meta(v, depth + 1, seen) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_meta(v, depth + 1, seen) for v in value.values())
+    if hasattr(value, "__dict__") and not isinstance(value, type) and depth < 4:
+        return any(_holds_meta(v, depth + 1, seen) for v in vars(value).values())
+    return False
 
 
 def eager_from_pickle(src: Path, opts: Options) -> Eager:
