@@ -132,51 +132,45 @@ def render_batch(report: Any, console: Console | None = None) -> None:
 
 
 def _path_of(route: list[str]) -> str:
-    """["pt → weights", "weights → module"] as "weights→module" (the stages passed)."""
-    return "→".join(step.split(" → ")[-1] for step in route)
+    """["pt → weights", "weights → module"] as "pt → weights → module"."""
+    return " → ".join([route[0].split(" → ")[0], *(step.split(" → ")[-1] for step in route)])
 
 
 def render_every(report: Any, console: Console | None = None) -> None:
-    """``--to all``: one row per format (route, size, check, latency against eager and
-    torch.compile), the two baselines, then why any format was skipped or failed."""
+    """``--to all``: one row per format (size, check, median latency per batch size, against
+    eager and torch.compile) under the two baselines; then each format's route, and why any
+    was skipped or failed. Narrow enough for 80 columns."""
+    from ptconvert.convert.optimize import speedup
+
     console = console or Console()
     sizes = report.batch_sizes
-    t = Table("format")
-    t.add_column("route", no_wrap=True)
-    for name in ("size", "check", *[f"ms @ {b}" for b in sizes], "× eager", "× torch.compile"):
-        t.add_column(name)
+    label = f"ms @ {'/'.join(str(b) for b in sizes)}" if sizes else "ms"
+    t = Table("format", "size", "check", label, "× eager", "× compile")
 
-    def ms(medians: dict[Any, float]) -> list[str]:
-        return [f"{medians[b]:.3f}" if b in medians else "-" for b in sizes]
+    def ms(medians: dict[Any, float]) -> str:
+        return " / ".join(f"{medians[b]:.3f}" if b in medians else "-" for b in sizes) or "-"
 
-    from ptconvert.convert.optimize import speedup
+    def ratio(value: float | None) -> str:
+        return f"{value:.2f}" if value is not None else "-"
 
     eager = report.baselines.get("eager", {})
     for name, medians in report.baselines.items():
-        ratio = speedup(eager, medians)
-        t.add_row(
-            f"[dim]{name}[/dim]",
-            "-",
-            "-",
-            "-",
-            *ms(medians),
-            f"{ratio:.2f}" if ratio is not None else "-",
-            "-",
-        )
+        t.add_row(f"[dim]{name}[/dim]", "-", "-", ms(medians), ratio(speedup(eager, medians)), "-")
     for r in report.rows:
         style = {"ok": "", "failed": "red", "skipped": "yellow"}[r.status]
         t.add_row(
             f"[{style}]{r.format}[/{style}]" if style else r.format,
-            escape(_path_of(r.route)) if r.route else r.status,
             _size(r.size) if r.size is not None else "-",
-            r.check if r.status == "ok" else "-",
-            *(ms(r.median_ms) if r.median_ms else ["-"] * len(sizes)),
-            f"{r.vs_eager:.2f}" if r.vs_eager is not None else "-",
-            f"{r.vs_compile:.2f}" if r.vs_compile is not None else "-",
+            r.check if r.status == "ok" else r.status,
+            ms(r.median_ms) if r.median_ms else "-",
+            ratio(r.vs_eager),
+            ratio(r.vs_compile),
         )
     console.print(t)
     for r in report.rows:
-        if r.status != "ok":
+        if r.status == "ok":
+            console.print(f"{r.format}: {escape(_path_of(r.route))}")
+        else:
             console.print(f"{r.format}: {r.status}: {escape(r.reason)}")
     done = sum(1 for r in report.rows if r.status == "ok")
     console.print(

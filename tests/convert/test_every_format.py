@@ -116,3 +116,27 @@ def test_a_model_that_raises_fails_every_program_and_says_why(
     assert report["baselines"] == {}  # nothing to time
     code, report, _ = run_cli(args, capsys)  # the outputs exist: the usual exit 8
     assert code == 8
+
+
+def test_the_table_fits_80_columns_with_every_route_said() -> None:
+    from rich.console import Console
+
+    from ptconvert.convert.every import EveryFormatReport, FormatRow
+    from ptconvert.render import render_every
+
+    route = ["pt → weights", "weights → module", "module → exported", "exported → aoti"]
+    rows = [
+        FormatRow(
+            "aoti", "ok", "", "o/mlp.pt2", route, 1536000, "parity", {1: 0.1, 8: 0.2}, 0.4, 1.0
+        ),
+        FormatRow("sharded", "skipped", "sharded is written by another target's option"),
+    ]
+    report = EveryFormatReport(
+        "mlp.pt", "pt", "o", [1, 8], rows, 12.5, {"eager": {1: 0.04, 8: 0.08}}
+    )
+    console = Console(width=80, record=True, color_system=None)
+    render_every(report, console)
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "aoti: pt → weights → module → exported → aoti" in text
+    assert "0.100 / 0.200" in text and "sharded: skipped: sharded is written" in text
