@@ -200,6 +200,10 @@ def _versions() -> dict[str, str | None]:
             found[name] = version(name)
         except PackageNotFoundError:
             found[name] = None
+    import torch
+
+    # with its build tag: the CPU and a CUDA build of one release compile differently
+    found["torch"] = str(torch.__version__)
     return found
 
 
