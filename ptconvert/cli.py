@@ -97,6 +97,16 @@ def _emit_json(payload: Any) -> None:
     click.echo(json.dumps(payload, indent=2, default=str))
 
 
+def _show(report: Any, as_json: bool, renderer: str) -> None:
+    """A command's result: its JSON under --json, else the named table of render.py."""
+    if as_json:
+        _emit_json(report.to_dict())
+        return
+    from ptconvert import render
+
+    getattr(render, renderer)(report)
+
+
 _MODEL_OPTIONS = (
     click.option("--model", help="Model spec: pkg.module:factory or file.py:factory."),
     click.option("--model-arg", multiple=True, help="k=v argument for the factory (repeatable)."),
@@ -300,12 +310,7 @@ def _convert_many(
     if options["bench"]:
         raise UsageError("--bench times one model: run it on one of the outputs")
     report = convert_many(src, to, options["output"], _options(options), **batch)
-    if as_json:
-        _emit_json(report.to_dict())
-    else:
-        from ptconvert.render import render_batch
-
-        render_batch(report)
+    _show(report, as_json, "render_batch")
     if report.exit_code:
         raise click.exceptions.Exit(report.exit_code)
 
@@ -321,12 +326,7 @@ def _convert_every(src: str, as_json: bool, options: dict[str, Any]) -> None:
         _options(options),
         batch_sizes=_batch_sizes(options["batch_sizes"]),
     )
-    if as_json:
-        _emit_json(report.to_dict())
-    else:
-        from ptconvert.render import render_every
-
-        render_every(report)
+    _show(report, as_json, "render_every")
     if report.exit_code:
         raise click.exceptions.Exit(report.exit_code)
 
@@ -342,12 +342,7 @@ def _optimize(src: str, to: str | None, as_json: bool, options: dict[str, Any]) 
         _options(options),
         batch_sizes=_batch_sizes(options["batch_sizes"]),
     )
-    if as_json:
-        _emit_json(report.to_dict())
-    else:
-        from ptconvert.render import render_optimize
-
-        render_optimize(report)
+    _show(report, as_json, "render_optimize")
 
 
 def _options(options: dict[str, Any]) -> Any:
@@ -442,12 +437,7 @@ def info(path: str, as_json: bool) -> None:
     progress.set_quiet(as_json)
     with progress.step(f"reading {path}"):
         result = describe(path)
-    if as_json:
-        _emit_json(result.to_dict())
-    else:
-        from ptconvert.render import render_info
-
-        render_info(result)
+    _show(result, as_json, "render_info")
 
 
 @cli.command(
@@ -510,12 +500,7 @@ def scan(paths: tuple[str, ...], as_json: bool, jobs: int, allow: tuple[str, ...
 
     progress.set_quiet(as_json)
     report = run_scan(paths, allow=allow, jobs=jobs)
-    if as_json:
-        _emit_json(report.to_dict())
-    else:
-        from ptconvert.render import render_scan
-
-        render_scan(report)
+    _show(report, as_json, "render_scan")
     code = {"clean": 0, "needs-code": 11, "error": 3, "dangerous": 10}[report.verdict]
     if code:
         raise click.exceptions.Exit(code)
@@ -611,12 +596,7 @@ def verify(
             device=device,
             input_map=_key_values(input_map, "--input-map"),
         )
-    if as_json:
-        _emit_json(report.to_dict())
-    else:
-        from ptconvert.render import render_verify
-
-        render_verify(report)
+    _show(report, as_json, "render_verify")
 
 
 @cli.command(
@@ -677,12 +657,7 @@ def bench(
         from ptconvert.verify.bench import plot
 
         plot(report, plot_path)
-    if as_json:
-        _emit_json(report.to_dict())
-    else:
-        from ptconvert.render import render_bench
-
-        render_bench(report)
+    _show(report, as_json, "render_bench")
 
 
 @cli.command(
@@ -714,12 +689,7 @@ def cache_info(as_json: bool) -> None:
     from ptconvert.api import cache_info as run_info
 
     report = run_info()
-    if as_json:
-        _emit_json(report.to_dict())
-    else:
-        from ptconvert.render import render_cache
-
-        render_cache(report)
+    _show(report, as_json, "render_cache")
 
 
 @cache.command("clear")
