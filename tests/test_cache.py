@@ -419,7 +419,7 @@ def test_a_failed_check_stores_nothing(
     def differs(*args: Any, **kwargs: Any) -> Any:
         raise ptconvert.VerificationError("differs (on purpose)")
 
-    monkeypatch.setattr(engine, "_verify", differs)
+    monkeypatch.setattr(engine, "verify_program", differs)
     with pytest.raises(ptconvert.VerificationError, match="on purpose"):
         ptconvert.convert(checkpoint, "pt2", tmp_path / "bad.pt2", **SPEC)
     assert not (tmp_path / "bad.pt2").exists()

@@ -9,7 +9,6 @@ at several batch sizes.
 from __future__ import annotations
 
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from ptconvert import progress
 from ptconvert.atomic import atomic_path, check_output, place_together
 from ptconvert.convert.cache import cache_slot
 from ptconvert.convert.graph import EDGES, Edge, Plan, plan
+from ptconvert.convert.program_check import FreshLoad, dynamism, first_call, verify_program
 from ptconvert.convert.state import RunState, StepRecord
 from ptconvert.convert.steps import STEPS
 from ptconvert.errors import (
@@ -31,19 +31,12 @@ from ptconvert.errors import (
     VerificationError,
 )
 from ptconvert.formats import FORMATS_BY_NAME, Detection, describe, detect
-from ptconvert.memory import FP64_BUDGET_BYTES, peak_rss_mib
+from ptconvert.memory import peak_rss_mib
 from ptconvert.model.build import user_inputs
 from ptconvert.options import Options
 from ptconvert.report import Check, Report, StepStatus
 from ptconvert.scan.guard import refuse_unsafe
-from ptconvert.verify.parity import (
-    STATEFUL_CALLS,
-    VARIED_BATCHES,
-    ParityReport,
-    compare,
-    fresh_each_call,
-    state_changes,
-)
+from ptconvert.verify.parity import ParityReport
 
 if TYPE_CHECKING:
     from ptconvert.convert.weights import WeightsReport
@@ -257,6 +250,9 @@ def _run_route(
     """The route run step by step inside ``atomic_path`` (planned again when a step or the
     parity check fails), the output written and checked."""
     state = RunState(src, d.format, inputs=user_inputs(opts), destination=out)
+    target = FORMATS_BY_NAME.get(to)
+    if opts.verify and target is not None and target.kind == "program" and not target.isolated:
+        state.fresh = FreshLoad(to)  # the check's interpreter imports torch while the route runs
     records: list[StepRecord] = []
     route: list[str] = []
     with atomic_path(out) as tmp, _staging(state):
@@ -278,6 +274,8 @@ def _run_route(
                     raise  # the user's options or the model itself: no other route helps
                 except PtconvertError as exc:
                     records.append(_record(edge, t0, "failed", state, notes_before, exc.message))
+                    if edge.step in CAPTURING_STEPS and state.reference is not None:
+                        first_call(state)  # the model's own error, if it raises, is the news
                     banned.add(edge)
                     replanned = _replan(node, to, d.format, opts, banned, exc)
                     queue = list(replanned.edges)
@@ -287,9 +285,10 @@ def _run_route(
                 taken.append(edge)
                 node = edge.dst
                 if node == "module":
-                    _check_eager(state)
+                    _check_inputs(state)
             try:
-                parity = _verify(state, to, state.staged or tmp, opts) if opts.verify else None
+                written = state.staged or tmp
+                parity = verify_program(state, to, written, opts) if opts.verify else None
                 break
             except VerificationError as exc:
                 # a program that runs but computes something else (a branch on a size frozen
@@ -377,7 +376,7 @@ def _interface(
             + ", ".join(f"{n}={sample[n]!r}" for n in fixed)
             + "): torch.export specialises Python numbers; TorchScript takes any"
         )
-    if exported and not _dynamism(state)[0]:
+    if exported and not dynamism(state)[0]:
         shapes = {n: list(v.shape) for n, v in sample.items() if hasattr(v, "shape")}
         accepts.append(
             "only the example's shapes "
@@ -397,76 +396,16 @@ def _interface(
     }
 
 
-# A probe of a dynamic dim runs the model about four times (eager twice, fp64, the program) at up
-# to ``budget`` × the example's size: the budget shrinks as the model's example call grows, so a
-# large model is probed at 2-4× its example instead of 16×.
-PROBE_SECONDS = 0.5
-
-
-COMPARE_SECONDS = 3.0  # the default batch sizes beyond 1, 2, 3 only within this estimate
-
-
-def batches_by_cost(
-    example_seconds: float | None, example_batch: int
-) -> tuple[list[int], list[int]]:
-    """The default sizes compared (1, 2, 3 always; the larger primes while the estimated time
-    of comparing them fits COMPARE_SECONDS) and those left out."""
-    kept: list[int] = []
-    left: list[int] = []
-    for b in VARIED_BATCHES:
-        fits = _compare_cost(example_seconds, example_batch, [*kept, b]) <= COMPARE_SECONDS
-        (kept if b <= 3 or fits else left).append(b)
-    return kept, left
-
-
-def _compare_cost(example_seconds: float | None, example_batch: int, sizes: list[int]) -> float:
-    """Eager and the program at each size, each call about linear in the batch."""
-    per_item = (example_seconds or 0.0) / max(1, example_batch)
-    return 2 * per_item * sum(sizes)
-
-
-def probe_budget(example_seconds: float | None) -> int:
-    from ptconvert.verify.ranges import DEFAULT_BUDGET
-
-    if not example_seconds:
-        return DEFAULT_BUDGET
-    return max(2, min(DEFAULT_BUDGET, int(PROBE_SECONDS / example_seconds)))
-
-
-def _dynamism(state: RunState) -> tuple[bool, bool]:
-    """Whether the program has dynamic dims at all, and a dynamic batch (dim 0). TorchScript
-    (no exported program) takes any size."""
-    if state.exported is None:
-        return True, True
-    from ptconvert.verify.ranges import dynamic_dims
-
-    dims = dynamic_dims(state.exported)
-    return bool(dims), any(d.axis == 0 for d in dims)
-
-
-def _check_eager(state: RunState) -> None:
-    """Run the model once on the example inputs before capturing it: an input it needs and was
-    not given, or an error of the model itself (an index past its embedding table), is said as
-    such, not as a failure of every route."""
-    import copy
-
+def _check_inputs(state: RunState) -> None:
+    """An input the model needs and was not given is said before anything is captured. The
+    model itself first runs in the check (``program_check.first_call``), or when a capture
+    fails, to tell the model's own error (an index past its embedding table) from a failure of
+    every route."""
     from ptconvert.model.inputs import check_provided, required_inputs
-    from ptconvert.verify.parity import run_model
 
     if state.inputs is None or state.module is None:
         return
-    sample = state.inputs.at(state.inputs.batch)
-    check_provided(required_inputs(state.module), sample, state.src)
-    import torch
-
-    with progress.step("running the model once on the example inputs"), torch.no_grad():
-        try:
-            started = time.perf_counter()
-            run_model(state.reference, copy.deepcopy(sample), "the model")
-            state.example_seconds = time.perf_counter() - started
-        except PtconvertError as exc:
-            exc.path = exc.path or str(state.src)
-            raise
+    check_provided(required_inputs(state.module), state.inputs.at(state.inputs.batch), state.src)
 
 
 # steps that turn a module into a program: the ones a failed parity check rules out
@@ -536,8 +475,9 @@ def _verified_copy(src: Path, d: Detection, out: Path, started: float) -> Conver
         note = f"the source is already {d.format}: copied byte for byte and compared"
         # a copy's native code is not run: the source was never trusted
         if d.handler.kind == "program" and not d.handler.runs_native_code:
-            fresh = _FreshLoad(tmp, d.format, torch_only=False)
+            fresh = FreshLoad(d.format, torch_only=False)
             try:
+                fresh.load(tmp)
                 with progress.step("loading the copy in a fresh process"):
                     fresh.finish(RunState(src, d.format))
             finally:
@@ -590,271 +530,6 @@ def _replan(
     return alternative
 
 
-def _verify(state: RunState, to: str, artifact: Path, opts: Options) -> ParityReport | None:
-    """Load the written program with its format's own runtime and compare it with the eager
-    reference at several batch sizes (and every dynamic dim at its ends)."""
-    target = FORMATS_BY_NAME.get(to)
-    if target is None or target.kind != "program":
-        return None
-    if state.reference is None or state.inputs is None:
-        state.notes.append("parity not checked: no eager reference or example inputs")
-        return None
-    if target.isolated:  # its runtime loads the written file in a process of its own
-        with progress.step(f"loading the {to} file to compare it"):
-            program = target.open(artifact, opts.device)
-        try:
-            return _compare_program(state, to, program, opts)
-        finally:
-            program.close()
-    # In-process formats: the program in memory (sharing the model's weights, not a second
-    # copy of them) is compared at every size; the written file is loaded in a fresh process
-    # beside that comparison, as a user loads it, and run at the example's size, its outputs
-    # compared with eager's there: what was written is what was compared.
-    sample = state.inputs.at(state.inputs.batch)
-    # a program exported positionally is called so; the others by keyword (TorchScript binds
-    # either way)
-    fresh = _FreshLoad(artifact, to, run=sample, positional=state.positional)
-    try:
-        report = _compare_program(state, to, _in_memory(state, target, artifact), opts)
-        with progress.step("running the written file in a fresh process"):
-            outputs = fresh.finish(state)
-        if outputs is not None:
-            # a stateful model is compared from its saved state, as the file starts from it
-            reference = state.reference
-            if state.stateful:
-                reference = fresh_each_call(reference, lambda m: m, 1)
-            written = compare(
-                reference, lambda **_: outputs, lambda b: sample, [state.inputs.batch]
-            )
-            if written.status != "pass":
-                raise VerificationError(
-                    f"the written {to}, loaded in a fresh process, differs from eager at batch "
-                    f"{state.inputs.batch}: {written.sizes[0].detail}",
-                    path=state.src,
-                )
-        return report
-    finally:
-        fresh.stop()
-
-
-def _in_memory(state: RunState, target: Any, artifact: Path) -> Any:
-    """The program just written, as its format's ``open`` would give it, from memory."""
-    from ptconvert.formats.program import Program, by_position
-
-    if state.exported is not None and state.scripted is None:
-        from ptconvert.formats.pt2 import program_from_exported
-
-        return program_from_exported(state.exported)
-    if state.scripted is not None and state.exported is None:
-        names = [a.name for a in state.scripted.forward.schema.arguments[1:]]
-        return Program(
-            by_position(state.scripted, names),
-            None,
-            state.scripted,
-            lambda m: by_position(m, names),
-        )
-    return target.open(artifact)  # neither, or both (TS2EP): the file itself
-
-
-def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> ParityReport:
-    assert state.inputs is not None
-    candidate: Any = program.call
-    reference: Any = state.reference
-    # several sizes (and so several input draws): a frozen branch or shape shows at one of them
-    exported = state.exported is not None
-    any_dynamic, batch_dynamic = _dynamism(state)
-    batches = [state.inputs.batch]
-    if batch_dynamic:
-        batches, left = batches_by_cost(state.example_seconds, state.inputs.batch)
-        if left:
-            state.notes.append(
-                f"compared at batch sizes {batches}: {left} would take about "
-                f"{_compare_cost(state.example_seconds, state.inputs.batch, left):.0f} s more "
-                f"(sizes are chosen by the model's call time; `ptconvert verify --batch-sizes` "
-                "checks any)"
-            )
-    changed = state_changes(reference, lambda m: m, state.inputs.at(batches[0]), "the model")
-    state.stateful = bool(changed)
-    if changed and program.module is not None and program.call_of is not None:
-        # the model updates its own state on every call: both sides start from the saved state
-        # and make the same calls in a row, every call's outputs compared
-        reference = fresh_each_call(reference, lambda m: m, STATEFUL_CALLS)
-        candidate = fresh_each_call(program.module, program.call_of, STATEFUL_CALLS)
-        state.notes.append(
-            f"stateful model: a call changes its {', '.join(changed)}; the program and the eager "
-            f"model were each run {STATEFUL_CALLS} times in a row from their saved state and "
-            "every call compared"
-        )
-    elif changed:
-        reference = fresh_each_call(reference, lambda m: m, 1)
-        state.notes.append(
-            f"stateful model: a call changes its {', '.join(changed)}; the {to} runtime runs in "
-            "another process and cannot be reset: each size compared on its first call"
-        )
-    ranged = program.exported or (state.exported if exported else None)
-    if ranged is not None and any_dynamic:
-        batches = _check_dynamic_dims(state, ranged, reference, candidate, opts, batches)
-    with progress.step(f"comparing the {to} program with eager at batch sizes {batches}"):
-        report = compare(reference, candidate, state.inputs.at, batches, determinism_once=True)
-    if not report.fp64_reference:
-        from ptconvert.verify.parity import fp64_bytes
-
-        size = fp64_bytes(state.reference)
-        state.notes.append(
-            "the reference is the eager model in its own precision, run twice (the determinism "
-            "check): "
-            + (
-                f"an fp64 copy of it ({size / 2**30:.1f} GiB) is over the budget"
-                if size > FP64_BUDGET_BYTES
-                else "it cannot be copied to fp64"
-            )
-        )
-    if report.status != "pass":
-        bad = report.failed[0]
-        raise VerificationError(
-            f"the converted program differs from eager at batch {bad.batch}: {bad.status} "
-            f"({bad.detail})",
-            path=state.src,
-            hint=_hint_for(bad.status, to, opts, exported),
-        )
-    return report
-
-
-def _hint_for(status: str, to: str, opts: Options, exported: bool) -> str:
-    if status == "eager_nondeterministic":
-        return "the eager model gives different outputs on the same inputs: eval mode, no dropout"
-    if FORMATS_BY_NAME[to].isolated:
-        return f"the {to} runtime computes something else than eager: check the pt2 route first"
-    if not exported and opts.method != "trace":  # TorchScript, scripted
-        return "the graph tried the routes it has; --method trace or export (--to pt2) differ"
-    return "a trace may have frozen a branch or a shape: try --method script, or export"
-
-
-def _check_dynamic_dims(
-    state: RunState, ep: Any, reference: Any, candidate: Any, opts: Options, batches: list[int]
-) -> list[int]:
-    """Run every dynamic dim at its ends and between (``verify.ranges``); record the range that
-    holds, in words. Returns the batch sizes of ``batches`` inside the batch dim's range."""
-    from functools import partial
-
-    from ptconvert.verify.ranges import batch_sizes_that_hold, check_program
-
-    assert state.inputs is not None
-    example = state.inputs.at(
-        max(state.inputs.batch, 2) if _dynamism(state)[1] else state.inputs.batch
-    )
-    budget = probe_budget(state.example_seconds)
-    with progress.step("checking every dynamic dimension at its ends"):
-        judge = partial(compare, reference, candidate, determinism_once=True)
-        ranges = check_program(ep, example, judge, budget=budget)
-    if not ranges.dims:
-        return batches
-    state.dynamic_range = {r.dim.where: r.text for r in ranges.dims}
-    if ranges.status == "fail":
-        raise VerificationError(
-            "no size of a dynamic dimension gives the eager result: " + "; ".join(ranges.texts),
-            path=state.src,
-            hint="drop --dynamic for that dimension, or bound it: --dynamic NAME:AXIS:MIN:MAX",
-        )
-    if ranges.status == "narrowed":
-        state.notes.append(
-            "the program does not run on the whole range torch reports; it runs for: "
-            + "; ".join(ranges.texts)
-        )
-    return batch_sizes_that_hold(ranges, batches)
-
-
-class _FreshLoad:
-    """The artifact loading in a new interpreter with only its runtime imported: what a user
-    does. It runs beside the comparison (it is mostly starting Python and importing torch);
-    ``finish`` collects its verdict and, when it was given inputs (``run``), the outputs it
-    computed on them. A program whose output spec needs another package's pytree registrations
-    fails there (a copy of such a program is loaded as ptconvert loads it)."""
-
-    def __init__(
-        self,
-        artifact: Path,
-        to: str,
-        *,
-        torch_only: bool = True,
-        run: dict[str, Any] | None = None,
-        positional: list[str] | None = None,
-    ) -> None:
-        import subprocess
-        import sys
-
-        import torch
-
-        load = FORMATS_BY_NAME[to].load_line
-        if not torch_only:
-            load = (
-                "from pathlib import Path\nfrom ptconvert.formats import FORMATS_BY_NAME\n"
-                f"FORMATS_BY_NAME[{to!r}].open(Path(p)).close()"
-            )
-        self.to = to
-        self._runs = run is not None
-        self._dir = Path(tempfile.mkdtemp(prefix="ptconvert-fresh-"))
-        self._log: Any = None
-        self._proc: Any = None
-        try:
-            code = f"import sys, torch\np = sys.argv[1]\n{load}\n"
-            if run is not None:
-                # tensors and Python scalars alike, read back with weights_only=True
-                torch.save(dict(run), self._dir / "in")
-                call = (
-                    f"prog(*[feeds[n] for n in {positional!r}])"
-                    if positional is not None
-                    else "prog(**feeds)"
-                )
-                code += _RUN_ONCE.format(dir=str(self._dir), call=call)
-            # its messages go to a file: a pipe nobody reads while the comparison runs fills
-            self._log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by finish/stop)
-            self._proc = subprocess.Popen(
-                [sys.executable, "-c", code, str(artifact)],
-                stdout=subprocess.DEVNULL,
-                stderr=self._log,
-            )
-        except BaseException:
-            self.stop()
-            raise
-
-    def finish(self, state: RunState) -> tuple[Any, ...] | None:
-        import torch
-
-        self._proc.wait()
-        self._log.seek(0)
-        stderr = self._log.read()
-        if self._proc.returncode != 0:
-            last = (stderr.strip().splitlines() or ["?"])[-1]
-            raise VerificationError(
-                f"the written {self.to} does not load in a fresh Python process: {last[:300]}",
-                path=state.src,
-            )
-        if not self._runs:
-            return None
-        return tuple(torch.load(self._dir / "out", weights_only=True))
-
-    def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
-        if self._log is not None:
-            self._log.close()
-        shutil.rmtree(self._dir, ignore_errors=True)
-
-
-# what the fresh process runs after loading: the example's inputs in, every output tensor out
-_RUN_ONCE = """
-from torch.utils._pytree import tree_leaves
-feeds = torch.load("{dir}/in", weights_only=True)
-with torch.no_grad():
-    out = {call}
-if hasattr(out, "to_tuple"):
-    out = out.to_tuple()
-torch.save([t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], "{dir}/out")
-"""
-
-
 def _check_before_work(to: str, opts: Options) -> None:
     """What the target needs of this machine, said before anything runs."""
     if opts.device != "cpu":
@@ -865,11 +540,15 @@ def _check_before_work(to: str, opts: Options) -> None:
 
 @contextmanager
 def _staging(state: RunState) -> Iterator[None]:
-    """Remove a staging folder a step made, whatever happens."""
+    """Remove a staging folder a step made, and stop an interpreter started for a check that
+    did not happen, whatever happens."""
     try:
         yield
     finally:
         _unstage(state)
+        if state.fresh is not None:
+            state.fresh.stop()
+            state.fresh = None
 
 
 def _publish(state: RunState, tmp: Path) -> None:

@@ -46,4 +46,6 @@ class RunState:
     obsolete: list[Path] = field(default_factory=list)  # files of a replaced output, removed
     notes: list[str] = field(default_factory=list)
     example_seconds: float | None = None  # one eager call at the example's size
-    stateful: bool = False  # a call changes the model's buffers or attributes
+    changes: list[str] = field(default_factory=list)  # the state a call changes (buffers …)
+    eager: Any = None  # parity.EagerRuns: eager's outputs so far (program_check.first_call)
+    fresh: Any = None  # program_check.FreshLoad: an interpreter started for the written file

@@ -167,6 +167,8 @@ class Format:
     # programs: how a user loads one with its own runtime (``p`` is the path), as Python lines;
     # the conversion runs them in a fresh interpreter before it reports success
     load_line: ClassVar[str] = ""
+    # what load_line imports, imported by that interpreter before the file is written
+    warm_line: ClassVar[str] = ""
     runs_native_code: ClassVar[bool] = False  # loading runs compiled code (needs --trust)
     isolated: ClassVar[bool] = False  # `open` runs the program in a process of its own
     # a format ptconvert writes through another target's option says which (sharded sets)

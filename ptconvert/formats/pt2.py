@@ -171,6 +171,7 @@ class ExportedProgramFormat(Format):
     kind = "program"
     suffixes = (".pt2",)
     load_line = "prog = torch.export.load(p).module()"
+    warm_line = "import torch.export.pt2_archive._package"  # torch.export.load's reader
     holds = "an ExportedProgram: ATen graph, signature with dynamic dims, weights, constants"
     priority = 30
 

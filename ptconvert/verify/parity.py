@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 from ptconvert import progress
 from ptconvert.errors import ModelRaisedError, PtconvertError
@@ -80,6 +80,25 @@ class ParityReport(Report):
 
 
 VARIED_BATCHES = [1, 2, 3, 5, 7]  # 1, 2, primes in the middle: sizes a frozen shape misses
+
+# how often eager runs twice on one input (the determinism check): at every size, at the first
+# size only (or the first whose outputs are known), or never (already seen to agree with itself)
+Determinism = Literal["each", "once", "done"]
+
+
+@dataclass
+class EagerRuns:
+    """Eager's outputs already computed, with the inputs they came from, by the key the
+    comparison's ``make_inputs`` takes (a batch size). A conversion's checks share one: the model
+    runs once per size, and the determinism check once per conversion."""
+
+    made_by: Any = None  # the inputs' maker these keys belong to
+    inputs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    outputs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    deterministic: bool = False  # eager has given the same outputs twice on one input
+
+    def put(self, key: int, inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+        self.inputs[key], self.outputs[key] = inputs, outputs
 
 
 def _to_fp64(value: Any) -> Any:
@@ -269,6 +288,14 @@ def state_changes(
     """The state of ``module`` that one call on ``inputs`` changes (``"calls (buffer)"``), found
     on a copy so that ``module`` keeps its initial state; None when it cannot be copied. The
     call goes through ``run_model``: a model that raises says so here."""
+    return watched_call(module, call_of, inputs, who)[0]
+
+
+def watched_call(
+    module: Any, call_of: Callable[[Any], Callable[..., Any]], inputs: dict[str, Any], who: str
+) -> tuple[list[str] | None, Any]:
+    """``state_changes`` and the call's outputs: (None, None) when ``module`` cannot be copied
+    (nothing ran). With no change, the outputs are what ``module`` itself gives on ``inputs``."""
     import torch
 
     try:
@@ -278,17 +305,17 @@ def state_changes(
             # are most of the memory); buffers and attributes, what a call may change, are
             probe = copy.deepcopy(module, _shared_parameters(module))
     except Exception:  # some modules cannot be copied: their state is then not checked
-        return None
+        return None, None
     before = _module_state(probe)
     with torch.no_grad():
-        run_model(call_of(probe), copy.deepcopy(inputs), who)
+        outputs = run_model(call_of(probe), copy.deepcopy(inputs), who)
     after = _module_state(probe)
     changed = []
     for name in dict.fromkeys([*before, *after]):
         old, new = before.get(name), after.get(name)
         if old is None or new is None or not _same_snap(old[1], new[1]):
             changed.append(f"{name} ({(old or new or ('state', None))[0]})")
-    return changed
+    return changed, outputs
 
 
 @cache
@@ -341,42 +368,47 @@ def compare(
     tolerances: dict[str, float] | None = None,
     atol: float | None = None,
     rtol: float | None = None,
-    determinism_once: bool = False,
+    determinism: Determinism = "each",
+    eager: EagerRuns | None = None,
 ) -> ParityReport:
     """Run eager (twice), eager in fp64 and the candidate on ``make_inputs(b)`` for every ``b``.
-    With ``determinism_once`` eager runs twice at the first size only (a conversion's checks:
-    whether the model is deterministic does not depend on the size, and a large model's runs
-    are what verification costs)."""
+    ``determinism="once"``: eager runs twice at one size only, the first whose outputs ``eager``
+    holds or else the first (a conversion's checks: whether the model is deterministic does not
+    depend on the size, and a large model's runs are what verification costs); ``"done"``: not
+    at all. ``eager``: outputs known already (used, not run again) and filled with those run."""
 
     tols = {**TOLERANCES, **(tolerances or {})}
     ref64 = fp64_model(reference)
+    runs = eager if eager is not None else EagerRuns()
+    if determinism == "once" and runs.deterministic:
+        determinism = "done"
+    twice_at = next((b for b in batches if b in runs.outputs), batches[0] if batches else None)
     sizes: list[SizeResult] = []
     with progress.bar("batch sizes compared", len(batches)) as advance:
-        for i, b in enumerate(batches):
+        for b in batches:
+            known = runs.inputs.get(b)
+            inputs = known if known is not None else make_inputs(b)
+            again = determinism == "each" or (determinism == "once" and b == twice_at)
             _compare_size(
-                i,
-                b,
-                make_inputs(b),
-                reference,
-                candidate,
-                ref64,
-                sizes,
-                tols,
-                atol,
-                rtol,
-                determinism_once,
+                b, inputs, reference, candidate, ref64, sizes, tols, atol, rtol, again, runs
             )
             advance()
+    return summarised(sizes, ref64 is not None, tols)
+
+
+def summarised(
+    sizes: list[SizeResult], fp64_reference: bool, tolerance: dict[str, float]
+) -> ParityReport:
+    """The verdict over ``sizes``: the first that did not pass, or a pass (never one without
+    any size compared)."""
     compared = sum(1 for s in sizes if s.status in COMPARED)
     status: ParityStatus = next((s.status for s in sizes if s.status != "pass"), "pass")
     if not sizes:  # no evidence: never a pass
         status = "nothing_compared"
-    tolerance = {k: v for k, v in tols.items()}
-    return ParityReport(status, sizes, ref64 is not None, tolerance, compared)
+    return ParityReport(status, sizes, fp64_reference, dict(tolerance), compared)
 
 
 def _compare_size(
-    i: int,
     b: int,
     inputs: dict[str, Any],
     reference: Any,
@@ -386,15 +418,18 @@ def _compare_size(
     tols: dict[str, float],
     atol: float | None,
     rtol: float | None,
-    determinism_once: bool,
+    again: bool,
+    runs: EagerRuns,
 ) -> None:
     """One batch size of ``compare``: its SizeResult appended to ``sizes``."""
     import torch
 
     with torch.no_grad():
         who = "the reference model"
-        first = output_leaves(run_model(reference, copy.deepcopy(inputs), who))
-        again = i == 0 or not determinism_once
+        first = runs.outputs.get(b)
+        if first is None:
+            first = output_leaves(run_model(reference, copy.deepcopy(inputs), who))
+            runs.put(b, inputs, first)
         second = output_leaves(run_model(reference, copy.deepcopy(inputs), who)) if again else first
         if first.keys() != second.keys() or not all(
             torch.equal(first[k], second[k]) for k in first
@@ -403,6 +438,7 @@ def _compare_size(
                 SizeResult(b, "eager_nondeterministic", detail="eager ran twice and differed")
             )
             return
+        runs.deterministic = runs.deterministic or again
         gold = None
         if ref64 is not None:
             try:

@@ -33,6 +33,7 @@ from ptconvert.report import Report
 
 Key = tuple[str, int]  # (input name, axis)
 Point = dict[Key, int]  # sizes to set: (input, axis) → size
+Shapes = tuple[tuple[str, tuple[int, ...]], ...]  # every tensor input's shape, by name
 # judge(make_inputs, keys) → a ParityReport-like object: ``.sizes`` with ``.status``/``.detail``
 # per key (``functools.partial(parity.compare, reference, candidate)`` is one)
 Judge = Callable[[Callable[[int], dict[str, Any]], list[int]], Any]
@@ -347,6 +348,22 @@ def probe_sizes(
     return points
 
 
+def shapes_of(inputs: dict[str, Any]) -> Shapes:
+    """The shapes of ``inputs`` (their tensors), as ``known`` verdicts are keyed."""
+    return tuple(sorted((k, tuple(v.shape)) for k, v in inputs.items() if hasattr(v, "shape")))
+
+
+def _shapes_at(shapes0: dict[str, tuple[int, ...]], point: Point) -> Shapes:
+    """``shapes_of(resize(example, point))`` without making the inputs."""
+    shapes = dict(shapes0)
+    for (name, axis), size in point.items():
+        if name in shapes and axis < len(shapes[name]):
+            shape = list(shapes[name])
+            shape[axis] = size
+            shapes[name] = tuple(shape)
+    return tuple(sorted(shapes.items()))
+
+
 def resize(inputs: dict[str, Any], sizes: Point) -> dict[str, Any]:
     """``inputs`` with the given dims at the given sizes: repeated along the axis (or cut), as
     ``inputs.resize_batch`` does for dim 0. Non-tensor values come back unchanged."""
@@ -538,6 +555,7 @@ def check_ranges(
     guards: GuardSet | None = None,
     rounds: int = 2,
     try_one: bool = True,
+    known: dict[Shapes, str | None] | None = None,
 ) -> RangeReport:
     """Run the probe points through ``judge`` and say, per dynamic dim, which range holds.
 
@@ -549,6 +567,8 @@ def check_ranges(
     on the edges the guards draw. A failing end is narrowed by up to ``rounds`` more batches
     of probes. With ``try_one``, a dim whose guaranteed minimum is 2 (torch's floor for a
     dynamic dim) is also run at size 1; the result is reported beside the range, never in it.
+    ``known``: verdicts already judged at some shapes (``shapes_of`` the inputs; None for a
+    pass): a probe at those shapes takes the verdict instead of running.
     """
     sizes0 = example_sizes(dims, example)
     groups, loose = _groups(dims, sizes0, budget)
@@ -558,13 +578,17 @@ def check_ranges(
 
     def run(points: list[Point]) -> list[str | None]:
         nonlocal probes
-        if not points:
-            return []
-        probes += len(points)
-        try:
-            return _judged(judge, example, points, range(len(points)))
-        except Exception:  # the judge itself raised: the reference fails at some point
-            return [_alone(judge, example, points, i) for i in range(len(points))]
+        shapes = [_shapes_at(shapes0, p) for p in points]
+        todo = [p for p, at in zip(points, shapes, strict=True) if at not in (known or {})]
+        probes += len(todo)
+        verdicts: list[str | None] = []
+        if todo:
+            try:
+                verdicts = _judged(judge, example, todo, range(len(todo)))
+            except Exception:  # the judge itself raised: the reference fails at some point
+                verdicts = [_alone(judge, example, todo, i) for i in range(len(todo))]
+        fresh = iter(verdicts)
+        return [(known or {})[at] if at in (known or {}) else next(fresh) for at in shapes]
 
     # first batch: min / middle / max of every group (on the guards' edges when known)
     batch: list[tuple[_State, int | str]] = []
@@ -606,12 +630,17 @@ def _judged(
 ) -> list[str | None]:
     """None per point that passed, else the judge's status and detail."""
     report = judge(lambda i: resize(example, points[i]), list(keys))
-    verdict = {getattr(s, "batch", i): s for i, s in zip(keys, report.sizes, strict=False)}
+    by_key = {getattr(s, "batch", i): s for i, s in zip(keys, report.sizes, strict=False)}
     out: list[str | None] = []
     for i in keys:
-        s = verdict.get(i)
-        out.append("not judged" if s is None else None if s.status == "pass" else _why(s))
+        s = by_key.get(i)
+        out.append("not judged" if s is None else verdict(s))
     return out
+
+
+def verdict(size: Any) -> str | None:
+    """A judged size (a ``parity.SizeResult``) as ``known`` holds it: None for a pass."""
+    return None if size.status == "pass" else _why(size)
 
 
 def _why(size: Any) -> str:
@@ -828,6 +857,7 @@ def check_program(
     judge: Judge,
     rename: dict[str, str] | None = None,
     budget: int = DEFAULT_BUDGET,
+    known: dict[Shapes, str | None] | None = None,
 ) -> RangeReport:
     """Every dynamic dim of ``ep`` checked on ``example`` (named as the caller names its inputs:
     ``rename`` maps the program's input names to those), dims the model takes together moved
@@ -839,7 +869,7 @@ def check_program(
         dims = [dataclasses.replace(d, input=rename.get(d.input, d.input)) for d in dims]
     dims = tie_alike(dims, example_sizes(dims, example))
     guards = shape_guards(ep) if not rename else None
-    return check_ranges(dims, example, judge, budget=budget, guards=guards)
+    return check_ranges(dims, example, judge, budget=budget, guards=guards, known=known)
 
 
 def batch_sizes_that_hold(report: RangeReport, batches: list[int]) -> list[int]:

@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 import ptconvert
-from ptconvert.convert import engine
+from ptconvert.convert import program_check
 
 
 def test_the_default_sizes_are_chosen_by_the_models_call_time() -> None:
-    assert engine.batches_by_cost(None, 2) == ([1, 2, 3, 5, 7], [])
-    assert engine.batches_by_cost(0.001, 2) == ([1, 2, 3, 5, 7], [])  # a small model: all
-    assert engine.batches_by_cost(0.2, 2) == ([1, 2, 3, 5], [7])
-    assert engine.batches_by_cost(1.0, 2) == ([1, 2, 3], [5, 7])  # 1, 2 and a prime always
+    assert program_check.batches_by_cost(None, 2) == ([1, 2, 3, 5, 7], [])
+    assert program_check.batches_by_cost(0.001, 2) == ([1, 2, 3, 5, 7], [])  # a small model: all
+    assert program_check.batches_by_cost(0.2, 2) == ([1, 2, 3, 5], [7])
+    assert program_check.batches_by_cost(1.0, 2) == ([1, 2, 3], [5, 7])  # 1, 2 and a prime always
 
 
 def test_a_slow_model_is_compared_at_fewer_sizes_and_the_report_says_so(
     samples: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine, "COMPARE_SECONDS", 0.0)  # as if each call took long
+    monkeypatch.setattr(program_check, "COMPARE_SECONDS", 0.0)  # as if each call took long
     report = ptconvert.convert(
         samples["mlp_zip"],
         "pt2",
@@ -105,3 +106,122 @@ def test_a_factorys_model_takes_the_weights_without_a_second_copy_when_it_can(
     program = torch.export.load(tmp_path / "m.pt2").module()
     torch.testing.assert_close(program(x), model(x))
     assert all(p.dtype == torch.float32 for p in program.parameters())
+
+
+COUNTED = '''
+import os
+
+import torch
+from torch import nn
+
+
+class Counted(nn.Module):
+    """Writes a line per eager call on real tensors (not export's fake ones): size and dtype."""
+
+    def __init__(self, fails: bool = False) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.fails = fails
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if type(x) is torch.Tensor:
+            with open(os.environ["CALLS_LOG"], "a") as log:
+                log.write(f"{x.shape[0]} {x.dtype}\\n")
+        if self.fails:
+            raise ValueError("this model always fails")
+        return self.fc(x)
+
+
+def counted() -> nn.Module:
+    return Counted()
+
+
+def failing() -> nn.Module:
+    return Counted(fails=True)
+'''
+
+
+def _counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, Path]:
+    spec, log = tmp_path / "counted.py", tmp_path / "calls.log"
+    spec.write_text(COUNTED)
+    monkeypatch.setenv("CALLS_LOG", str(log))
+    namespace: dict[str, object] = {}
+    exec(compile(COUNTED, str(spec), "exec"), namespace)
+    torch.save(namespace["counted"]().state_dict(), tmp_path / "w.pt")  # type: ignore[operator]
+    return spec, log, tmp_path / "w.pt"
+
+
+def _calls(log: Path) -> list[tuple[int, str]]:
+    lines = log.read_text().split("\n") if log.exists() else []
+    return [(int(n), dtype) for n, dtype in (line.split() for line in lines if line)]
+
+
+def test_eager_runs_once_per_size_and_twice_on_one_input_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec, log, weights = _counted(tmp_path, monkeypatch)
+    report = ptconvert.convert(
+        weights,
+        "pt2",
+        tmp_path / "m.pt2",
+        model=f"{spec}:counted",
+        inputs=["x:2x8:float32"],
+        dynamic_batch=True,
+    )
+    assert report.parity is not None and report.parity.status == "pass"
+    compared = [s.batch for s in report.parity.sizes]
+    assert compared == [1, 2, 3, 5, 7]
+    fp32 = [n for n, dtype in _calls(log) if dtype == "torch.float32"]
+    # the example's size twice (the determinism check), every other size once: the batch sizes
+    # and the probes of the dynamic range share eager's outputs where their sizes meet
+    assert fp32.count(2) == 2, fp32
+    assert all(fp32.count(n) == 1 for n in set(fp32) - {2}), fp32
+    assert set(compared) <= set(fp32) and max(fp32) > 7  # the range's top was probed too
+    assert torch.export.load(tmp_path / "m.pt2").module()(torch.randn(9, 8)).shape == (9, 4)
+
+
+def test_without_the_check_the_model_never_runs_eagerly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec, log, weights = _counted(tmp_path, monkeypatch)
+    report = ptconvert.convert(
+        weights,
+        "pt2",
+        tmp_path / "m.pt2",
+        model=f"{spec}:counted",
+        inputs=["x:2x8:float32"],
+        verify=False,
+    )
+    assert report.check == "none" and _calls(log) == []  # export traced it on fake tensors
+    assert torch.export.load(tmp_path / "m.pt2").module()(torch.randn(2, 8)).shape == (2, 4)
+
+
+def _children() -> list[int]:
+    me = str(os.getpid())
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if entry.name.isdigit() and fields[1] == me and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_model_that_raises_is_said_as_such_when_capture_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ptconvert.errors import ModelRaisedError
+
+    spec, log, weights = _counted(tmp_path, monkeypatch)
+    before = _children()
+    with pytest.raises(ModelRaisedError, match=r"ValueError.*this model always fails"):
+        ptconvert.convert(
+            weights, "pt2", tmp_path / "m.pt2", model=f"{spec}:failing", inputs=["x:2x8:float32"]
+        )
+    assert not (tmp_path / "m.pt2").exists()
+    assert _calls(log) == [(2, "torch.float32")]  # run once, after export failed
+    assert _children() == before  # the interpreter started for the check is gone

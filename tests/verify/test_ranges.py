@@ -314,6 +314,34 @@ def test_probing_narrows_both_ends_in_rounds_and_says_what_is_known() -> None:
     assert report.probes == len(calls) <= 3 + 3 * 2 * 6  # first batch, 3 rounds of 2 ends
 
 
+def test_sizes_judged_already_are_not_run_again() -> None:
+    """The conversion's own comparison ran some sizes: their verdicts stand, the rest run."""
+    from ptconvert.verify.ranges import shapes_of
+
+    dim = DynamicDim("x", 0, "s0", "s0", 2, None, symbol_min=2, rank=2)
+    calls: list[int] = []
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return x
+
+    example = {"x": torch.zeros(2, 8)}
+    first = check_ranges([dim], example, runs(program), budget=4)
+    ran = sorted(set(calls))
+    assert ran == [1, 2, 5, 8] and first.status == "pass"  # the ends, a middle, and 1
+    calls.clear()
+    known = {
+        shapes_of({"x": torch.zeros(1, 8)}): "fail_to_run: size 1 refused",
+        shapes_of({"x": torch.zeros(2, 8)}): None,
+        shapes_of({"x": torch.zeros(5, 8)}): None,
+    }
+    report = check_ranges([dim], example, runs(program), budget=4, known=known)
+    assert sorted(calls) == [8] and report.probes == 1  # only the size not judged before
+    (r,) = report.dims
+    assert r.status == "holds" and 1 not in r.also, r
+    assert "size 1 refused" in r.text
+
+
 def test_every_dim_at_its_minimum_together_is_checked() -> None:
     batch = DynamicDim("x", 0, "s0", "s0", 2, None, symbol_min=2, rank=2)
     length = DynamicDim("x", 1, "s1", "s1", 2, None, symbol_min=2, rank=2)

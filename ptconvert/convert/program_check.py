@@ -1,0 +1,487 @@
+"""A written program checked against the eager model it came from.
+
+In-process formats (pt2, TorchScript): the program in memory (it shares the model's weights, no
+second copy of them) is compared with eager at several batch sizes and every dynamic dim at its
+ends, while the written file is loaded and run once in a fresh interpreter, as a user loads it.
+That interpreter starts while the route runs (importing torch is most of what it costs) and
+shares the cores with the comparison once the file exists. Isolated formats (AOTI, ONNX) are
+loaded by their own runtime and compared the same way.
+
+What the check costs follows from the model's first call (``first_call``, timed): eager runs once
+per size (its outputs kept in one ``EagerRuns`` for every comparison), twice on one input once
+per conversion (the determinism check), at sizes beyond 1, 2, 3 only while cheap
+(``batches_by_cost``); the probes of a dynamic range take the sizes the comparison ran as judged.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ptconvert import progress
+from ptconvert.convert.state import RunState
+from ptconvert.errors import PtconvertError, VerificationError
+from ptconvert.formats import FORMATS_BY_NAME
+from ptconvert.memory import FP64_BUDGET_BYTES
+from ptconvert.options import Options
+from ptconvert.verify.parity import (
+    STATEFUL_CALLS,
+    VARIED_BATCHES,
+    Determinism,
+    EagerRuns,
+    ParityReport,
+    compare,
+    fresh_each_call,
+    summarised,
+    watched_call,
+)
+
+# A probe of a dynamic dim runs the model about three times (eager, fp64, the program) at up to
+# ``budget`` × the example's size: the budget shrinks as the model's example call grows, so a
+# large model is probed at 2-4× its example instead of 16×.
+PROBE_SECONDS = 0.5
+
+
+COMPARE_SECONDS = 3.0  # the default batch sizes beyond 1, 2, 3 only within this estimate
+
+
+def batches_by_cost(
+    example_seconds: float | None, example_batch: int
+) -> tuple[list[int], list[int]]:
+    """The default sizes compared (1, 2, 3 always; the larger primes while the estimated time
+    of comparing them fits COMPARE_SECONDS) and those left out."""
+    kept: list[int] = []
+    left: list[int] = []
+    for b in VARIED_BATCHES:
+        fits = _compare_cost(example_seconds, example_batch, [*kept, b]) <= COMPARE_SECONDS
+        (kept if b <= 3 or fits else left).append(b)
+    return kept, left
+
+
+def _compare_cost(example_seconds: float | None, example_batch: int, sizes: list[int]) -> float:
+    """Eager and the program at each size, each call about linear in the batch."""
+    per_item = (example_seconds or 0.0) / max(1, example_batch)
+    return 2 * per_item * sum(sizes)
+
+
+def probe_budget(example_seconds: float | None) -> int:
+    from ptconvert.verify.ranges import DEFAULT_BUDGET
+
+    if not example_seconds:
+        return DEFAULT_BUDGET
+    return max(2, min(DEFAULT_BUDGET, int(PROBE_SECONDS / example_seconds)))
+
+
+def dynamism(state: RunState) -> tuple[bool, bool]:
+    """Whether the program has dynamic dims at all, and a dynamic batch (dim 0). TorchScript
+    (no exported program) takes any size."""
+    if state.exported is None:
+        return True, True
+    from ptconvert.verify.ranges import dynamic_dims
+
+    dims = dynamic_dims(state.exported)
+    return bool(dims), any(d.axis == 0 for d in dims)
+
+
+def first_call(state: RunState) -> EagerRuns:
+    """The model's first run, on the example inputs (``state.eager``, made once): timed, since
+    the check's sizes are chosen by it; on a copy that shares the parameters, so that the state
+    a call changes shows (``state.changes``); its outputs kept as eager's at the example's size
+    when nothing changed. A model that raises says so here (``ModelRaisedError``), before any
+    program is blamed."""
+    from ptconvert.verify.parity import run_model
+
+    assert state.inputs is not None
+    if state.eager is not None and state.eager.made_by is state.inputs:
+        return state.eager
+    import torch
+
+    sample = state.inputs.at(state.inputs.batch)
+    runs = EagerRuns(made_by=state.inputs)
+    with progress.step("running the model once on the example inputs"), torch.no_grad():
+        try:
+            started = time.perf_counter()
+            changes, outputs = watched_call(state.reference, lambda m: m, sample, "the model")
+            if changes is None:  # it cannot be copied: run as it is, its state not followed
+                outputs = run_model(state.reference, copy.deepcopy(sample), "the model")
+            state.example_seconds = time.perf_counter() - started
+        except PtconvertError as exc:
+            exc.path = exc.path or str(state.src)
+            raise
+    from ptconvert.model.wrappers import output_leaves
+
+    state.changes = changes or []
+    if not changes:
+        runs.put(state.inputs.batch, sample, output_leaves(outputs))
+    state.eager = runs
+    return runs
+
+
+def verify_program(state: RunState, to: str, artifact: Path, opts: Options) -> ParityReport | None:
+    """Load the written program with its format's own runtime and compare it with the eager
+    reference at several batch sizes (and every dynamic dim at its ends)."""
+    target = FORMATS_BY_NAME.get(to)
+    if target is None or target.kind != "program":
+        return None
+    if state.reference is None or state.inputs is None:
+        state.notes.append("parity not checked: no eager reference or example inputs")
+        return None
+    if target.isolated:  # its runtime loads the written file in a process of its own
+        first_call(state)
+        with progress.step(f"loading the {to} file to compare it"):
+            program = target.open(artifact, opts.device)
+        try:
+            return _compare_program(state, to, program, opts)
+        finally:
+            program.close()
+    # In-process formats: the program in memory is compared at every size; the written file is
+    # run in a fresh process beside that comparison, at the example's size, its outputs compared
+    # with eager's there: what was written is what was compared.
+    fresh, state.fresh = state.fresh or FreshLoad(to), None
+    try:
+        runs = first_call(state)
+        sample = runs.inputs.get(state.inputs.batch) or state.inputs.at(state.inputs.batch)
+        # a program exported positionally is called so; the others by keyword (TorchScript
+        # binds either way)
+        fresh.load(artifact, run=sample, positional=state.positional)
+        with fresh.sharing_cores():
+            report = _compare_program(state, to, _in_memory(state, target, artifact), opts)
+            with progress.step("running the written file in a fresh process"):
+                outputs = fresh.finish(state)
+        if outputs is not None:
+            # a stateful model is compared from its saved state, as the file starts from it
+            reference = state.reference
+            eager_known: EagerRuns | None = runs
+            if state.changes:
+                reference, eager_known = fresh_each_call(reference, lambda m: m, 1), None
+            written = compare(
+                reference,
+                lambda **_: outputs,
+                lambda b: sample,
+                [state.inputs.batch],
+                determinism="done",
+                eager=eager_known,
+            )
+            if written.status != "pass":
+                raise VerificationError(
+                    f"the written {to}, loaded in a fresh process, differs from eager at batch "
+                    f"{state.inputs.batch}: {written.sizes[0].detail}",
+                    path=state.src,
+                )
+        return report
+    finally:
+        fresh.stop()
+
+
+def _in_memory(state: RunState, target: Any, artifact: Path) -> Any:
+    """The program just written, as its format's ``open`` would give it, from memory."""
+    from ptconvert.formats.program import Program, by_position
+
+    if state.exported is not None and state.scripted is None:
+        from ptconvert.formats.pt2 import program_from_exported
+
+        return program_from_exported(state.exported)
+    if state.scripted is not None and state.exported is None:
+        names = [a.name for a in state.scripted.forward.schema.arguments[1:]]
+        return Program(
+            by_position(state.scripted, names),
+            None,
+            state.scripted,
+            lambda m: by_position(m, names),
+        )
+    return target.open(artifact)  # neither, or both (TS2EP): the file itself
+
+
+def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> ParityReport:
+    assert state.inputs is not None
+    candidate: Any = program.call
+    reference: Any = state.reference
+    runs = first_call(state)
+    # several sizes (and so several input draws): a frozen branch or shape shows at one of them
+    exported = state.exported is not None
+    any_dynamic, batch_dynamic = dynamism(state)
+    batches = [state.inputs.batch]
+    if batch_dynamic:
+        batches, left = batches_by_cost(state.example_seconds, state.inputs.batch)
+        if left:
+            state.notes.append(
+                f"compared at batch sizes {batches}: {left} would take about "
+                f"{_compare_cost(state.example_seconds, state.inputs.batch, left):.0f} s more "
+                f"(sizes are chosen by the model's call time; `ptconvert verify --batch-sizes` "
+                "checks any)"
+            )
+    changed = state.changes
+    if changed and program.module is not None and program.call_of is not None:
+        # the model updates its own state on every call: both sides start from the saved state
+        # and make the same calls in a row, every call's outputs compared
+        reference = fresh_each_call(reference, lambda m: m, STATEFUL_CALLS)
+        candidate = fresh_each_call(program.module, program.call_of, STATEFUL_CALLS)
+        state.notes.append(
+            f"stateful model: a call changes its {', '.join(changed)}; the program and the eager "
+            f"model were each run {STATEFUL_CALLS} times in a row from their saved state and "
+            "every call compared"
+        )
+    elif changed:
+        reference = fresh_each_call(reference, lambda m: m, 1)
+        state.notes.append(
+            f"stateful model: a call changes its {', '.join(changed)}; the {to} runtime runs in "
+            "another process and cannot be reset: each size compared on its first call"
+        )
+    if changed:  # eager's outputs so far came from another call than these: not reused
+        runs = EagerRuns(made_by=state.inputs)
+    with progress.step(f"comparing the {to} program with eager at batch sizes {batches}"):
+        report = compare(
+            reference, candidate, state.inputs.at, batches, determinism="once", eager=runs
+        )
+    ranged = program.exported or (state.exported if exported else None)
+    if ranged is not None and any_dynamic:
+        held = _check_dynamic_dims(state, ranged, reference, candidate, runs, report)
+        report = _at_sizes(report, held, reference, candidate, state, runs)
+    if not report.fp64_reference:
+        from ptconvert.verify.parity import fp64_bytes
+
+        size = fp64_bytes(state.reference)
+        state.notes.append(
+            "the reference is the eager model in its own precision, run twice (the determinism "
+            "check): "
+            + (
+                f"an fp64 copy of it ({size / 2**30:.1f} GiB) is over the budget"
+                if size > FP64_BUDGET_BYTES
+                else "it cannot be copied to fp64"
+            )
+        )
+    if report.status != "pass":
+        bad = report.failed[0]
+        raise VerificationError(
+            f"the converted program differs from eager at batch {bad.batch}: {bad.status} "
+            f"({bad.detail})",
+            path=state.src,
+            hint=_hint_for(bad.status, to, opts, exported),
+        )
+    return report
+
+
+def _at_sizes(
+    report: ParityReport,
+    held: list[int],
+    reference: Any,
+    candidate: Any,
+    state: RunState,
+    runs: EagerRuns,
+) -> ParityReport:
+    """The comparison at the sizes inside the range that holds: those compared already, the
+    others (the range's minimum when none was inside) compared now."""
+    assert state.inputs is not None
+    done = {s.batch: s for s in report.sizes}
+    missing = [b for b in held if b not in done]
+    if missing:
+        more = compare(
+            reference, candidate, state.inputs.at, missing, determinism="once", eager=runs
+        )
+        done.update({s.batch: s for s in more.sizes})
+    return summarised([done[b] for b in held], report.fp64_reference, report.tolerance)
+
+
+def _hint_for(status: str, to: str, opts: Options, exported: bool) -> str:
+    if status == "eager_nondeterministic":
+        return "the eager model gives different outputs on the same inputs: eval mode, no dropout"
+    if FORMATS_BY_NAME[to].isolated:
+        return f"the {to} runtime computes something else than eager: check the pt2 route first"
+    if not exported and opts.method != "trace":  # TorchScript, scripted
+        return "the graph tried the routes it has; --method trace or export (--to pt2) differ"
+    return "a trace may have frozen a branch or a shape: try --method script, or export"
+
+
+def _check_dynamic_dims(
+    state: RunState,
+    ep: Any,
+    reference: Any,
+    candidate: Any,
+    runs: EagerRuns,
+    compared: ParityReport,
+) -> list[int]:
+    """Run every dynamic dim at its ends and between (``verify.ranges``); record the range that
+    holds, in words. Returns the batch sizes of ``compared`` inside the batch dim's range.
+
+    The sizes ``compared`` ran at are judged already, unless one of them computed something
+    else than eager (then its shape is probed on the example's own rows: a value a trace froze
+    is not a size the program rejects)."""
+    from functools import partial
+
+    from ptconvert.verify.ranges import (
+        batch_sizes_that_hold,
+        check_program,
+        shapes_of,
+        verdict,
+    )
+
+    assert state.inputs is not None
+    example = state.inputs.at(
+        max(state.inputs.batch, 2) if dynamism(state)[1] else state.inputs.batch
+    )
+    known = None
+    if all(s.status in ("pass", "fail_to_run") for s in compared.sizes):
+        known = {shapes_of(runs.inputs[s.batch]): verdict(s) for s in compared.sizes}
+    budget = probe_budget(state.example_seconds)
+    with progress.step("checking every dynamic dimension at its ends"):
+        # probes are keyed by their index: each judgement starts its own eager outputs
+        determinism: Determinism = "done" if runs.deterministic else "once"
+        judge = partial(compare, reference, candidate, determinism=determinism)
+        ranges = check_program(ep, example, judge, budget=budget, known=known)
+    batches = [s.batch for s in compared.sizes]
+    if not ranges.dims:
+        return batches
+    state.dynamic_range = {r.dim.where: r.text for r in ranges.dims}
+    if ranges.status == "fail":
+        raise VerificationError(
+            "no size of a dynamic dimension gives the eager result: " + "; ".join(ranges.texts),
+            path=state.src,
+            hint="drop --dynamic for that dimension, or bound it: --dynamic NAME:AXIS:MIN:MAX",
+        )
+    if ranges.status == "narrowed":
+        state.notes.append(
+            "the program does not run on the whole range torch reports; it runs for: "
+            + "; ".join(ranges.texts)
+        )
+    return batch_sizes_that_hold(ranges, batches)
+
+
+class FreshLoad:
+    """A new interpreter with only the format's runtime imported, that loads a written file as
+    a user does. It starts at once and imports torch while the caller goes on; ``load`` hands it
+    the file (and, with ``run``, inputs to run the program on); ``finish`` collects its verdict
+    and the outputs it computed. A program whose output spec needs another package's pytree
+    registrations fails there (a copy of such a program is loaded as ptconvert loads it)."""
+
+    def __init__(self, to: str, *, torch_only: bool = True) -> None:
+        import os
+        import subprocess
+        import sys
+
+        fmt = FORMATS_BY_NAME[to]
+        self.to = to
+        self._load = fmt.load_line
+        if not torch_only:
+            self._load = (
+                "from pathlib import Path\nfrom ptconvert.formats import FORMATS_BY_NAME\n"
+                f"FORMATS_BY_NAME[{to!r}].open(Path(p)).close()"
+            )
+        self._runs = False
+        self._dir = Path(tempfile.mkdtemp(prefix="ptconvert-fresh-"))
+        self._log: Any = None
+        self._proc: Any = None
+        self.threads = _own_threads()
+        # what the format's load imports, imported before the file exists; the rest of its code
+        # comes on stdin once it does
+        warm = ""
+        if fmt.warm_line:
+            warm = f"try:\n    {fmt.warm_line}\nexcept ImportError:\n    pass\n"
+        code = (
+            f"import sys, torch\ntorch.set_num_threads({self.threads})\n{warm}"
+            "exec(compile(sys.stdin.read(), '<the file, loaded>', 'exec'))\n"
+        )
+        try:
+            # its messages go to a file: a pipe nobody reads while the comparison runs fills
+            self._log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by finish/stop)
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", code],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=self._log,
+                text=True,
+                env={**os.environ, "OMP_NUM_THREADS": str(self.threads)},
+            )
+        except BaseException:
+            self.stop()
+            raise
+
+    def load(
+        self,
+        artifact: Path,
+        *,
+        run: dict[str, Any] | None = None,
+        positional: list[str] | None = None,
+    ) -> None:
+        """Hand the interpreter ``artifact`` to load (and run on ``run``)."""
+        import torch
+
+        code = f"p = {str(artifact)!r}\n{self._load}\n"
+        if run is not None:
+            # tensors and Python scalars alike, read back with weights_only=True
+            torch.save(dict(run), self._dir / "in")
+            call = (
+                f"prog(*[feeds[n] for n in {positional!r}])"
+                if positional is not None
+                else "prog(**feeds)"
+            )
+            code += _RUN_ONCE.format(dir=str(self._dir), call=call)
+            self._runs = True
+        try:
+            self._proc.stdin.write(code)
+            self._proc.stdin.close()
+        except BrokenPipeError:  # it ended already: finish says why
+            pass
+
+    @contextmanager
+    def sharing_cores(self) -> Iterator[None]:
+        """This process computes on the cores the interpreter leaves free while it may run (two
+        pools of threads on one set of cores slow each other down many times over)."""
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(max(1, before - self.threads))
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
+    def finish(self, state: RunState) -> tuple[Any, ...] | None:
+        import torch
+
+        self._proc.wait()
+        self._log.seek(0)
+        stderr = self._log.read()
+        if self._proc.returncode != 0:
+            last = (stderr.strip().splitlines() or ["?"])[-1]
+            raise VerificationError(
+                f"the written {self.to} does not load in a fresh Python process: {last[:300]}",
+                path=state.src,
+            )
+        if not self._runs:
+            return None
+        return tuple(torch.load(self._dir / "out", weights_only=True))
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        if self._proc is not None and self._proc.stdin is not None:
+            self._proc.stdin.close()
+        if self._log is not None:
+            self._log.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _own_threads() -> int:
+    """The fresh interpreter's threads: a quarter of this process's, at least one."""
+    import torch
+
+    return max(1, torch.get_num_threads() // 4)
+
+
+# what the fresh process runs after loading: the example's inputs in, every output tensor out
+_RUN_ONCE = """
+from torch.utils._pytree import tree_leaves
+feeds = torch.load("{dir}/in", weights_only=True)
+with torch.no_grad():
+    out = {call}
+if hasattr(out, "to_tuple"):
+    out = out.to_tuple()
+torch.save([t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], "{dir}/out")
+"""
