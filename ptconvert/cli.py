@@ -217,7 +217,11 @@ _CONVERSION_OPTIONS = (
     click.option(
         "--skip-unsupported", is_flag=True, help="Leave out quantized/sparse/nested tensors."
     ),
-    click.option("--batch-sizes", help="With --bench: batch sizes to time (e.g. 1,8,32)."),
+    click.option(
+        "--batch-sizes",
+        help="Batch sizes to compare a dynamic-batch program with eager at (default 1, 2, 3, "
+        "and 5, 7 when the model is fast), and with --bench to time (e.g. 1,8,32).",
+    ),
 )
 
 
@@ -369,6 +373,7 @@ def _options(options: dict[str, Any]) -> Any:
         onnx_optimize=options["onnx_optimize"],
         force_memory=options["force_memory"],
         cache=not options["no_cache"],
+        batch_sizes=_batch_sizes(options["batch_sizes"]),
     )
 
 

@@ -46,6 +46,8 @@ class Options:
     onnx_optimize: bool = False  # onnx targets: onnxscript's graph optimizer on the result
     force_memory: bool = False  # convert a program although the estimate exceeds free memory
     cache: bool = True  # programs: reuse a verified artifact of the same inputs (convert/cache.py)
+    # the batch sizes a dynamic-batch program is compared at (None: 1, 2, 3 and more when cheap)
+    batch_sizes: list[int] | None = None
 
     def validate(self) -> Options:
         """Each value of the type and range its option takes (an API caller has no CLI to
@@ -70,6 +72,13 @@ class Options:
             raise UsageError(f"max_shard_size is a size such as '5GB', got {self.max_shard_size!r}")
         if self.opset is not None and (not isinstance(self.opset, int) or self.opset < 1):
             raise UsageError(f"opset is a positive integer, got {self.opset!r}")
+        sizes = self.batch_sizes
+        if sizes is not None and (
+            not isinstance(sizes, list)
+            or not sizes
+            or not all(isinstance(b, int) and b >= 1 for b in sizes)
+        ):
+            raise UsageError(f"batch_sizes is a list of batch sizes of 1 or more, got {sizes!r}")
         if not isinstance(self.seed, int):
             raise UsageError(f"seed is an integer, got {self.seed!r}")
         return self

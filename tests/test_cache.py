@@ -151,6 +151,8 @@ def _another_value(f: dataclasses.Field[Any], kind: Any, tmp_path: Path) -> Any:
         return (default or 0) + 1
     if base is str:
         return "changed"
+    if base is list and typing.get_args(kind) == (int,):
+        return [*(default or []), 4]
     if base is list:
         return [*default, "x:4x8:float32"]
     if base is dict:

@@ -207,14 +207,20 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
     exported = state.exported is not None
     any_dynamic, batch_dynamic = dynamism(state)
     batches = [state.inputs.batch]
-    if batch_dynamic:
+    if opts.batch_sizes and not batch_dynamic:
+        state.notes.append(
+            f"compared at batch {state.inputs.batch} only, not at --batch-sizes: the program's "
+            "batch is static (--dynamic-batch makes it dynamic)"
+        )
+    if batch_dynamic and opts.batch_sizes:
+        batches = list(dict.fromkeys(opts.batch_sizes))
+    elif batch_dynamic:
         batches, left = batches_by_cost(state.example_seconds, state.inputs.batch)
         if left:
             state.notes.append(
                 f"compared at batch sizes {batches}: {left} would take about "
                 f"{_compare_cost(state.example_seconds, state.inputs.batch, left):.0f} s more "
-                f"(sizes are chosen by the model's call time; `ptconvert verify --batch-sizes` "
-                "checks any)"
+                "(sizes are chosen by the model's call time; --batch-sizes chooses them)"
             )
     changed = state.changes
     if changed and program.module is not None and program.call_of is not None:

@@ -14,7 +14,8 @@ import importlib
 import importlib.util
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,19 @@ class HfModel:
     notes: list[str]
 
 
+@contextmanager
+def _no_progress_bar(transformers: Any) -> Iterator[None]:
+    """transformers' own "Loading weights" bar off while it loads, as it was after."""
+    hf_logging = transformers.utils.logging
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def module_from_hf(
     directory: Path, task: str | None, shapes: dict[str, tuple[int, ...]]
 ) -> HfModel:
@@ -148,7 +162,10 @@ def module_from_hf(
             f"config.json names no architectures: chose {cls.__name__}, the class for model type "
             f"{config.model_type!r} whose parameters the weights cover (--task overrides)"
         )
-    model, info = cls.from_pretrained(directory, local_files_only=True, output_loading_info=True)
+    with _no_progress_bar(transformers):  # ptconvert's own progress names the step
+        model, info = cls.from_pretrained(
+            directory, local_files_only=True, output_loading_info=True
+        )
     bad = {k: v for k, v in info.items() if k in ("missing_keys", "mismatched_keys") and v}
     if bad:
         raise UnsupportedConversionError(

@@ -41,9 +41,12 @@ def gpt2_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_directory_without_architectures_takes_the_class_its_weights_fit(
-    gpt2_bin: Path, tmp_path: Path
+    gpt2_bin: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     report = convert_program(gpt2_bin, "pt2", tmp_path / "g.pt2", Options(dynamic_batch=True))
+    # transformers' own "Loading weights" bar is not shown beside ptconvert's progress
+    assert "Loading weights" not in capfd.readouterr().err
+    assert transformers.utils.logging.is_progress_bar_enabled()  # and is on again after
     assert report.parity is not None and report.parity.status == "pass"
     assert any("chose GPT2LMHeadModel" in n for n in report.notes)
     # GPT-2's forward has past_key_values between input_ids and attention_mask: by keyword

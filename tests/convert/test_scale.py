@@ -225,3 +225,22 @@ def test_a_model_that_raises_is_said_as_such_when_capture_fails(
     assert not (tmp_path / "m.pt2").exists()
     assert _calls(log) == [(2, "torch.float32")]  # run once, after export failed
     assert _children() == before  # the interpreter started for the check is gone
+
+
+def test_batch_sizes_choose_the_sizes_compared(
+    samples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.conftest import run_cli
+
+    args = [str(samples["mlp_zip"]), "--to", "pt2", "--model", "fixtures.models:MLP"]
+    args += ["--input", "x:2x8:float32", "--batch-sizes", "4,6"]
+    code, report, _ = run_cli([*args, "--dynamic-batch", "-o", str(tmp_path / "d.pt2")], capsys)
+    assert code == 0, report
+    assert [s["batch"] for s in report["parity"]["sizes"]] == [4, 6]
+    assert not any("would take about" in n for n in report["notes"])
+    code, report, _ = run_cli([*args, "-o", str(tmp_path / "s.pt2")], capsys)  # a static batch
+    assert code == 0, report
+    assert [s["batch"] for s in report["parity"]["sizes"]] == [2]
+    assert any("not at --batch-sizes" in n for n in report["notes"]), report["notes"]
+    with pytest.raises(ptconvert.UsageError, match="batch_sizes"):
+        ptconvert.convert(samples["mlp_zip"], "pt2", tmp_path / "x.pt2", batch_sizes=[0])
