@@ -271,12 +271,16 @@ def _run(
 ) -> Iterator[tuple[_Task, dict[str, Any]]]:
     """Results as they finish, at most ``jobs`` at once; without ``keep_going`` nothing new
     starts after a failure (those already running finish). A model whose worker died is run
-    once more: a crash takes the models converted beside it down too."""
+    once more, alone: a crash takes the models converted beside it down too, and the model that
+    crashed would take them down again."""
     queue = list(todo)
     running: dict[Future[dict[str, Any]], _Task] = {}
     stop = False
     while running or (queue and not stop):
         while queue and not stop and len(running) < jobs:
+            retrying = any(t.tries > 1 for t in running.values())
+            if retrying or (queue[0].tries and running):
+                break
             task = queue.pop(0)
             task.tries += 1
             args = (convert, str(task.src), to, str(task.out), task.opts)

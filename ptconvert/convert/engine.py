@@ -251,11 +251,11 @@ def _run_route(
     parity check fails), the output written and checked."""
     state = RunState(src, d.format, inputs=user_inputs(opts), destination=out)
     target = FORMATS_BY_NAME.get(to)
-    if opts.verify and target is not None and target.kind == "program" and not target.isolated:
-        state.fresh = FreshLoad(to)  # the check's interpreter imports torch while the route runs
     records: list[StepRecord] = []
     route: list[str] = []
     with atomic_path(out) as tmp, _staging(state):
+        if opts.verify and target is not None and target.kind == "program" and not target.isolated:
+            state.fresh = FreshLoad(to)  # the check's interpreter imports torch meanwhile
         state.output = tmp
         node, queue = d.format, list(current.edges)
         taken: list[Edge] = []
@@ -274,7 +274,7 @@ def _run_route(
                     raise  # the user's options or the model itself: no other route helps
                 except PtconvertError as exc:
                     records.append(_record(edge, t0, "failed", state, notes_before, exc.message))
-                    if edge.step in CAPTURING_STEPS and state.reference is not None:
+                    if edge.step in CAPTURING_STEPS and _runnable(state):
                         first_call(state)  # the model's own error, if it raises, is the news
                     banned.add(edge)
                     replanned = _replan(node, to, d.format, opts, banned, exc)
@@ -396,6 +396,10 @@ def _interface(
     }
 
 
+def _runnable(state: RunState) -> bool:
+    return state.reference is not None and state.inputs is not None
+
+
 def _check_inputs(state: RunState) -> None:
     """An input the model needs and was not given is said before anything is captured. The
     model itself first runs in the check (``program_check.first_call``), or when a capture
@@ -405,7 +409,32 @@ def _check_inputs(state: RunState) -> None:
 
     if state.inputs is None or state.module is None:
         return
-    check_provided(required_inputs(state.module), state.inputs.at(state.inputs.batch), state.src)
+    sample = state.inputs.at(state.inputs.batch)
+    check_provided(required_inputs(state.module), sample, state.src)
+    _initialise_lazy(state, sample)
+
+
+def _initialise_lazy(state: RunState, sample: dict[str, Any]) -> None:
+    """A model with lazy modules (``nn.LazyLinear``) becomes a plain one at its first call (its
+    weights made, or taken from the checkpoint): it is called once on the example before
+    anything captures it, as a user's first call would."""
+    import copy
+
+    import torch
+    from torch.nn.modules.lazy import LazyModuleMixin
+
+    from ptconvert.verify.parity import run_model
+
+    # a lazy module stays one (its hooks, its class) until its first call, loaded weights or not
+    if not any(isinstance(m, LazyModuleMixin) for m in state.module.modules()):
+        return
+    with progress.step("initialising the lazy modules"), torch.no_grad():
+        try:
+            run_model(state.module, copy.deepcopy(sample), "the model")
+        except PtconvertError as exc:
+            exc.path = exc.path or str(state.src)
+            raise
+    state.notes.append("the model has lazy modules: it was called once before capture")
 
 
 # steps that turn a module into a program: the ones a failed parity check rules out

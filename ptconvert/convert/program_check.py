@@ -26,7 +26,7 @@ from typing import Any
 
 from ptconvert import progress
 from ptconvert.convert.state import RunState
-from ptconvert.errors import PtconvertError, VerificationError
+from ptconvert.errors import ModelRaisedError, PtconvertError, VerificationError
 from ptconvert.formats import FORMATS_BY_NAME
 from ptconvert.memory import FP64_BUDGET_BYTES
 from ptconvert.options import Options
@@ -241,14 +241,27 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
         )
     if changed:  # eager's outputs so far came from another call than these: not reused
         runs = EagerRuns(made_by=state.inputs)
-    with progress.step(f"comparing the {to} program with eager at batch sizes {batches}"):
-        report = compare(
-            reference, candidate, state.inputs.at, batches, determinism="once", eager=runs
-        )
     ranged = program.exported or (state.exported if exported else None)
-    if ranged is not None and any_dynamic:
-        held = _check_dynamic_dims(state, ranged, reference, candidate, runs, report)
+    dynamic = ranged is not None and any_dynamic
+    report: ParityReport | None = None
+    with progress.step(f"comparing the {to} program with eager at batch sizes {batches}"):
+        try:
+            report = compare(
+                reference, candidate, state.inputs.at, batches, determinism="once", eager=runs
+            )
+        except ModelRaisedError:
+            if not dynamic:
+                raise
+            # eager itself fails at one of the sizes: the range check says which hold first
+    if dynamic:
+        held = _check_dynamic_dims(state, ranged, reference, candidate, runs, batches, report)
         report = _at_sizes(report, held, reference, candidate, state, runs)
+        dropped = [b for b in batches if b not in held]
+        if opts.batch_sizes and dropped:
+            state.notes.append(
+                f"--batch-sizes {dropped} left out: outside the range the program runs for"
+            )
+    assert report is not None
     if not report.fp64_reference:
         from ptconvert.verify.parity import fp64_bytes
 
@@ -274,7 +287,7 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
 
 
 def _at_sizes(
-    report: ParityReport,
+    report: ParityReport | None,
     held: list[int],
     reference: Any,
     candidate: Any,
@@ -284,13 +297,15 @@ def _at_sizes(
     """The comparison at the sizes inside the range that holds: those compared already, the
     others (the range's minimum when none was inside) compared now."""
     assert state.inputs is not None
-    done = {s.batch: s for s in report.sizes}
+    done = {s.batch: s for s in report.sizes} if report is not None else {}
     missing = [b for b in held if b not in done]
     if missing:
         more = compare(
             reference, candidate, state.inputs.at, missing, determinism="once", eager=runs
         )
         done.update({s.batch: s for s in more.sizes})
+        report = report or more
+    assert report is not None  # held is never empty: compared now when nothing was before
     return summarised([done[b] for b in held], report.fp64_reference, report.tolerance)
 
 
@@ -310,14 +325,15 @@ def _check_dynamic_dims(
     reference: Any,
     candidate: Any,
     runs: EagerRuns,
-    compared: ParityReport,
+    batches: list[int],
+    compared: ParityReport | None,
 ) -> list[int]:
     """Run every dynamic dim at its ends and between (``verify.ranges``); record the range that
-    holds, in words. Returns the batch sizes of ``compared`` inside the batch dim's range.
+    holds, in words. Returns the sizes of ``batches`` inside the batch dim's range.
 
     The sizes ``compared`` ran at are judged already, unless one of them computed something
     else than eager (then its shape is probed on the example's own rows: a value a trace froze
-    is not a size the program rejects)."""
+    is not a size the program rejects); None: eager failed at one of them, nothing is known."""
     from functools import partial
 
     from ptconvert.verify.ranges import (
@@ -332,7 +348,7 @@ def _check_dynamic_dims(
         max(state.inputs.batch, 2) if dynamism(state)[1] else state.inputs.batch
     )
     known = None
-    if all(s.status in ("pass", "fail_to_run") for s in compared.sizes):
+    if compared is not None and all(s.status in ("pass", "fail_to_run") for s in compared.sizes):
         known = {shapes_of(runs.inputs[s.batch]): verdict(s) for s in compared.sizes}
     budget = probe_budget(state.example_seconds)
     with progress.step("checking every dynamic dimension at its ends"):
@@ -340,7 +356,6 @@ def _check_dynamic_dims(
         determinism: Determinism = "done" if runs.deterministic else "once"
         judge = partial(compare, reference, candidate, determinism=determinism)
         ranges = check_program(ep, example, judge, budget=budget, known=known)
-    batches = [s.batch for s in compared.sizes]
     if not ranges.dims:
         return batches
     state.dynamic_range = {r.dim.where: r.text for r in ranges.dims}

@@ -244,3 +244,114 @@ def test_batch_sizes_choose_the_sizes_compared(
     assert any("not at --batch-sizes" in n for n in report["notes"]), report["notes"]
     with pytest.raises(ptconvert.UsageError, match="batch_sizes"):
         ptconvert.convert(samples["mlp_zip"], "pt2", tmp_path / "x.pt2", batch_sizes=[0])
+
+
+EDGES = '''
+import torch
+from torch import nn
+
+
+class Capped(nn.Module):
+    """Takes at most 4 rows (a buffer of one row per batch item): eager fails at 5."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.register_buffer("rows", torch.randn(4, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) + self.rows[: x.shape[0]]
+
+
+class Lazy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.LazyLinear(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def capped() -> nn.Module:
+    return Capped()
+
+
+def lazy() -> nn.Module:
+    return Lazy()
+'''
+
+
+def _edges(tmp_path: Path, factory: str) -> tuple[Path, Path]:
+    spec = tmp_path / "edges.py"
+    spec.write_text(EDGES)
+    namespace: dict[str, object] = {}
+    exec(compile(EDGES, str(spec), "exec"), namespace)
+    model = namespace[factory]()  # type: ignore[operator]
+    if factory == "lazy":
+        model(torch.randn(2, 8))  # its weights exist after a first call
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    return spec, tmp_path / "w.pt"
+
+
+def test_a_model_that_runs_for_a_few_batch_sizes_converts_with_that_range(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Eager itself fails at the default sizes past 4: the range check says which sizes hold
+    before they are compared, not "the model raised"."""
+    from tests.conftest import run_cli
+
+    spec, weights = _edges(tmp_path, "capped")
+    args = [str(weights), "--to", "pt2", "--model", f"{spec}:capped", "--dynamic-batch"]
+    args += ["--input", "x:2x8:float32", "-o", str(tmp_path / "c.pt2")]
+    code, report, _ = run_cli(args, capsys)
+    assert code == 0, report
+    assert [s["batch"] for s in report["parity"]["sizes"]] == [1, 2, 3]
+    assert report["dynamic_range"]["x dim 0"].startswith("batch 2–4")
+    code, report, _ = run_cli([*args, "--batch-sizes", "2,6", "--force"], capsys)
+    assert code == 0, report
+    assert [s["batch"] for s in report["parity"]["sizes"]] == [2]
+    assert any("--batch-sizes [6] left out" in n for n in report["notes"]), report["notes"]
+
+
+def test_lazy_modules_are_settled_before_capture(tmp_path: Path) -> None:
+    spec, weights = _edges(tmp_path, "lazy")
+    report = ptconvert.convert(
+        weights, "torchscript", tmp_path / "l.ts", model=f"{spec}:lazy", inputs=["x:2x8:float32"]
+    )
+    assert report.check == "parity"
+    assert any("lazy modules" in n for n in report.notes), report.notes
+    scripted = torch.jit.load(tmp_path / "l.ts")
+    weights_back = torch.load(weights, weights_only=True)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(
+        scripted(x), x @ weights_back["fc.weight"].T + weights_back["fc.bias"]
+    )
+
+
+UNSCRIPTABLE = """
+import torch
+from torch import nn
+
+
+class Unscriptable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, **options: object) -> torch.Tensor:
+        return self.fc(x)
+"""
+
+
+def test_a_failed_capture_without_example_inputs_says_what_to_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No inputs to run the model on: the capture's own message, not the model's first run."""
+    import importlib
+
+    (tmp_path / "unscriptable_net.py").write_text(UNSCRIPTABLE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("unscriptable_net")
+    torch.save(module.Unscriptable().eval(), tmp_path / "full.pt")
+    with pytest.raises(ptconvert.MissingRequirementError, match="needs example inputs"):
+        ptconvert.convert(tmp_path / "full.pt", "torchscript", tmp_path / "o.ts", trust=True)
