@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -141,14 +142,40 @@ def failing() -> nn.Module:
 '''
 
 
-def _counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, Path]:
-    spec, log = tmp_path / "counted.py", tmp_path / "calls.log"
-    spec.write_text(COUNTED)
-    monkeypatch.setenv("CALLS_LOG", str(log))
+def _factory(tmp_path: Path, source: str, factory: str, call: bool = False) -> tuple[Path, Path]:
+    """``source`` written as a model file and the state dict of ``factory``'s model (called
+    once first with ``call``: a lazy module's weights exist after it)."""
+    spec = tmp_path / "nets_under_test.py"
+    spec.write_text(source)
     namespace: dict[str, object] = {}
-    exec(compile(COUNTED, str(spec), "exec"), namespace)
-    torch.save(namespace["counted"]().state_dict(), tmp_path / "w.pt")  # type: ignore[operator]
-    return spec, log, tmp_path / "w.pt"
+    exec(compile(source, str(spec), "exec"), namespace)
+    model = namespace[factory]()  # type: ignore[operator]
+    if call:
+        model(torch.randn(2, 8))
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    return spec, tmp_path / "w.pt"
+
+
+def _counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, Path]:
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("CALLS_LOG", str(log))
+    spec, weights = _factory(tmp_path, COUNTED, "counted")
+    return spec, log, weights
+
+
+def _convert_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options: Any
+) -> tuple[Any, Path]:
+    spec, log, weights = _counted(tmp_path, monkeypatch)
+    report = ptconvert.convert(
+        weights,
+        "pt2",
+        tmp_path / "m.pt2",
+        model=f"{spec}:counted",
+        inputs=["x:2x8:float32"],
+        **options,
+    )
+    return report, log
 
 
 def _calls(log: Path) -> list[tuple[int, str]]:
@@ -159,15 +186,7 @@ def _calls(log: Path) -> list[tuple[int, str]]:
 def test_eager_runs_once_per_size_and_twice_on_one_input_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spec, log, weights = _counted(tmp_path, monkeypatch)
-    report = ptconvert.convert(
-        weights,
-        "pt2",
-        tmp_path / "m.pt2",
-        model=f"{spec}:counted",
-        inputs=["x:2x8:float32"],
-        dynamic_batch=True,
-    )
+    report, log = _convert_counted(tmp_path, monkeypatch, dynamic_batch=True)
     assert report.parity is not None and report.parity.status == "pass"
     compared = [s.batch for s in report.parity.sizes]
     assert compared == [1, 2, 3, 5, 7]
@@ -183,15 +202,7 @@ def test_eager_runs_once_per_size_and_twice_on_one_input_only(
 def test_without_the_check_the_model_never_runs_eagerly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spec, log, weights = _counted(tmp_path, monkeypatch)
-    report = ptconvert.convert(
-        weights,
-        "pt2",
-        tmp_path / "m.pt2",
-        model=f"{spec}:counted",
-        inputs=["x:2x8:float32"],
-        verify=False,
-    )
+    report, log = _convert_counted(tmp_path, monkeypatch, verify=False)
     assert report.check == "none" and _calls(log) == []  # export traced it on fake tensors
     assert torch.export.load(tmp_path / "m.pt2").module()(torch.randn(2, 8)).shape == (2, 4)
 
@@ -281,18 +292,6 @@ def lazy() -> nn.Module:
 '''
 
 
-def _edges(tmp_path: Path, factory: str) -> tuple[Path, Path]:
-    spec = tmp_path / "edges.py"
-    spec.write_text(EDGES)
-    namespace: dict[str, object] = {}
-    exec(compile(EDGES, str(spec), "exec"), namespace)
-    model = namespace[factory]()  # type: ignore[operator]
-    if factory == "lazy":
-        model(torch.randn(2, 8))  # its weights exist after a first call
-    torch.save(model.state_dict(), tmp_path / "w.pt")
-    return spec, tmp_path / "w.pt"
-
-
 def test_a_model_that_runs_for_a_few_batch_sizes_converts_with_that_range(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -300,7 +299,7 @@ def test_a_model_that_runs_for_a_few_batch_sizes_converts_with_that_range(
     before they are compared, not "the model raised"."""
     from tests.conftest import run_cli
 
-    spec, weights = _edges(tmp_path, "capped")
+    spec, weights = _factory(tmp_path, EDGES, "capped")
     args = [str(weights), "--to", "pt2", "--model", f"{spec}:capped", "--dynamic-batch"]
     args += ["--input", "x:2x8:float32", "-o", str(tmp_path / "c.pt2")]
     code, report, _ = run_cli(args, capsys)
@@ -314,7 +313,7 @@ def test_a_model_that_runs_for_a_few_batch_sizes_converts_with_that_range(
 
 
 def test_lazy_modules_are_settled_before_capture(tmp_path: Path) -> None:
-    spec, weights = _edges(tmp_path, "lazy")
+    spec, weights = _factory(tmp_path, EDGES, "lazy", call=True)
     report = ptconvert.convert(
         weights, "torchscript", tmp_path / "l.ts", model=f"{spec}:lazy", inputs=["x:2x8:float32"]
     )
