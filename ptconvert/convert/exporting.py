@@ -161,8 +161,14 @@ def _away_from_the_minimum(state: RunState, opts: Options, inputs: ExampleInputs
         "that come out as 1: traced at "
         + ", ".join(f"{n} dim {a} = {v}" for (n, a), v in sizes.items())
     )
+    batch, others = inputs.batch, sizes
+    rows = {v for (_, axis), v in sizes.items() if axis == 0}
+    if len(rows) == 1:  # the batch itself moved: the example's batch is that size, and every
+        # other batch size stays itself (resizing dim 0 too would make them all one shape)
+        (batch,) = rows
+        others = {k: v for k, v in sizes.items() if k[1] != 0}
     moved = ExampleInputs(
-        lambda b: resize(inputs.make(b), sizes), inputs.batch, f"{inputs.source} (resized)"
+        lambda b: resize(inputs.make(b), others), batch, f"{inputs.source} (resized)"
     )
     state.inputs = moved
     return moved

@@ -354,3 +354,16 @@ def test_a_failed_capture_without_example_inputs_says_what_to_pass(
     torch.save(module.Unscriptable().eval(), tmp_path / "full.pt")
     with pytest.raises(ptconvert.MissingRequirementError, match="needs example inputs"):
         ptconvert.convert(tmp_path / "full.pt", "torchscript", tmp_path / "o.ts", trust=True)
+
+
+def test_a_batch_range_at_its_minimum_is_compared_at_every_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--dynamic x:0:2:8`` on an example of batch 2: the trace is taken at a batch inside
+    the range, and the sizes compared are still each their own size."""
+    report, log = _convert_counted(tmp_path, monkeypatch, dynamic=["x:0:2:8"])
+    assert report.parity is not None and report.parity.status == "pass"
+    assert any("traced at x dim 0 = 5" in n for n in report.notes), report.notes
+    compared = [s.batch for s in report.parity.sizes]
+    fp32 = {n for n, dtype in _calls(log) if dtype == "torch.float32"}
+    assert set(compared) <= fp32 and len(compared) > 2, (compared, fp32)
