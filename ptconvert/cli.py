@@ -118,7 +118,18 @@ _MODEL_OPTIONS = (
     ),
     click.option("--example-inputs", type=click.Path(), help="Example inputs (.safetensors/.pt)."),
     click.option("--seed", type=int, default=0, help="Seed of generated example inputs."),
-    click.option("--trust", is_flag=True, help="Allow whole-module pickles and AOTI native code."),
+    click.option(
+        "--trust",
+        is_flag=True,
+        help="Trust the classes a pickle names (loaded by torch's restricted unpickler with "
+        "exactly those allowlisted), AOTI native code, a directory's own code (auto_map).",
+    ),
+    click.option(
+        "--allow",
+        multiple=True,
+        metavar="MOD.NAME",
+        help="Trust this one class a pickle names (repeatable): --trust, class by class.",
+    ),
     click.option(
         "--non-strict",
         is_flag=True,
@@ -149,6 +160,7 @@ def _spec_options(options: dict[str, Any], **extra: Any) -> Any:
         example_inputs=Path(options["example_inputs"]) if options["example_inputs"] else None,
         seed=options["seed"],
         trust=options["trust"],
+        allow=list(options["allow"]),
         non_strict=options["non_strict"],
         **extra,
     )

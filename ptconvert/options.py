@@ -29,7 +29,8 @@ class Options:
     dynamic: list[str] = field(default_factory=list)
     method: Method = "auto"  # torchscript: script, trace, or script falling back to trace
     strict: ExportMode = "auto"  # export: non-strict, then strict (auto); or one of them
-    trust: bool = False
+    trust: bool = False  # the classes a pickle names, AOTI native code, a directory's code
+    allow: list[str] = field(default_factory=list)  # trusted classes, named one by one
     key: str | None = None
     non_strict: bool = False  # leave out checkpoint keys the model does not have (reported)
     keep_prefix: bool = False
@@ -49,6 +50,11 @@ class Options:
     # the batch sizes a dynamic-batch program is compared at (None: 1, 2, 3 and more when cheap)
     batch_sizes: list[int] | None = None
 
+    @property
+    def trusts_code(self) -> bool:
+        """Whether the user trusts some code to load (``--trust`` or ``--allow``)."""
+        return self.trust or bool(self.allow)
+
     def validate(self) -> Options:
         """Each value of the type and range its option takes (an API caller has no CLI to
         check them); a UsageError naming the option otherwise. Returns the options."""
@@ -58,7 +64,7 @@ class Options:
                 raise UsageError(
                     f"{name}={getattr(self, name)!r} is not one of {', '.join(get_args(kind))}"
                 )
-        for name in ("inputs", "dynamic"):
+        for name in ("inputs", "dynamic", "allow"):
             value = getattr(self, name)
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise UsageError(f"{name} is a list of strings, got {value!r}")

@@ -182,6 +182,7 @@ def convert(
             skip_unsupported=opts.skip_unsupported,
             verify=opts.verify,
             trust=opts.trust,
+            allow=opts.allow,
         )
     if opts.max_shard_size or opts.metadata:
         raise UnsupportedConversionError(

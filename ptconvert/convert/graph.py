@@ -27,28 +27,61 @@ class Edge:
     cost: int
     needs: tuple[str, ...] = ()
     label: str = ""
+    reads_source: bool = False  # reads the file given (only a route's first step can)
 
 
 EDGES: list[Edge] = [
-    Edge("pt", "weights", "read_weights", 1, label="read tensors (opcode-level, no unpickling)"),
-    Edge("safetensors", "weights", "read_weights", 1, label="read tensors"),
-    Edge("sharded", "weights", "read_weights", 1, label="read every shard"),
-    Edge("hf", "weights", "read_weights", 1, label="read the directory's weights"),
+    Edge(
+        "pt",
+        "weights",
+        "read_weights",
+        1,
+        label="read tensors (opcode-level, no unpickling)",
+        reads_source=True,
+    ),
+    Edge("safetensors", "weights", "read_weights", 1, label="read tensors", reads_source=True),
+    Edge("sharded", "weights", "read_weights", 1, label="read every shard", reads_source=True),
+    Edge(
+        "hf", "weights", "read_weights", 1, label="read the directory's weights", reads_source=True
+    ),
     Edge("weights", "safetensors", "write_safetensors", 1, label="write safetensors"),
     Edge("weights", "pt", "write_pt", 1, label="write a torch zip checkpoint"),
     Edge("weights", "module", "build_module", 2, ("model_spec",), "build the model, load strictly"),
-    Edge("pt", "module", "unpickle_module", 2, ("trust",), "load a whole pickled module"),
+    Edge(
+        "pt",
+        "module",
+        "unpickle_module",
+        2,
+        ("trust",),
+        "load a whole pickled module",
+        reads_source=True,
+    ),
     Edge("module", "exported", "export", 3, ("example_inputs",), "torch.export"),
     Edge("module", "torchscript", "script", 4, (), "torch.jit.script (or trace)"),
     Edge("torchscript", "exported", "ts_to_exported", 4, ("example_inputs",), "TS2EPConverter"),
     Edge("torchscript", "weights", "program_weights", 1, label="extract the weights"),
-    Edge("pt2", "exported", "load_pt2", 1, label="torch.export.load (after the scan)"),
+    Edge(
+        "pt2",
+        "exported",
+        "load_pt2",
+        1,
+        label="torch.export.load (after the scan)",
+        reads_source=True,
+    ),
     Edge("pt2", "weights", "program_weights", 1, label="extract the weights"),
     Edge("exported", "pt2", "save_pt2", 1, label="torch.export.save"),
     Edge("exported", "weights", "program_weights", 1, label="the program's state dict"),
     Edge("exported", "aoti", "aoti_compile", 6, ("cpp_compiler",), "AOTInductor compile + package"),
     Edge("exported", "onnx", "onnx_export", 3, ("onnx",), "torch.onnx (dynamo exporter)"),
-    Edge("onnx", "weights", "read_weights", 1, ("onnx",), "the initializers, by torch name"),
+    Edge(
+        "onnx",
+        "weights",
+        "read_weights",
+        1,
+        ("onnx",),
+        "the initializers, by torch name",
+        reads_source=True,
+    ),
 ]
 
 
@@ -122,6 +155,8 @@ def _search(
         for e in EDGES:
             if e.src != node or e in banned or e in path:
                 continue
+            if e.reads_source and path:
+                continue  # it reads the source file: a file the route wrote is never reread
             lacking = [n for n in e.needs if n not in have]
             if lacking and not relax:
                 continue

@@ -55,8 +55,9 @@ NEEDS: dict[str, Need] = {
         ),
         Need(
             "trust",
-            "pass --trust (the file is a whole pickled module: loading it imports its classes)",
-            lambda f, o: o.trust,
+            "pass --trust, or --allow for each class (the file is a whole pickled module: "
+            "loading it imports its classes)",
+            lambda f, o: o.trusts_code,
         ),
         Need(
             "cpp_compiler",

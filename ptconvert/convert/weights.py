@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,11 +72,13 @@ def convert_weights(
     skip_unsupported: bool = False,
     verify: bool = True,
     trust: bool = False,
+    allow: Sequence[str] = (),
 ) -> WeightsReport:
     """Convert the weights in ``src`` to ``to`` (``safetensors`` or ``pt``).
 
     The source is scanned first (``ptconvert.scan.guard``): a dangerous file is refused, and a
-    file whose loading needs user code is refused unless ``trust``.
+    file whose loading needs user code is refused unless ``trust`` (or each of its classes is
+    in ``allow``). Its tensors are read symbolically either way: nothing is unpickled.
     """
     started = time.perf_counter()
     src = Path(src)
@@ -96,7 +99,7 @@ def convert_weights(
     out = Path(output) if output else default_output(src, to, d.format, shard_bytes is not None)
     check_output(out, [src], force)
     with progress.step(f"scanning {src.name}"):
-        scans = guard(src.parent if d.format == "sharded" else src, trust=trust)
+        scans = guard(src.parent if d.format == "sharded" else src, trust=trust, allow=allow)
     with progress.step(f"reading {src.name}"):
         ws = read_weights(src, key=key, keep_prefix=keep_prefix, skip_unsupported=skip_unsupported)
     fit_target(ws, to, skip_unsupported, src)

@@ -21,7 +21,7 @@ from ptconvert.model.spec import (
 )
 from ptconvert.model.wrappers import named_outputs
 from ptconvert.options import Options
-from ptconvert.scan.guard import guard
+from ptconvert.scan.guard import guard, trusted_load
 from ptconvert.weights.read import WeightSet, as_tensors, read_weights
 
 
@@ -37,7 +37,7 @@ def eager_runtime(src: Path, src_format: str, opts: Options) -> Eager | None:
     """The eager model of a weights file, when the options (or the file) say which model it is;
     None when nothing does (weights alone are compared bitwise)."""
     fmt = FORMATS_BY_NAME[src_format]
-    whole_module = fmt.may_hold_module and opts.trust and not opts.model
+    whole_module = fmt.may_hold_module and opts.trusts_code and not opts.model
     if not (opts.model or fmt.carries_model_spec or whole_module):
         return None
     if whole_module:
@@ -56,7 +56,7 @@ def user_inputs(opts: Options) -> ExampleInputs | None:
 
 def source_weights(src: Path, opts: Options) -> WeightSet:
     """The weights of ``src``, after the scan (trust as the options say)."""
-    guard(src, trust=opts.trust)
+    guard(src, trust=opts.trust, allow=opts.allow)
     return read_weights(
         src, key=opts.key, keep_prefix=opts.keep_prefix, skip_unsupported=opts.skip_unsupported
     )
@@ -160,23 +160,18 @@ def _holds_meta(value: Any, depth: int = 0, seen: set[int] | None = None) -> boo
 
 
 def eager_from_pickle(src: Path, opts: Options) -> Eager:
-    """A whole pickled module, loaded only with trust after a scan that found no danger."""
+    """A whole pickled module, loaded with the classes the user trusts (``--trust``, or each
+    named by ``--allow``) through torch's restricted unpickler: nothing else can be called."""
     import torch
 
-    scans = guard(src, trust=True)  # dangerous is refused even with --trust
-    classes = sorted({c for s in scans for c in s.classes})
-    try:
-        model = torch.load(src, map_location="cpu", weights_only=False)
-    except ModuleNotFoundError as exc:  # the classes the pickle names live in the user's code
-        raise MissingRequirementError(
-            f"the pickled module needs the Python module {exc.name!r}, which is not importable",
-            path=src,
-            hint="run where that code is importable (PYTHONPATH), or convert its state dict "
-            "with --model",
-        ) from None
+    model = trusted_load(src, trust=opts.trust, allow=opts.allow)
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"the pickle holds a {type(model).__name__}, not an nn.Module", path=src)
-    note = f"loaded a whole pickled module with --trust (imports {classes})"
+    classes = sorted({type(m).__module__ + "." + type(m).__qualname__ for m in model.modules()})
+    note = (
+        "loaded a whole pickled module through torch's restricted unpickler, its classes "
+        f"allowlisted by {'--trust' if opts.trust else '--allow'}: {', '.join(classes)}"
+    )
     return Eager(model.eval(), model, user_inputs(opts), [note])
 
 

@@ -1,0 +1,158 @@
+"""``--trust`` enforced where the file is loaded: torch's restricted unpickler with exactly the
+classes the scan named (and the user trusted) allowlisted, so a gadget the scanner misses still
+cannot run; ``--allow`` trusts classes one by one; a route never unpickles a file it wrote."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import ptconvert
+from fixtures.scan_corpus import Reduce
+from ptconvert.scan import guard as guard_module
+from ptconvert.scan.analysis import Finding
+from ptconvert.scan.scanner import FileScan
+from tests.conftest import run_cli
+
+NET_SOURCE = """
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+def helper():
+    return 1
+"""
+NET = "trustnet.Net"
+LINEAR = "torch.nn.modules.linear.Linear"
+
+
+@pytest.fixture
+def net_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A user module ``trustnet`` (importable for this test only)."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "trustnet.py").write_text(NET_SOURCE)
+    monkeypatch.syspath_prepend(str(code))
+    import trustnet  # type: ignore[import-not-found]
+
+    yield trustnet
+    sys.modules.pop("trustnet", None)
+
+
+def _needs_code(path: Path, *classes: str) -> FileScan:
+    """What a scan that saw only these classes would say (a scanner that missed a gadget)."""
+    findings = [
+        Finding("needs-code", "data.pkl", 0, "NEWOBJ", c, "instantiates a class of user code")
+        for c in classes
+    ]
+    return FileScan(str(path), "needs-code", findings, 1)
+
+
+def _missed(monkeypatch: pytest.MonkeyPatch, *classes: str) -> None:
+    monkeypatch.setattr(guard_module, "_scan", lambda p: _needs_code(p, *classes))
+
+
+def test_a_gadget_the_scan_missed_does_not_run_under_trust(
+    net_module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """The scan is made to miss an ``os.system`` call inside a trusted module: the load itself
+    refuses it (exit 10), nothing runs, nothing is written."""
+    marker = tmp_path / "PAYLOAD_RAN"
+    model = net_module.Net()
+    model.payload = Reduce(os.system, f"touch {marker}")
+    src = tmp_path / "net.pt"
+    torch.save(model, src)
+    _missed(monkeypatch, NET, LINEAR)
+    out = tmp_path / "out"
+    for extra in (["--to", "torchscript"], ["--to", "pt2", "--input", "x:2x4:float32"]):
+        code, body, _ = run_cli([str(src), *extra, "-o", str(out), "--trust"], capsys)
+        assert code == 10, body
+        assert "restricted unpickler" in body["error"]["message"]
+        assert not marker.exists() and not out.exists()
+
+
+def test_a_whole_module_loads_through_the_restricted_unpickler(
+    net_module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = tmp_path / "net.pt"
+    torch.save(net_module.Net().eval(), src)
+    loads: list[object] = []
+    real_load = torch.load
+
+    def spy(*args, **kwargs):
+        loads.append(kwargs.get("weights_only"))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", spy)
+    report = ptconvert.convert(
+        src, "torchscript", tmp_path / "net.ts", trust=True, inputs=["x:2x4:float32"]
+    )
+    assert report.parity is not None and report.parity.status == "pass"
+    assert loads and all(w is True for w in loads), loads
+    assert any("restricted unpickler" in n and NET in n for n in report.notes), report.notes
+    scripted = torch.jit.load(str(tmp_path / "net.ts"))
+    x = torch.randn(3, 4)
+    assert torch.allclose(
+        scripted(x), net_module.Net.forward(torch.load(src, weights_only=False), x)
+    )
+
+
+def test_allow_trusts_classes_one_by_one(net_module, tmp_path: Path, capsys) -> None:
+    src = tmp_path / "net.pt"
+    torch.save(net_module.Net().eval(), src)
+    out = tmp_path / "net.ts"
+    code, body, _ = run_cli(
+        [str(src), "--to", "torchscript", "-o", str(out), "--allow", NET], capsys
+    )
+    assert code == 11 and not out.exists(), body
+    assert LINEAR in body["error"]["message"] and NET not in body["error"]["message"]
+    argv = [str(src), "--to", "torchscript", "-o", str(out), "--allow", NET, "--allow", LINEAR]
+    code, body, _ = run_cli(argv, capsys)
+    assert code == 0, body
+    assert torch.jit.load(str(out))(torch.randn(1, 4)).shape == (1, 3)
+
+
+def test_a_function_named_as_a_class_is_refused(
+    net_module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trust admits constructing classes: a function the scan let through is never allowlisted."""
+    src = tmp_path / "net.pt"
+    torch.save(net_module.Net().eval(), src)
+    _missed(monkeypatch, NET, LINEAR, "trustnet.helper")
+    with pytest.raises(
+        ptconvert.UnsafeInputError, match=r"trustnet\.helper, a function, not a class"
+    ):
+        guard_module.trusted_load(src, trust=True)
+
+
+def test_an_unimportable_class_says_which_module(tmp_path: Path, net_module) -> None:
+    src = tmp_path / "net.pt"
+    torch.save(net_module.Net().eval(), src)
+    sys.modules.pop("trustnet")
+    sys.path.remove(str(tmp_path / "code"))
+    with pytest.raises(ptconvert.MissingRequirementError, match="'trustnet'"):
+        guard_module.trusted_load(src, trust=True)
+    sys.path.insert(0, str(tmp_path / "code"))  # the fixture's monkeypatch removes it again
+
+
+@pytest.mark.parametrize("source", ["mlp_pt2", "mlp_onnx"])
+def test_a_route_never_unpickles_a_file_it_wrote(samples, source: str, tmp_path: Path, capsys):
+    """``--to torchscript --trust`` from a .pt2 or ONNX file used to write a pickle on the way
+    and hand it to torch.load (an internal error): the route needs a model spec instead."""
+    out = tmp_path / "o.ts"
+    code, body, _ = run_cli(
+        [str(samples[source]), "--to", "torchscript", "-o", str(out), "--trust"], capsys
+    )
+    assert code == 5 and "model_spec" in body["error"]["message"], body
+    plan = ptconvert.plan(samples[source], "torchscript", trust=True)
+    assert "unpickle_module" not in [e.step for e in plan.edges]
