@@ -37,6 +37,21 @@ def read_config(directory: Path) -> dict[str, Any]:
     return config
 
 
+def remote_code(config: dict[str, Any]) -> list[str]:
+    """The classes of the directory's own code that ``auto_map`` names (``modeling_x.XModel``;
+    ``repo--modeling_x.XModel`` for another repository's): transformers imports, so runs, their
+    files under ``trust_remote_code``."""
+    auto_map = config.get("auto_map")
+    if not isinstance(auto_map, dict):
+        return []
+    names: set[str] = set()
+    for value in auto_map.values():  # a tokenizer's entry is [slow, fast]
+        for name in value if isinstance(value, list) else [value]:
+            if isinstance(name, str) and name:
+                names.add(name)
+    return sorted(names)
+
+
 class HuggingFaceFormat(Format):
     name = "hf"
     # converting a directory's weights writes a directory, config.json included
@@ -70,5 +85,8 @@ class HuggingFaceFormat(Format):
         }
         info.shards = sub.shards
         info.globals, info.needs_code = sub.globals, sub.needs_code
+        if code := remote_code(config):  # auto_map: the directory's own code runs to load it
+            info.metadata["remote_code"] = code
+            info.needs_code = sorted({*info.needs_code, *code})
         info.merge_tensors(sub)
         return info

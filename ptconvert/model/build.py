@@ -92,7 +92,8 @@ def eager_from_weights(src: Path, src_format: str, weights: WeightSet, opts: Opt
         return Eager(model, model, user_inputs(opts) or own_inputs, notes)
     if FORMATS_BY_NAME[src_format].carries_model_spec:
         # the directory was scanned when its weights were read; transformers loads them
-        loaded = module_from_hf(src, opts.task, {e.name: tuple(e.shape) for e in weights.entries})
+        shapes = {e.name: tuple(e.shape) for e in weights.entries}
+        loaded = module_from_hf(src, opts.task, shapes, trust_remote_code=opts.trust)
         model = loaded.model
         # derived only when none were given: a derivation that fails must not block --input
         inputs = user_inputs(opts) or from_hf_model(model, src, seed=opts.seed)

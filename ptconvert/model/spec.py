@@ -23,6 +23,7 @@ from typing import Any
 from ptconvert.errors import (
     MissingRequirementError,
     ModelRaisedError,
+    NeedsTrustError,
     UnsupportedConversionError,
     UsageError,
 )
@@ -135,7 +136,11 @@ def _no_progress_bar(transformers: Any) -> Iterator[None]:
 
 
 def module_from_hf(
-    directory: Path, task: str | None, shapes: dict[str, tuple[int, ...]]
+    directory: Path,
+    task: str | None,
+    shapes: dict[str, tuple[int, ...]],
+    *,
+    trust_remote_code: bool = False,
 ) -> HfModel:
     """The transformers model of ``config.json``, loaded by transformers itself from the local
     directory (its key renames and weight tying apply; never the hub).
@@ -143,19 +148,43 @@ def module_from_hf(
     The class: ``--task``, else ``architectures``, else the auto class of the config's model type
     whose parameters the file's tensors cover. As transformers does, keys the class ignores by
     design are silent, other unexpected keys are reported; missing keys (weights that would be
-    random) are an error."""
+    random) are an error.
+
+    A directory whose ``auto_map`` names its own code (``modeling_x.py``) loads only with
+    ``trust_remote_code``: transformers imports that code, which runs."""
     from ptconvert.deps import require
+    from ptconvert.formats.hf import read_config, remote_code
 
     transformers = require("transformers")
-    config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    code = remote_code(read_config(directory))
+    if code and not trust_remote_code:
+        raise NeedsTrustError(
+            "the directory's own code runs when transformers loads it (auto_map: "
+            + ", ".join(code)
+            + ")",
+            path=directory,
+            hint="pass --trust if you trust its source",
+        )
+    remote = {"trust_remote_code": True} if code else {}
+    config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True, **remote)
     names = list(getattr(config, "architectures", None) or [])
     notes: list[str] = []
+    if code:
+        notes.append(f"--trust: the directory's own code ran (auto_map: {', '.join(code)})")
     if task:
         cls = getattr(transformers, task, None)
         if cls is None:
             raise UsageError(f"--task {task!r} is not a transformers Auto class or model class")
     elif names and hasattr(transformers, names[0]):
         cls = getattr(transformers, names[0])
+    elif code:
+        cls = getattr(transformers, _auto_class(config, names), None)
+        if cls is None:
+            raise UsageError(
+                "auto_map names no transformers Auto class for the model",
+                path=directory,
+                hint="pass --task with the Auto class to load it with",
+            )
     else:
         cls = _class_from_keys(transformers, config, shapes)
         notes.append(
@@ -164,7 +193,7 @@ def module_from_hf(
         )
     with _no_progress_bar(transformers):  # ptconvert's own progress names the step
         model, info = cls.from_pretrained(
-            directory, local_files_only=True, output_loading_info=True
+            directory, local_files_only=True, output_loading_info=True, **remote
         )
     bad = {k: v for k, v in info.items() if k in ("missing_keys", "mismatched_keys") and v}
     if bad:
@@ -190,6 +219,15 @@ def module_from_hf(
             f"and were left out, as transformers does: {unexpected[:10]}"
         )
     return HfModel(model.eval(), notes)
+
+
+def _auto_class(config: Any, architectures: list[str]) -> str:
+    """The Auto class of ``auto_map`` that maps to the first architecture (else AutoModel)."""
+    auto_map = getattr(config, "auto_map", None) or {}
+    for auto, target in auto_map.items():
+        if isinstance(target, str) and architectures and target.endswith("." + architectures[0]):
+            return str(auto)
+    return "AutoModel" if "AutoModel" in auto_map else next(iter(auto_map), "AutoModel")
 
 
 def _class_from_keys(transformers: Any, config: Any, shapes: dict[str, tuple[int, ...]]) -> Any:
