@@ -21,7 +21,8 @@ from ptconvert.model.spec import (
 )
 from ptconvert.model.wrappers import named_outputs
 from ptconvert.options import Options
-from ptconvert.scan.guard import guard, trusted_load
+from ptconvert.scan.guard import guard
+from ptconvert.scan.trusted_load import trusted_load
 from ptconvert.weights.read import WeightSet, as_tensors, read_weights
 
 

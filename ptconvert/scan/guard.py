@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
-from ptconvert.errors import (
-    CorruptFileError,
-    MissingRequirementError,
-    NeedsTrustError,
-    UnsafeInputError,
-)
+from ptconvert.errors import CorruptFileError, NeedsTrustError, UnsafeInputError
 from ptconvert.scan.scanner import FileScan, expand, scan_file
 
 _CACHE: dict[tuple[str, int, int, int], FileScan] = {}
@@ -81,57 +75,3 @@ def guard(path: str | Path, *, trust: bool = False, allow: Iterable[str] = ()) -
                 "these classes are importable",
             )
     return results
-
-
-def trusted_load(path: Path, *, trust: bool, allow: Iterable[str] = ()) -> Any:
-    """``torch.load`` of a pickle whose classes the user trusts, through torch's restricted
-    unpickler (``weights_only=True``) with exactly the classes the scan named allowlisted
-    (``safe_globals``): where the scanner missed a gadget, a callable nobody named still cannot
-    be called. Never ``weights_only=False``, and no fallback: what the restricted unpickler
-    cannot build is said (the global it names) and refused."""
-    import pickle
-
-    import torch
-
-    scans = guard(path, trust=trust, allow=allow)
-    names = sorted({c for s in scans for c in s.classes})
-    classes: list[Any] = [_trusted_class(path, n) for n in names]
-    try:
-        with torch.serialization.safe_globals(classes):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UnsafeInputError(
-            f"torch's restricted unpickler refuses this file, so it is not loaded: {first[:300]}",
-            path=path,
-            hint="it allowlists only the classes the scan named "
-            f"({', '.join(names) or 'none'}); convert its tensors with --to safetensors instead",
-        ) from None
-
-
-def _trusted_class(path: Path, dotted: str) -> type:
-    """The class a trusted pickle names, imported (its module's code runs: that is the trust).
-    A function is refused: ``--trust`` admits constructing classes, never other calls."""
-    import importlib
-
-    module, _, name = dotted.rpartition(".")
-    try:
-        value = getattr(importlib.import_module(module), name)
-    except ModuleNotFoundError as exc:  # the classes the pickle names live in the user's code
-        raise MissingRequirementError(
-            f"the pickle needs the Python module {exc.name!r}, which is not importable",
-            path=path,
-            hint="run where that code is importable (PYTHONPATH), or convert its tensors with "
-            "--to safetensors (or its state dict with --model)",
-        ) from None
-    except AttributeError:
-        raise MissingRequirementError(
-            f"the pickle needs {dotted}, which its module does not define", path=path
-        ) from None
-    if not isinstance(value, type):
-        raise UnsafeInputError(
-            f"the pickle names {dotted}, a {type(value).__name__}, not a class: trust admits "
-            "constructing classes, never calling other code",
-            path=path,
-        )
-    return value

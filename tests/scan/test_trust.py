@@ -16,6 +16,7 @@ from fixtures.scan_corpus import Reduce
 from ptconvert.scan import guard as guard_module
 from ptconvert.scan.analysis import Finding
 from ptconvert.scan.scanner import FileScan
+from ptconvert.scan.trusted_load import trusted_load
 from tests.conftest import run_cli
 
 NET_SOURCE = """
@@ -29,8 +30,8 @@ class Net(torch.nn.Module):
     def forward(self, x):
         return torch.relu(self.fc(x))
 
-def helper():
-    return 1
+def helper_with_effect(path):
+    open(path, "w").close()
 """
 NET = "trustnet.Net"
 LINEAR = "torch.nn.modules.linear.Linear"
@@ -122,17 +123,43 @@ def test_allow_trusts_classes_one_by_one(net_module, tmp_path: Path, capsys) -> 
     assert torch.jit.load(str(out))(torch.randn(1, 4)).shape == (1, 3)
 
 
-def test_a_function_named_as_a_class_is_refused(
+def test_a_call_of_a_function_the_scan_missed_is_refused_at_load(
     net_module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Trust admits constructing classes: a function the scan let through is never allowlisted."""
+    """Trust admits constructing classes: a function the pickle calls (the scan made to miss
+    it) is allowlisted only as a stand-in, so the call raises and the function never runs."""
+    marker = tmp_path / "HELPER_RAN"
+    model = net_module.Net()
+    model.payload = Reduce(net_module.helper_with_effect, str(marker))
     src = tmp_path / "net.pt"
-    torch.save(net_module.Net().eval(), src)
-    _missed(monkeypatch, NET, LINEAR, "trustnet.helper")
-    with pytest.raises(
-        ptconvert.UnsafeInputError, match=r"trustnet\.helper, a function, not a class"
-    ):
-        guard_module.trusted_load(src, trust=True)
+    torch.save(model, src)
+    _missed(monkeypatch, NET, LINEAR, "trustnet.helper_with_effect")
+    with pytest.raises(ptconvert.UnsafeInputError, match=r"calls trustnet\.helper_with_effect"):
+        trusted_load(src, trust=True)
+    assert not marker.exists()
+
+
+def test_functions_kept_as_values_load_as_themselves(tmp_path: Path) -> None:
+    """A real whole-module pickle keeps activation functions as attributes (BERT's GELU holds
+    ``torch._C._nn.gelu``): allowlisted, never called by the load, the function after it."""
+    import transformers
+
+    config = transformers.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=37,
+        vocab_size=99,
+    )
+    torch.manual_seed(0)
+    src = tmp_path / "bert.pt"
+    torch.save(transformers.BertModel(config).eval(), src)
+    loaded = trusted_load(src, trust=True)
+    act = loaded.encoder.layer[0].intermediate.intermediate_act_fn.act
+    assert act is torch._C._nn.gelu
+    reference = torch.load(src, weights_only=False)  # the test's own trusted file
+    ids = torch.randint(0, 99, (2, 5))
+    assert torch.equal(loaded(ids).last_hidden_state, reference(ids).last_hidden_state)
 
 
 def test_an_unimportable_class_says_which_module(tmp_path: Path, net_module) -> None:
@@ -141,7 +168,7 @@ def test_an_unimportable_class_says_which_module(tmp_path: Path, net_module) -> 
     sys.modules.pop("trustnet")
     sys.path.remove(str(tmp_path / "code"))
     with pytest.raises(ptconvert.MissingRequirementError, match="'trustnet'"):
-        guard_module.trusted_load(src, trust=True)
+        trusted_load(src, trust=True)
     sys.path.insert(0, str(tmp_path / "code"))  # the fixture's monkeypatch removes it again
 
 

@@ -1,0 +1,112 @@
+"""Loading a pickle whose classes the user trusts (``--trust``, ``--allow``): enforced by torch's
+restricted unpickler, not only by the scan that came before.
+
+``torch.load(weights_only=True)`` runs with exactly the globals the scan named allowlisted
+(``torch.serialization.safe_globals``), never ``weights_only=False`` and with no fallback. Classes
+are allowlisted as they are: constructing them is what trust admits. A function the pickle keeps
+as a value (an activation such as ``torch._C._nn.gelu``) is allowlisted as a stand-in that raises
+if called, and swapped for the function once the load is done: where the scanner missed a call,
+the load still cannot make it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ptconvert.errors import MissingRequirementError, UnsafeInputError
+from ptconvert.scan.guard import guard
+
+
+class _Deferred:
+    """What the unpickler gets in place of a function the pickle keeps as a value."""
+
+    def __init__(self, path: Path, name: str, value: Any) -> None:
+        self.path, self.name, self.value = path, name, value
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise UnsafeInputError(
+            f"refused at load: the pickle calls {self.name} while it is unpickled (trust admits "
+            "constructing the classes it names, never calling other code)",
+            path=self.path,
+            hint="run `ptconvert scan` on it; do not load it",
+        )
+
+
+def trusted_load(path: Path, *, trust: bool, allow: Iterable[str] = ()) -> Any:
+    """The object a trusted pickle holds, loaded by torch's restricted unpickler with exactly the
+    globals the scan named allowlisted. What it cannot build is said (the global) and refused."""
+    import pickle
+
+    import torch
+
+    scans = guard(path, trust=trust, allow=allow)
+    names = sorted({c for s in scans for c in s.classes})
+    allowed: list[Any] = []
+    deferred: dict[int, _Deferred] = {}
+    for name in names:
+        value = _imported(path, name)
+        if isinstance(value, type):
+            allowed.append(value)
+        else:
+            stand_in = _Deferred(path, name, value)
+            deferred[id(stand_in)] = stand_in
+            allowed.append((stand_in, name))
+    try:
+        with torch.serialization.safe_globals(allowed):
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UnsafeInputError(
+            f"torch's restricted unpickler refuses this file, so it is not loaded: {first[:300]}",
+            path=path,
+            hint="it allowlists only the globals the scan named "
+            f"({', '.join(names) or 'none'}); convert its tensors with --to safetensors instead",
+        ) from None
+    return _swapped(loaded, deferred, set())
+
+
+def _imported(path: Path, dotted: str) -> Any:
+    """The global a trusted pickle names, imported (its module's code runs: that is the trust)."""
+    module, _, name = dotted.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:  # the classes the pickle names live in the user's code
+        raise MissingRequirementError(
+            f"the pickle needs the Python module {exc.name!r}, which is not importable",
+            path=path,
+            hint="run where that code is importable (PYTHONPATH), or convert its tensors with "
+            "--to safetensors (or its state dict with --model)",
+        ) from None
+    except AttributeError:
+        raise MissingRequirementError(
+            f"the pickle needs {dotted}, which its module does not define", path=path
+        ) from None
+
+
+def _swapped(value: Any, deferred: dict[int, _Deferred], seen: set[int]) -> Any:
+    """``value`` with every stand-in replaced by its function, in place where it can be (module
+    and object attributes, dicts, lists); tuples are rebuilt."""
+    if not deferred:
+        return value
+    if isinstance(value, _Deferred) and id(value) in deferred:
+        return value.value
+    if id(value) in seen or isinstance(value, (str, bytes, int, float, type)) or value is None:
+        return value
+    seen.add(id(value))
+    if isinstance(value, dict):
+        for k, v in list(value.items()):
+            value[k] = _swapped(v, deferred, seen)
+    elif isinstance(value, list):
+        value[:] = [_swapped(v, deferred, seen) for v in value]
+    elif isinstance(value, tuple):
+        return (
+            type(value)(*(_swapped(v, deferred, seen) for v in value))
+            if hasattr(value, "_fields")
+            else tuple(_swapped(v, deferred, seen) for v in value)
+        )
+    elif isinstance(getattr(value, "__dict__", None), dict):
+        _swapped(vars(value), deferred, seen)
+    return value
