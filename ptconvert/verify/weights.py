@@ -1,13 +1,15 @@
 """Bitwise verification of a weights conversion against an independent reading of the source.
 
-The output is read back with ptconvert's own reader; the source is read again by its format's
-reference loader (``torch.load(weights_only=True)`` for pickle checkpoints, ``safe_open`` for
-safetensors), so that a blind spot of ptconvert's symbolic reader, a tensor it cannot see, cannot
-pass its own check. Names (after the declared unwrap, prefix strip and aliases), dtypes, shapes and
-bytes must agree; tensors left out on purpose (``--skip-unsupported``) are excluded by name.
+The output is read back with ptconvert's own reader; the source is read again by another
+implementation (pickle checkpoints: stdlib ``pickle`` and ``zipfile`` through ``pickle_files``,
+which imports and calls nothing a pickle names, with or without ``--trust``; ``safe_open`` for
+safetensors; the program's own loader after a clean scan), so that a blind spot of ptconvert's
+symbolic reader, a tensor it cannot see, cannot pass its own check. Names (after the declared
+unwrap, prefix strip and aliases), dtypes, shapes and bytes must agree; tensors left out on purpose
+(``--skip-unsupported``) are excluded by name, with whatever lies under that name.
 
 Memory stays flat whatever the size: bytes are compared in chunks, the output is read with
-``pread``, and the pages of the source that a reference loader maps into the process are dropped
+``pread``, and the pages of the source that a reference reader maps into the process are dropped
 from it once compared (``madvise(MADV_DONTNEED)`` on that file's read-only mappings: they are read
 again from the page cache when touched, nothing is lost).
 """
@@ -28,7 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ptconvert.deps import torch_dtype
 from ptconvert.errors import VerificationError
@@ -43,6 +45,10 @@ from ptconvert.weights.read import (
     read_weights,
 )
 from ptconvert.weights.write import tensor_bytes
+
+if TYPE_CHECKING:
+    from ptconvert.verify.pickle_files import PickleFile
+    from ptconvert.verify.pickle_records import Tensor
 
 CHUNK = 2 << 20
 DROP_EVERY = CHUNK  # bytes read through a loader's mapping between two page drops
@@ -92,25 +98,26 @@ def verify_weights(
 ) -> WeightsCheck:
     """Read ``output`` back and compare it with an independent reading of ``source``'s file.
 
-    ``scans`` are the security scans of the source (``ptconvert.scan.guard``); without them the
-    source is scanned here before torch loads it. ``torch.load(weights_only=False)`` is used only
-    where ``weights_only=True`` cannot read the file (legacy tar, protocols 0/1/4/5 of the legacy
-    layout, allowlisted classes it lacks) and the scan found the file clean (or ``trust``).
+    ``scans`` are the security scans of the source (``ptconvert.scan.guard``), and ``trust``
+    the user's word: a program's own loader (TorchScript, pt2) runs only on a scan-clean file or
+    with ``trust``; without ``scans`` the program is scanned here first. Pickle checkpoints are
+    never unpickled with code execution, whatever ``trust`` says.
     VerificationError on any difference, or when no independent reader can read the source.
     """
     started = time.perf_counter()
-    for dtype in sorted({e.dtype for e in source.stored}):  # torch reads both sides
-        torch_dtype(
-            dtype,
-            f"checking the {dtype} tensors",
-            path=source.origin,
-            instead="pass --no-verify to convert without the check",
-        )
+    if not _pickle_source(source):  # torch reads both sides
+        for dtype in sorted({e.dtype for e in source.stored}):
+            torch_dtype(
+                dtype,
+                f"checking the {dtype} tensors",
+                path=source.origin,
+                instead="pass --no-verify to convert without the check",
+            )
     back = read_weights(output, keep_prefix=True)
     out = _resolve(back)
     with ExitStack() as stack:
         ref = _reference(source, scans, trust, stack)
-        expected = {n: r for n, r in ref.tensors.items() if n not in source.skipped}
+        expected = {n: r for n, r in ref.tensors.items() if not _skipped(n, source.skipped)}
         problems = list(ref.problems)
         missing = sorted(set(expected) - set(out))
         extra = sorted(set(out) - set(expected))
@@ -135,6 +142,18 @@ def verify_weights(
         reader_seconds=round(ref.seconds, 3),
         seconds=round(time.perf_counter() - started, 3),
     )
+
+
+def _pickle_source(ws: WeightSet) -> bool:
+    """Whether the source is read by the pickle records reader, which needs no torch."""
+    return ws.format == "pt" or (ws.format == "sharded" and ws.layout != "safetensors")
+
+
+def _skipped(name: str, skipped: dict[str, str]) -> bool:
+    """Whether ``name`` was left out on purpose: it, or an entry it lies under, is skipped
+    (a skipped object's tensors are named below it by a reader that sees into it)."""
+    parts = name.split(".")
+    return any(".".join(parts[:i]) in skipped for i in range(1, len(parts) + 1))
 
 
 def _resolve(ws: WeightSet) -> dict[str, WeightEntry]:
@@ -224,13 +243,13 @@ def _reference(ws: WeightSet, scans: list[Any] | None, trust: bool, stack: ExitS
     reader = INDEPENDENT_READERS.get(ws.format)
     if reader is None:
         raise VerificationError(f"no independent reader for {ws.format} sources", path=ws.origin)
-    ref = reader(ws, lambda: _may_unpickle(ws, scans, trust), stack)
+    ref = reader(ws, lambda: _may_load(ws, scans, trust), stack)
     ref.seconds += time.perf_counter() - tick
     _apply_renames(ws, ref)
     return ref
 
 
-def _sharded_reference(ws: WeightSet, may_unpickle: Callable[[], bool], stack: ExitStack) -> Any:
+def _sharded_reference(ws: WeightSet, may_load: Callable[[], bool], stack: ExitStack) -> Any:
     from ptconvert.formats.sharded import read_index
 
     assert ws.origin is not None
@@ -238,11 +257,12 @@ def _sharded_reference(ws: WeightSet, may_unpickle: Callable[[], bool], stack: E
     paths = [ws.origin.parent / s for s in shards]
     if ws.layout == "safetensors":
         return _safetensors_reference(paths, stack)
-    return _torch_reference(ws, paths, may_unpickle())
+    return _torch_reference(ws, paths)
 
 
-def _may_unpickle(ws: WeightSet, scans: list[Any] | None, trust: bool) -> bool:
-    """Whether torch.load(weights_only=False) may read the source: the scan found it clean."""
+def _may_load(ws: WeightSet, scans: list[Any] | None, trust: bool) -> bool:
+    """Whether a program's own loader may run on the source: the scan found it clean, or
+    ``trust``."""
     if scans is None:
         from ptconvert.scan.guard import guard
 
@@ -261,28 +281,91 @@ def _apply_renames(ws: WeightSet, ref: _Reference) -> None:
         ref.tensors = {n[cut:]: r for n, r in ref.tensors.items()}
 
 
-def _torch_reference(ws: WeightSet, paths: list[Path], may_unpickle: bool) -> _Reference:
+def _torch_reference(ws: WeightSet, paths: list[Path]) -> _Reference:
+    """Pickle checkpoints read as records (``pickle_files``): stdlib pickle, zipfile and tarfile,
+    nothing the pickle names imported or called, no torch."""
+    from ptconvert.verify.pickle_files import read_pickle_file
+    from ptconvert.verify.pickle_records import Tensor
+
+    def is_record(value: Any) -> bool:
+        return isinstance(value, Tensor)
 
     tensors: dict[str, _Ref] = {}
     problems: list[str] = []
     readers: set[str] = set()
     for path in paths:
-        loaded, reader, mapped = _torch_load(path, may_unpickle)
+        try:
+            read = read_pickle_file(path)
+        except Exception as exc:  # the unpickler raises UnpicklingError, ValueError, KeyError…
+            raise VerificationError(
+                "no independent reader can read the source, so the output cannot be checked: "
+                f"{type(exc).__name__}: {str(exc)[:300]}",
+                path=path,
+                hint="pass --no-verify to convert without the check",
+            ) from None
+        reader = f"pickle records ({read.reader})"
         readers.add(reader)
-        tree = _plain(loaded, problems)
+        tree = _plain(read.tree, problems, is_tensor=is_record)
         if ws.unwrapped is not None and len(paths) == 1:
             if not isinstance(tree, dict) or ws.unwrapped not in tree:
                 problems.append(f"{reader} finds no {ws.unwrapped!r} entry to unwrap")
                 continue
             tree = tree[ws.unwrapped]
         collisions: list[str] = []
-        flat = flatten_tensors(tree, is_tensor=_is_torch_tensor, collisions=collisions)
+        flat = flatten_tensors(tree, is_tensor=is_record, collisions=collisions)
         if collisions:
             problems.append(f"names that two tensors flatten to: {collisions[:5]}")
-        pages = _Pages(path) if mapped else None
+        pages = _Pages(path)
         for name, t in flat.items():
-            tensors[name] = _torch_ref(t, pages)
+            problem = read.problem(t)
+            if problem is not None:
+                problems.append(f"{name}: {problem}")
+            else:
+                tensors[name] = _record_ref(read, t, pages)
     return _Reference(" + ".join(sorted(readers)), tensors, problems)
+
+
+def _record_ref(read: PickleFile, t: Tensor, pages: _Pages) -> _Ref:
+    """A tensor record's bytes as torch.load gives them: C order, little-endian."""
+    size = t.itemsize
+    # elements of a big-endian storage are swapped, complex numbers half by half, as torch does
+    unit = size // 2 if t.dtype.startswith("complex") else size
+    swap = read.big_endian and unit > 1
+
+    def pieces() -> Iterator[memoryview]:
+        data = read.storage_bytes(t.storage)
+        if t.contiguous:
+            start = t.offset * size
+            for pos in range(0, t.nbytes, CHUNK):
+                yield data[start + pos : start + min(pos + CHUNK, t.nbytes)]
+            return
+        import numpy as np
+
+        # the view's elements as rows of bytes, gathered a block of rows at a time
+        base = np.frombuffer(data, dtype=np.uint8)[t.offset * size :]
+        rows = np.lib.stride_tricks.as_strided(
+            base, (*t.shape, size), (*(s * size for s in t.stride), 1), writeable=False
+        )
+        for index in _blocks(t.shape, size):
+            yield np.ascontiguousarray(rows[index]).data.cast("B")
+
+    def chunks() -> Iterator[memoryview]:
+        if t.nbytes == 0:
+            return
+        read_since = 0
+        for piece in pieces():
+            if swap:
+                import numpy as np
+
+                piece = np.frombuffer(piece, dtype=f"u{unit}").byteswap().data.cast("B")
+            yield piece
+            read_since += len(piece)
+            if read_since >= DROP_EVERY:
+                pages.drop()
+                read_since = 0
+        pages.drop()
+
+    return _Ref(t.dtype, t.shape, t.nbytes, chunks)
 
 
 def _program_reference(ws: WeightSet, may_load: bool) -> _Reference:
@@ -317,65 +400,15 @@ def _is_torch_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor)
 
 
-def _torch_load(path: Path, may_unpickle: bool) -> tuple[Any, str, bool]:
-    """torch.load of ``path``: (object, how it was read, whether its storages map the file)."""
-    import torch
-
-    # mmap only for a zip whose members are all stored: torch.load(mmap=True) maps a compressed
-    # member's deflated bytes as if they were the tensor's (torch 2.13 returns garbage, silently)
-    use_mmap, little = _mappable(path)
-    attempts = [(True, use_mmap)]
-    if may_unpickle:
-        attempts.append((False, use_mmap))
-    first_error = ""
-    for weights_only, use_mmap in attempts:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                loaded = torch.load(
-                    path, map_location="cpu", weights_only=weights_only, mmap=use_mmap
-                )
-        except Exception as exc:  # torch raises UnpicklingError, RuntimeError, ValueError…
-            first_error = first_error or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            continue
-        how = f"torch.load(weights_only={weights_only}{', mmap=True' if use_mmap else ''})"
-        if not weights_only:
-            how += " after a clean scan"
-        return loaded, how, use_mmap and little
-    hint = None if may_unpickle else "the scan did not find the file clean"
-    raise VerificationError(
-        f"no independent reader can read the source, so the output cannot be checked: "
-        f"torch.load: {first_error[:300]}",
-        path=path,
-        hint=(hint + "; " if hint else "") + "pass --no-verify to convert without the check",
-    )
-
-
-def _mappable(path: Path) -> tuple[bool, bool]:
-    """(whether torch.load may map the file, whether its storages are little-endian)."""
-    from ptconvert.archive import open_zip
-
-    with open(path, "rb") as fh:
-        head = fh.read(4)
-    if head != b"PK\x03\x04":  # as torch decides: a local header first
-        return False, True  # legacy layouts: torch reads them into memory
-    archive = open_zip(path)
-    stored = all(m.compress_type == 0 for m in archive.members)
-    order = next((m for m in archive.members if m.name.endswith("/byteorder")), None)
-    little = order is None or archive.read(order).strip() == b"little"
-    return stored, little
-
-
-def _plain(value: Any, problems: list[str]) -> Any:
-    """torch.load's result as dicts, lists and tuples around tensors: an object becomes the
-    dict of its attributes (as the symbolic reader reads objects), a set holding tensors is
-    reported (its tensors have no names)."""
-    import torch
-
+def _plain(value: Any, problems: list[str], is_tensor: Callable[[Any], bool] | None = None) -> Any:
+    """An unpickled tree as dicts, lists and tuples around tensors (``is_tensor``; torch's by
+    default): an object becomes the dict of its attributes (as the symbolic reader reads
+    objects), a set holding tensors is reported (its tensors have no names)."""
+    tensor = is_tensor or _is_torch_tensor
     memo: dict[int, Any] = {}
 
     def walk(v: Any) -> Any:
-        if isinstance(v, torch.Tensor) or v is None or isinstance(v, (str, bytes, int, float)):
+        if tensor(v) or v is None or isinstance(v, (str, bytes, int, float)):
             return v
         if id(v) in memo:
             return memo[id(v)]
@@ -393,7 +426,7 @@ def _plain(value: Any, problems: list[str]) -> Any:
         if isinstance(v, tuple):
             return tuple(walk(x) for x in v)
         if isinstance(v, (set, frozenset)):
-            n = sum(1 for x in v if isinstance(x, torch.Tensor))
+            n = sum(1 for x in v if tensor(x))
             if n:
                 problems.append(f"{n} tensors in a set, which has no names for them")
             return None
@@ -574,6 +607,8 @@ class _Pages:
         except OSError:
             return
         for line in lines:
+            if not line.rstrip("\n").endswith(self.path):  # most lines: split none of them
+                continue
             parts = line.split(None, 5)
             if len(parts) < 6 or parts[5].rstrip("\n") != self.path:
                 continue
@@ -594,13 +629,14 @@ def _libc_madvise() -> Any:
     return fn
 
 
-# The independent reader per source format: (the weight set read, whether torch may unpickle
-# the source — the scan found it clean, or --trust —, an exit stack) → what it reads. Another
-# implementation than weights/read.py's READERS, so a blind spot of ours cannot pass its check.
+# The independent reader per source format: (the weight set read, whether a program's own
+# loader may run on the source — the scan found it clean, or --trust —, an exit stack) → what
+# it reads. Another implementation than weights/read.py's READERS, so a blind spot of ours
+# cannot pass its check. Pickle checkpoints are never unpickled with code execution.
 INDEPENDENT_READERS: dict[str, Callable[[WeightSet, Callable[[], bool], ExitStack], Any]] = {
     "safetensors": lambda ws, may, stack: _safetensors_reference([_origin(ws)], stack),
     "sharded": _sharded_reference,
-    "pt": lambda ws, may, stack: _torch_reference(ws, [_origin(ws)], may()),
+    "pt": lambda ws, may, stack: _torch_reference(ws, [_origin(ws)]),
     "torchscript": lambda ws, may, stack: _program_reference(ws, may()),
     "pt2": lambda ws, may, stack: _program_reference(ws, may()),
     "onnx": lambda ws, may, stack: _onnx_reference(_origin(ws)),
