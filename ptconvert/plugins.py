@@ -48,8 +48,8 @@ class Registry:
         self, format_name: str, reader: Callable[..., Any], independent: Callable[..., Any]
     ) -> None:
         """Weights out of a plugin's format: ``reader(detection, key, skip_unsupported)`` gives
-        a ``weights.read.WeightSet``; ``independent(weight_set, may_load_program, exit_stack)`` reads
-        the same file another way for the bitwise check (``verify.weights``)."""
+        a ``weights.read.WeightSet``; ``independent(weight_set, may_load_program, exit_stack)``
+        reads the same file another way for the bitwise check (``verify.weights``)."""
         from ptconvert.convert.graph import Edge, register_edge
         from ptconvert.convert.steps import read_weights_step
         from ptconvert.verify.weights import INDEPENDENT_READERS
