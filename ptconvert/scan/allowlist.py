@@ -245,6 +245,55 @@ _NUMPY_DTYPE_CLASSES = [
 ]
 SAFE_GLOBALS: frozenset[str] = _safe_globals()
 
+# Activation functions that modules keep as attributes, so whole-module pickles hold them as
+# values (TransformerEncoderLayer.activation is F.relu; transformers' GELUActivation keeps
+# torch._C._nn.gelu). Pure tensor functions: kept where torch may call them, they do no harm.
+# They stay needs-code (not on the allowlist): a trusted load allowlists them by name.
+_F_ACTIVATIONS = [
+    "relu",
+    "relu6",
+    "gelu",
+    "silu",
+    "mish",
+    "elu",
+    "selu",
+    "celu",
+    "glu",
+    "leaky_relu",
+    "hardswish",
+    "hardsigmoid",
+    "hardtanh",
+    "softplus",
+    "softsign",
+    "tanhshrink",
+    "logsigmoid",
+    "sigmoid",
+    "tanh",
+    "softmax",
+    "log_softmax",
+]
+_ATEN_NN_ACTIVATIONS = [
+    "relu6",
+    "gelu",
+    "silu",
+    "mish",
+    "elu",
+    "glu",
+    "leaky_relu",
+    "hardswish",
+    "hardsigmoid",
+    "hardtanh",
+    "softplus",
+    "log_sigmoid",
+]
+
+
+PURE_FUNCTIONS: frozenset[str] = frozenset(
+    [f"torch.nn.functional.{f}" for f in _F_ACTIVATIONS]
+    + [f"torch._C._nn.{f}" for f in _ATEN_NN_ACTIVATIONS]
+    + [f"torch.{f}" for f in ("relu", "sigmoid", "tanh")]
+)
+
 # Modules whose every member can run code, touch files, processes or the network, or load
 # another pickle. Matched against every prefix of a dotted name.
 DANGEROUS_MODULES: frozenset[str] = frozenset(
@@ -422,12 +471,21 @@ def danger_reason(module: str, name: str) -> str | None:
     return None
 
 
+# Classes of libraries whose modules are denied as a whole, that a file of theirs only
+# instantiates: needs-code (the library must be importable to load it), with what they are.
+LIBRARY_CLASSES: dict[str, str] = {
+    "joblib.numpy_pickle.NumpyArrayWrapper": "joblib's array wrapper: a file for joblib.load",
+}
+
+
 def classify(module: str, name: str, extra_allowed: frozenset[str] = frozenset()) -> str:
     """``safe``, ``needs-code`` or ``dangerous`` for one imported global, by name alone."""
     module = normalize(module)
     dotted = f"{module}.{name}"
     if dotted in SAFE_GLOBALS or dotted in extra_allowed:
         return "safe"
+    if dotted in LIBRARY_CLASSES:
+        return "needs-code"
     if danger_reason(module, name) is not None or name.startswith("__") or "." in name:
         return "dangerous"
     return "needs-code"

@@ -12,7 +12,10 @@ from __future__ import annotations
 import io
 import mmap
 import pickletools
+import re
 from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
+from collections import ChainMap
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,10 +96,25 @@ class PickleRun:
     error: str | None = None
     opcodes: int = 0
     truncated: bool = False  # the error came from running out of bytes
+    joblib_arrays: int = 0  # BUILDs on joblib's array wrapper (raw array bytes follow each)
+    # joblib: how pickle.load runs each stretch of array bytes that joblib.load skips
+    as_opcodes: list[PickleRun] = field(default_factory=list)
 
     @property
     def imports(self) -> list[Global]:
         return [e.target for e in self.events if e.kind == "import"]
+
+
+@dataclass
+class RawRegion:
+    """Array bytes ``joblib.load`` skips, which ``pickle.load`` and ``torch.load`` run as opcodes,
+    with the stack and memo the unpickler has when it reaches them."""
+
+    start: int
+    end: int
+    stack: list[Any]
+    metastack: list[list[Any]]
+    memo: MutableMapping[int, Any]  # a view: what the region writes stays its own
 
 
 class _Mark:
@@ -106,22 +124,35 @@ class _Mark:
 _MARK = _Mark()
 
 
-def run_pickle(data: bytes | mmap.mmap, start: int = 0) -> PickleRun:
+def run_pickle(
+    data: bytes | mmap.mmap,
+    start: int = 0,
+    *,
+    joblib: bool = False,
+    seed: RawRegion | None = None,
+) -> PickleRun:
     """Run the pickle that begins at ``data[start]`` symbolically, up to its STOP opcode.
 
     ``data`` may be an mmap, so that a pickle followed by gigabytes of storage bytes (the legacy
-    torch layout) is read without copying the file into memory.
+    torch layout) is read without copying the file into memory. With ``joblib``, the stream is
+    read as ``joblib.load`` reads it: the array bytes written after each of joblib's array
+    wrappers are skipped (or, for an object array, run as the nested pickle they are). With
+    ``seed``, the bytes of that region are run as a plain unpickler runs them, from its stack and
+    memo, up to the region's end (a missing memo slot then fails, as in CPython).
     """
     stream: Any = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
+    start = seed.start if seed else start
     stream.seek(start)
-    stack: list[Any] = []
-    metastack: list[list[Any]] = []
-    memo: dict[int, Any] = {}
+    stack: list[Any] = list(seed.stack) if seed else []
+    metastack: list[list[Any]] = [list(s) for s in seed.metastack] if seed else []
+    memo: MutableMapping[int, Any] = seed.memo if seed else {}
+    regions: list[PickleRun] = []
     events: list[Event] = []
     protocol = 0
     root: Any = None
     end = start
     count = 0
+    arrays = 0
 
     def pop_mark() -> list[Any]:
         nonlocal stack
@@ -138,6 +169,9 @@ def run_pickle(data: bytes | mmap.mmap, start: int = 0) -> PickleRun:
         for opcode, raw_arg, pos in _ops(stream):
             arg: Any = raw_arg
             pos = int(pos or 0)
+            if seed and pos >= seed.end:
+                end = pos
+                break  # through the whole region: what follows is judged with the stream
             count += 1
             if count > MAX_OPCODES or len(stack) > MAX_STACK:
                 raise ValueError("pickle exceeds the reader's resource limits")
@@ -243,6 +277,8 @@ def run_pickle(data: bytes | mmap.mmap, start: int = 0) -> PickleRun:
                 key = int(arg)
                 if key in memo:
                     stack.append(memo[key])
+                elif seed:
+                    raise KeyError(f"memo slot {key} was never written")
                 else:
                     stack.append(unknown(name, pos, f"memo slot {key} was never written"))
             elif name == "GLOBAL":
@@ -292,6 +328,18 @@ def run_pickle(data: bytes | mmap.mmap, start: int = 0) -> PickleRun:
                 events.append(Event("build", name, pos, target, "", state))
                 if isinstance(target, Call):
                     target.state = state
+                if is_joblib_wrapper(target):
+                    arrays += 1
+                    if joblib:
+                        at = stream.tell()
+                        stack[-1] = _read_joblib_array(data, stream, target, events)
+                        after = stream.tell()
+                        if stack[-1] is target and after > at:  # raw bytes, not a pickle
+                            copies = [list(s) for s in metastack]
+                            view = ChainMap({}, memo)
+                            seed_at = RawRegion(at, after, list(stack), copies, view)
+                            regions.append(run_pickle(data, seed=seed_at))
+                            stream.seek(after)  # an mmap is the stream: the run moved it
             elif name in ("PERSID", "BINPERSID"):
                 pid = arg if name == "PERSID" else stack.pop()
                 ref = PersistentRef(pid, pos)
@@ -309,8 +357,11 @@ def run_pickle(data: bytes | mmap.mmap, start: int = 0) -> PickleRun:
             raise ValueError("pickle ended without a STOP opcode")
     except (ValueError, IndexError, KeyError, TypeError, EOFError) as exc:
         truncated = stream.read(1) == b""
-        return PickleRun(start, end, None, protocol, events, _describe(exc), count, truncated)
-    return PickleRun(start, end, root, protocol, events, None, count)
+        error = _describe(exc)
+        return PickleRun(
+            start, end, None, protocol, events, error, count, truncated, arrays, regions
+        )
+    return PickleRun(start, end, root, protocol, events, None, count, False, arrays, regions)
 
 
 # torch.save before 1.6 writes five pickles (this magic number, protocol, sys_info, the object,
@@ -458,3 +509,97 @@ def _setitems(target: Any, items: list[tuple[Any, Any]], events: list[Event], po
                 raise IndexError(f"SETITEM on a list with key {key!r} at offset {pos}")
     elif not isinstance(target, (Unknown, Global)):
         raise TypeError(f"SETITEM on a {type(target).__name__} at offset {pos}")
+
+
+# joblib.dump writes each numpy array as this wrapper, then the array's bytes right after the
+# wrapper's BUILD, outside the pickle's opcodes; joblib.load reads them there (numpy_pickle.py).
+JOBLIB_WRAPPER = "joblib.numpy_pickle.NumpyArrayWrapper"
+
+
+def is_joblib_wrapper(value: Any) -> bool:
+    """Whether ``value`` builds joblib's array wrapper (NEWOBJ, or copyreg at protocols 0-1)."""
+    if not isinstance(value, Call):
+        return False
+    cls = value.func
+    if _dotted(cls) == "copyreg._reconstructor" and isinstance(value.args, tuple) and value.args:
+        cls = value.args[0]
+    return _dotted(cls) == JOBLIB_WRAPPER
+
+
+def _dotted(value: Any) -> str | None:
+    return f"{value.module}.{value.name}" if isinstance(value, Global) else None
+
+
+def _read_joblib_array(data: Any, stream: Any, wrapper: Call, events: list[Event]) -> Any:
+    """Move ``stream`` past the array bytes that follow a wrapper, as joblib's read_array does;
+    an object array is a nested pickle, run here (its events are this run's). What the stack
+    holds in the wrapper's place is returned: the wrapper, or the nested pickle's root."""
+    has_object, nbytes, padded = joblib_array_layout(wrapper.state)
+    pos = stream.tell()
+    if has_object:
+        nested = run_pickle(data, pos)  # joblib reads it with a fresh plain Unpickler
+        events.extend(nested.events)
+        if nested.error:
+            raise ValueError(f"joblib object array at offset {pos}: {nested.error}")
+        stream.seek(nested.end)
+        return nested.root
+    if padded:
+        pad = bytes(data[pos : pos + 1])
+        if not pad:
+            raise EOFError("joblib array padding past the end of the stream")
+        pos += 1 + pad[0]
+    if pos + nbytes > len(data):
+        raise EOFError(f"joblib array of {nbytes} bytes runs past the end of the stream")
+    stream.seek(pos + nbytes)
+    return wrapper
+
+
+_DTYPE_SPEC = re.compile(r"[A-Za-z?]\d*")
+
+
+def joblib_array_layout(state: Any) -> tuple[bool, int, bool]:
+    """(object array, bytes of data, padding byte first) from a wrapper's BUILD state, or
+    ValueError where the layout depends on something the machine cannot know."""
+    if not isinstance(state, Dict) or not all(isinstance(k, str) for k, _ in state.items):
+        raise ValueError("joblib array wrapper without a literal state")
+    fields = dict(state.items)
+    shape = fields.get("shape")
+    if not isinstance(shape, tuple) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
+    ):
+        raise ValueError(f"joblib array shape is not literal ({shape!r:.60})")
+    count = 1
+    for n in shape:
+        count *= n
+    has_object, itemsize = _joblib_dtype(fields.get("dtype"))
+    align = fields.get("numpy_array_alignment_bytes")
+    return has_object, count * itemsize, align is not None
+
+
+def _joblib_dtype(value: Any) -> tuple[bool, int]:
+    """(has objects, item size) of a pickled ``numpy.dtype(spec, False, True)`` with its BUILD
+    state ``(version, order, subarray, names, fields, elsize, ...)``; structured dtypes refused."""
+    import numpy as np
+
+    args = value.args if isinstance(value, Call) else None
+    state = value.state if isinstance(value, Call) else None
+    if (
+        _dotted(value.func if isinstance(value, Call) else None) != "numpy.dtype"
+        or not isinstance(args, tuple)
+        or not args
+        or not isinstance(args[0], str)
+        or not _DTYPE_SPEC.fullmatch(args[0])
+    ):
+        raise ValueError("joblib array dtype is not a literal numpy dtype")
+    if isinstance(state, tuple) and len(state) >= 6 and (state[2] is not None or state[3]):
+        raise ValueError("joblib array with a structured dtype: its layout is not checked")
+    try:
+        base = np.dtype(args[0])
+    except TypeError as exc:
+        raise ValueError(f"joblib array dtype {args[0]!r}: {exc}") from None
+    elsize = state[5] if isinstance(state, tuple) and len(state) >= 6 else -1
+    if base.kind in "VSU" and isinstance(elsize, int) and elsize > 0:
+        return base.hasobject, elsize  # flexible types take their size from the state
+    if elsize not in (-1, base.itemsize):
+        raise ValueError(f"joblib array dtype {args[0]!r} with item size {elsize!r}")
+    return base.hasobject, base.itemsize

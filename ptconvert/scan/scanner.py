@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ptconvert import progress
@@ -20,8 +20,9 @@ from ptconvert.scan.analysis import (
     nested_payload,
     verdict,
 )
+from ptconvert.scan.code_files import auto_map_findings, is_source, source_findings
 from ptconvert.scan.containers import Problem, Stream, walk, walk_bytes
-from ptconvert.scan.machine import Global, PickleRun, acted, run_torch_pickles
+from ptconvert.scan.machine import Global, PickleRun, acted, run_pickle, run_torch_pickles
 
 
 @dataclass
@@ -49,7 +50,9 @@ class ScanReport(Report):
 def scan_file(path: str | Path, allowed: frozenset[str] = frozenset()) -> FileScan:
     """Scan one file; never raises for bad content (that is an ``error`` verdict)."""
     path = Path(path)
-    findings: list[Finding] = []
+    if is_source(path):
+        return FileScan(str(path), "needs-code", source_findings(path), 0)
+    findings: list[Finding] = auto_map_findings(path)
     pickles = 0
     pending: list[tuple[str, bytes, int]] = []
     try:
@@ -58,6 +61,9 @@ def scan_file(path: str | Path, allowed: frozenset[str] = frozenset()) -> FileSc
                 findings.append(Finding(item.severity, item.label, 0, "-", None, item.reason))
                 continue
             for run in _runs(item):
+                if isinstance(run, Finding):
+                    findings.append(run)
+                    continue
                 if item.kind == "maybe-pickle" and run.error and not acted(run):
                     break  # not a pickle: it fails before any opcode could have acted
                 pickles += 1
@@ -88,11 +94,25 @@ def _nested(run: PickleRun, label: str) -> list[tuple[str, bytes, int]]:
     return out
 
 
-def _runs(stream: Stream) -> Iterable[PickleRun]:
+def _runs(stream: Stream) -> Iterable[PickleRun | Finding]:
     if stream.kind in ("tar-storages", "tar-tensors"):
         yield from _tar_record_runs(stream)
         return
-    yield from run_torch_pickles(stream.data, stream.start)
+    runs = run_torch_pickles(stream.data, stream.start)
+    if not runs[0].joblib_arrays:
+        yield from runs
+        return
+    # joblib's layout: joblib.load skips the array bytes after each wrapper, which pickle.load
+    # and torch.load read as opcodes. The file is judged as joblib lays it out, and each stretch
+    # of array bytes as a plain unpickler would run it from there: benign data fails at once
+    # (the padding byte is no opcode), where a payload acts or parses through.
+    laid_out = run_pickle(stream.data, stream.start, joblib=True)
+    yield laid_out
+    for region in laid_out.as_opcodes:
+        if region.error is None:
+            why = "joblib array bytes parse as opcodes: pickle.load and torch.load run them"
+            yield Finding("dangerous", stream.label, region.start, "-", None, why)
+        yield replace(region, error=None)
 
 
 def _tar_record_runs(stream: Stream) -> list[PickleRun]:

@@ -71,6 +71,18 @@ CONTAINERS = [
     "zip_dotdot_member.zip",
     "zip_deep_nesting.zip",
     "gzip_bomb.gz",
+    # the --trust issue: callables of user code kept where torch's rebuild code calls them
+    *(
+        f"trust_{gadget}{where}.pt"
+        for gadget in ("as_subclass", "setstate", "enum_missing")
+        for where in ("", "_sequential", "_legacy", "_tar")
+    ),
+    # found attacking the fixed scanner: persistent ids, a state built by a call, joblib bytes
+    "trust_persid_tuple_tar.pt",
+    "trust_persid_module_legacy.pt",
+    "trust_namespace_odict_setstate.pkl",
+    "joblib_array_polyglot.pkl",
+    "joblib_object_array.pkl",
 ]
 TECHNIQUES = [f"{n}.pkl" for n in raw_techniques(Path("/m"))] + CONTAINERS
 # Refused as unreadable ("error"), never passed as clean: containers the scanner cannot open
