@@ -453,8 +453,8 @@ def normalize(module: str) -> str:
     return IMPORT_MAPPING.get(module, module)
 
 
-def danger_reason(module: str, name: str) -> str | None:
-    """Why ``module.name`` can run code, or None when no known-dangerous prefix matches."""
+def denied_reason(module: str, name: str) -> str | None:
+    """Why ``module.name`` can run code, when a known-dangerous module prefix matches."""
     module = normalize(module)
     dotted = f"{module}.{name}"
     for prefix in _prefixes(dotted):
@@ -465,6 +465,14 @@ def danger_reason(module: str, name: str) -> str | None:
     for part in name.split(".")[:-1]:
         if part in DANGEROUS_MODULES:
             return REASONS.get(part, f"reaches {part} through an attribute path")
+    return None
+
+
+def danger_reason(module: str, name: str) -> str | None:
+    """Why ``module.name`` can run code, or None when no known-dangerous prefix matches."""
+    if (why := denied_reason(module, name)) is not None:
+        return why
+    module = normalize(module)
     if module.split(".")[0] in sys.stdlib_module_names:
         # not user code: a standard-library function or alias (tarfile.bltn_open is open)
         return "a standard-library name not on the allowlist (it may reach files or processes)"

@@ -99,6 +99,7 @@ class PickleRun:
     joblib_arrays: int = 0  # BUILDs on joblib's array wrapper (raw array bytes follow each)
     # joblib: how pickle.load runs each stretch of array bytes that joblib.load skips
     as_opcodes: list[PickleRun] = field(default_factory=list)
+    region: str | None = None  # a run of such a region: its RawRegion.kind
 
     @property
     def imports(self) -> list[Global]:
@@ -115,6 +116,7 @@ class RawRegion:
     stack: list[Any]
     metastack: list[list[Any]]
     memo: MutableMapping[int, Any]  # a view: what the region writes stays its own
+    kind: str = "array"  # "array": raw bytes; "object-array": the pickle joblib nests there
 
 
 class _Mark:
@@ -334,10 +336,12 @@ def run_pickle(
                         at = stream.tell()
                         stack[-1] = _read_joblib_array(data, stream, target, events)
                         after = stream.tell()
-                        if stack[-1] is target and after > at:  # raw bytes, not a pickle
+                        if after > at:  # pickle.load runs these bytes, from this context
                             copies = [list(s) for s in metastack]
-                            view = ChainMap({}, memo)
-                            seed_at = RawRegion(at, after, list(stack), copies, view)
+                            kind = "array" if stack[-1] is target else "object-array"
+                            seed_at = RawRegion(
+                                at, after, [*stack[:-1], target], copies, ChainMap({}, memo), kind
+                            )
                             regions.append(run_pickle(data, seed=seed_at))
                             stream.seek(after)  # an mmap is the stream: the run moved it
             elif name in ("PERSID", "BINPERSID"):
@@ -361,7 +365,10 @@ def run_pickle(
         return PickleRun(
             start, end, None, protocol, events, error, count, truncated, arrays, regions
         )
-    return PickleRun(start, end, root, protocol, events, None, count, False, arrays, regions)
+    region = seed.kind if seed else None
+    return PickleRun(
+        start, end, root, protocol, events, None, count, False, arrays, regions, region
+    )
 
 
 # torch.save before 1.6 writes five pickles (this magic number, protocol, sys_info, the object,

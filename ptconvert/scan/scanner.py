@@ -12,6 +12,7 @@ from ptconvert import progress
 from ptconvert.atomic import disk_size
 from ptconvert.errors import InputError
 from ptconvert.report import Report, Verdict
+from ptconvert.scan.allowlist import denied_reason
 from ptconvert.scan.analysis import (
     NESTED_LOADER,
     SEVERITY_ORDER,
@@ -109,10 +110,27 @@ def _runs(stream: Stream) -> Iterable[PickleRun | Finding]:
     laid_out = run_pickle(stream.data, stream.start, joblib=True)
     yield laid_out
     for region in laid_out.as_opcodes:
+        if region.region == "object-array":
+            yield from _outer_memo_imports(stream.label, region, laid_out)
+            continue
         if region.error is None:
             why = "joblib array bytes parse as opcodes: pickle.load and torch.load run them"
             yield Finding("dangerous", stream.label, region.start, "-", None, why)
         yield replace(region, error=None)
+
+
+def _outer_memo_imports(label: str, region: PickleRun, laid_out: PickleRun) -> list[Finding]:
+    """Denied names that an object array's nested pickle imports only when pickle.load runs it
+    inside the outer pickle (whose memo its GETs then read): joblib.load runs it on its own. Any
+    other divergence is the garbage a plain reader makes of joblib's layout before it fails."""
+    joblib_reads = {(g.module, g.name) for g in laid_out.imports}
+    out = []
+    for g in region.imports:
+        why = denied_reason(g.module, g.name) if g.module and g.name else None
+        if why and (g.module, g.name) not in joblib_reads:
+            why += " (imported when pickle.load runs a joblib object array in the outer memo)"
+            out.append(Finding("dangerous", label, g.offset, g.opcode, f"{g.module}.{g.name}", why))
+    return out
 
 
 def _tar_record_runs(stream: Stream) -> list[PickleRun]:

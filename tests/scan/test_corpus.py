@@ -83,6 +83,7 @@ CONTAINERS = [
     "trust_namespace_odict_setstate.pkl",
     "joblib_array_polyglot.pkl",
     "joblib_object_array.pkl",
+    "joblib_object_array_outer_memo.pkl",
 ]
 TECHNIQUES = [f"{n}.pkl" for n in raw_techniques(Path("/m"))] + CONTAINERS
 # Refused as unreadable ("error"), never passed as clean: containers the scanner cannot open
