@@ -1,0 +1,93 @@
+"""A Hugging Face directory whose ``auto_map`` names its own code: the scan says so, a
+conversion needs ``--trust`` (transformers imports, so runs, that code) and says it ran."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import run_cli
+
+CONFIG_SOURCE = """
+from transformers import PretrainedConfig
+
+class TinyConfig(PretrainedConfig):
+    model_type = "tiny-remote"
+
+    def __init__(self, hidden=8, **kw):
+        self.hidden = hidden
+        super().__init__(**kw)
+"""
+MODELING_SOURCE = """
+import pathlib
+import torch
+from transformers import PreTrainedModel
+from .configuration_tiny import TinyConfig
+
+pathlib.Path({marker!r}).touch()  # the directory's code ran
+
+
+class TinyModel(PreTrainedModel):
+    config_class = TinyConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.fc = torch.nn.Linear(config.hidden, config.hidden)
+        self.post_init()
+
+    def forward(self, x):
+        return self.fc(x)
+"""
+
+
+@pytest.fixture
+def remote_code_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A directory as ``save_pretrained`` writes it for classes registered for an Auto class:
+    config.json with ``auto_map``, the weights, and the two code files beside them."""
+    import importlib
+
+    marker = tmp_path / "CODE_RAN"
+    package = tmp_path / "src" / "tinyremote"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "configuration_tiny.py").write_text(CONFIG_SOURCE)
+    (package / "modeling_tiny.py").write_text(MODELING_SOURCE.format(marker=str(marker)))
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    config_mod = importlib.import_module("tinyremote.configuration_tiny")
+    model_mod = importlib.import_module("tinyremote.modeling_tiny")
+    config_mod.TinyConfig.register_for_auto_class()
+    model_mod.TinyModel.register_for_auto_class("AutoModel")
+    torch.manual_seed(0)
+    model_mod.TinyModel(config_mod.TinyConfig()).save_pretrained(tmp_path / "hf")
+    marker.unlink()
+    for name in list(sys.modules):
+        if name.startswith("tinyremote"):
+            sys.modules.pop(name)
+    return tmp_path / "hf", marker
+
+
+def test_a_directory_with_auto_map_needs_trust_and_says_its_code_runs(
+    remote_code_dir: tuple[Path, Path], tmp_path: Path, capsys
+) -> None:
+    src, marker = remote_code_dir
+    assert (src / "modeling_tiny.py").is_file()
+    code, body, _ = run_cli(["scan", str(src)], capsys)
+    assert body["verdict"] == "needs-code", body
+    out = tmp_path / "tiny.pt2"
+    argv = [str(src), "--to", "pt2", "-o", str(out), "--input", "x:2x8:float32"]
+    code, body, _ = run_cli(argv, capsys)
+    assert code == 11 and "modeling_tiny.TinyModel" in body["error"]["message"], body
+    assert not marker.exists() and not out.exists()
+    code, body, _ = run_cli([*argv, "--trust"], capsys)
+    assert code == 0, body
+    assert marker.exists()  # trusted: transformers imported the directory's code
+    assert any("own code ran" in n for n in body["notes"]), body["notes"]
+    assert body["parity"]["status"] == "pass"
+    program = torch.export.load(out).module()  # called by keyword, as transformers models are
+    x = torch.randn(2, 8)
+    got = program(x=x)
+    got = next(iter(got.values())) if isinstance(got, dict) else got
+    assert got.shape == (2, 8)
