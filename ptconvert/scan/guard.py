@@ -67,7 +67,10 @@ def guard(path: str | Path, *, trust: bool = False, allow: Iterable[str] = ()) -
                     path=r.path,
                     hint="pass --trust if you trust its source",
                 )
-            needed = [c for c in r.classes if c not in allow] or native or ["?"]
+            needed = [c for c in r.classes if c not in allow] or native
+            if not needed:  # no class to name (Python source): what the scan says of it
+                why = "; ".join(f.reason for f in r.findings if f.severity == "needs-code")
+                raise NeedsTrustError(why, path=r.path, hint="pass --trust if you trust it")
             raise NeedsTrustError(
                 "loading this file imports Python code: " + ", ".join(needed),
                 path=r.path,

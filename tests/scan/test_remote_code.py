@@ -91,3 +91,18 @@ def test_a_directory_with_auto_map_needs_trust_and_says_its_code_runs(
     got = program(x=x)
     got = next(iter(got.values())) if isinstance(got, dict) else got
     assert got.shape == (2, 8)
+
+
+def test_python_source_in_a_model_folder_is_named_when_refused(samples, tmp_path: Path, capsys):
+    """A folder's own .py file is code: refused without --trust, the message names the file."""
+    import shutil
+
+    src = tmp_path / "bert"
+    shutil.copytree(samples["hf_bert"], src)
+    (src / "handler.py").write_text("print('serving')\n")
+    out = tmp_path / "out"
+    code, body, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out)], capsys)
+    assert code == 11 and body["error"]["path"].endswith("handler.py"), body
+    assert "Python source" in body["error"]["message"] and not out.exists()
+    code, body, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out), "--trust"], capsys)
+    assert code == 0, body
