@@ -4,8 +4,8 @@ The verdict comes from the allowlist: a global is fine only when it is ``safe``.
 code that the pickle only instantiates (NEWOBJ, ``copyreg._reconstructor``, torch's rebuild of a
 tensor subclass, an Enum member rebuilt by value) is ``needs-code``; calling anything that is
 not known to be harmless, importing a dangerous name, or computing a name at run time is
-``dangerous``. So is a global of user code kept anywhere else (an argument, a state, an item, a
-persistent id): torch's rebuild code and the objects it builds call what they are given
+``dangerous``. So is a function of user code kept anywhere else (an argument, a state, an item, a
+persistent id; a class kept there is ``needs-code``: calling it constructs it): torch's rebuild code and the objects it builds call what they are given
 (``ret.as_subclass(new_type)``, an instance ``__setstate__``, an Enum's ``_missing_``), and once
 the user trusts the file that global is importable.
 """
@@ -45,6 +45,7 @@ MAX_VALUES = 5_000_000  # containers walked per pickle: bounded like the machine
 # ``_rebuild_from_type_v2(func, new_type, args, state)`` runs ``func(*args)``.
 _CALLS_ARGUMENT: dict[str, tuple[int, int | None]] = {
     "torch._tensor._rebuild_from_type_v2": (0, 2),
+    "collections.defaultdict": (0, None),  # its factory is called for every missing key
 }
 # Arguments that are instantiated as a class (needs-code is then what it says: user classes):
 # the wrapper subclass rebuild and ``copyreg._reconstructor(cls, base, state)`` instantiate
@@ -229,7 +230,14 @@ class _Judge:
         while stack:
             v = stack.pop()
             if isinstance(v, Global):
-                if self.verdict_of(v) == "needs-code" and _name(v) not in PURE_FUNCTIONS:
+                if self.verdict_of(v) != "needs-code" or _name(v) in PURE_FUNCTIONS:
+                    continue
+                if (v.name or "")[:1].isupper():  # a class kept as a value (hparams' nn.GELU):
+                    # calling it constructs it, which is what trust admits (the trusted load
+                    # allowlists classes only as classes); the special keys are judged apart
+                    why = f"a class of user code kept as a value ({where})"
+                    self.add("needs-code", pos, op, v, why)
+                else:
                     self.add("dangerous", pos, op, v, f"{KEPT} ({where})")
                 continue
             if not isinstance(v, (tuple, list, Dict, PersistentRef)) or id(v) in self.seen:

@@ -183,3 +183,20 @@ def test_a_route_never_unpickles_a_file_it_wrote(samples, source: str, tmp_path:
     assert code == 5 and "model_spec" in body["error"]["message"], body
     plan = ptconvert.plan(samples[source], "torchscript", trust=True)
     assert "unpickle_module" not in [e.step for e in plan.edges]
+
+
+def test_classes_kept_as_hyperparameters_need_trust_not_refusal(tmp_path: Path, capsys) -> None:
+    """A Lightning-style checkpoint keeps classes among its hyperparameters (``act=nn.GELU``):
+    needs-code (trust constructs classes), not dangerous; with --trust its weights convert."""
+    from fixtures.models import MLP
+
+    src = tmp_path / "run.ckpt"
+    hparams = {"act": torch.nn.GELU, "optimizer": torch.optim.AdamW, "lr": 1e-3}
+    torch.save({"state_dict": MLP().state_dict(), "hyper_parameters": hparams}, src)
+    code, body, _ = run_cli(["scan", str(src)], capsys)
+    assert body["verdict"] == "needs-code", body
+    out = tmp_path / "run.safetensors"
+    code, body, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out)], capsys)
+    assert code == 11, body
+    code, body, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out), "--trust"], capsys)
+    assert code == 0 and body["verification"]["status"] == "pass", body
