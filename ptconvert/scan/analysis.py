@@ -4,10 +4,11 @@ The verdict comes from the allowlist: a global is fine only when it is ``safe``.
 code that the pickle only instantiates (NEWOBJ, ``copyreg._reconstructor``, torch's rebuild of a
 tensor subclass, an Enum member rebuilt by value) is ``needs-code``; calling anything that is
 not known to be harmless, importing a dangerous name, or computing a name at run time is
-``dangerous``. So is a function of user code kept anywhere else (an argument, a state, an item, a
-persistent id; a class kept there is ``needs-code``: calling it constructs it): torch's rebuild code and the objects it builds call what they are given
-(``ret.as_subclass(new_type)``, an instance ``__setstate__``, an Enum's ``_missing_``), and once
-the user trusts the file that global is importable.
+``dangerous``. So is a function of user code kept anywhere else (an argument, a state, an
+item, a persistent id; a class kept there is ``needs-code``: calling it constructs it): torch's
+rebuild code and the objects it builds call what they are given (``ret.as_subclass(new_type)``,
+an instance ``__setstate__``, an Enum's ``_missing_``), and once the user trusts the file that
+global is importable.
 """
 
 from __future__ import annotations
