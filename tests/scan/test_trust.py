@@ -200,3 +200,53 @@ def test_classes_kept_as_hyperparameters_need_trust_not_refusal(tmp_path: Path, 
     assert code == 11, body
     code, body, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out), "--trust"], capsys)
     assert code == 0 and body["verification"]["status"] == "pass", body
+
+
+def test_a_trainer_output_folder_converts_with_trust_and_nothing_loads_its_pickles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """A real Trainer checkpoint folder (training_args.bin with its enums, optimizer.pt,
+    rng_state.pth …): needs-code, not dangerous; with --trust its model converts and none of
+    those pickles is loaded."""
+    import transformers
+
+    config = transformers.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=37,
+        vocab_size=99,
+    )
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config)
+    rows = [
+        {"input_ids": torch.randint(0, 99, (6,)), "labels": torch.tensor(i % 2)} for i in range(4)
+    ]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        max_steps=1,
+        save_steps=1,
+        per_device_train_batch_size=2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    transformers.Trainer(model=model, args=args, train_dataset=rows).train()
+    capsys.readouterr()  # the Trainer's own log lines
+    src = tmp_path / "run" / "checkpoint-1"
+    assert (src / "training_args.bin").is_file() and (src / "optimizer.pt").is_file()
+    code, body, _ = run_cli(["scan", str(src)], capsys)
+    assert body["verdict"] == "needs-code", body
+    out = tmp_path / "converted"
+    code, body, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out)], capsys)
+    assert code == 11 and "TrainingArguments" in body["error"]["message"], body
+    loaded: list[str] = []
+    real_load = torch.load
+    monkeypatch.setattr(
+        torch, "load", lambda f, *a, **k: loaded.append(str(f)) or real_load(f, *a, **k)
+    )
+    code, body, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out), "--trust"], capsys)
+    assert code == 0 and body["verification"]["status"] == "pass", body
+    assert loaded == [], loaded
+    back = transformers.BertForSequenceClassification.from_pretrained(out)
+    assert torch.equal(back.classifier.weight, model.classifier.weight.detach().cpu())
