@@ -191,10 +191,10 @@ def test_eager_runs_once_per_size_and_twice_on_one_input_only(
     compared = [s.batch for s in report.parity.sizes]
     assert compared == [1, 2, 3, 5, 7]
     fp32 = [n for n, dtype in _calls(log) if dtype == "torch.float32"]
-    # the example's size twice (the determinism check), every other size once: the batch sizes
-    # and the probes of the dynamic range share eager's outputs where their sizes meet
-    assert fp32.count(2) == 2, fp32
-    assert all(fp32.count(n) == 1 for n in set(fp32) - {2}), fp32
+    # one size twice (the determinism check: the example's, or a size first run beside the
+    # fresh process, at its thread count), every other size once: the batch sizes and the
+    # probes of the dynamic range share eager's outputs where their sizes meet
+    assert sorted(fp32.count(n) for n in set(fp32))[-2:] == [1, 2], fp32
     assert set(compared) <= set(fp32) and max(fp32) > 7  # the range's top was probed too
     assert torch.export.load(tmp_path / "m.pt2").module()(torch.randn(9, 8)).shape == (9, 4)
 

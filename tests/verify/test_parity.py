@@ -226,3 +226,27 @@ def test_a_few_elements_off_pass_only_within_the_rmse_floor(spikes: int, expecte
         assert out.detail.startswith("output: outside allclose but within 2.0×")
     else:
         assert "RMSE vs fp64" in out.detail
+
+
+def test_determinism_is_judged_at_one_thread_count() -> None:
+    """Eager's outputs kept from a call on two threads; the determinism check runs on one:
+    both of its calls are made there, as sums split by thread differ in their last bits."""
+    from ptconvert.model.wrappers import output_leaves
+    from ptconvert.verify.parity import EagerRuns
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        return x + 1e-6 * torch.get_num_threads()
+
+    before = torch.get_num_threads()
+    sample = {"x": torch.ones(2, 3)}
+    runs = EagerRuns()
+    try:
+        torch.set_num_threads(2)
+        runs.put(2, sample, output_leaves(reference(**sample)))
+        torch.set_num_threads(1)
+        report = compare(
+            reference, reference, lambda b: sample, [2], determinism="once", eager=runs
+        )
+    finally:
+        torch.set_num_threads(before)
+    assert report.status == "pass" and runs.deterministic
