@@ -3,6 +3,14 @@
 The package holds a shared library compiled for one device (``--device``), with the program's
 dynamic dims kept; ``--aoti-option k=v`` passes Inductor configs (``max_autotune=1``). Compiling
 takes tens of seconds even for a small model: the time is reported.
+
+The package checks its inputs on every call. Inductor writes per-input checks (dtype, static
+sizes and strides, the dynamic dims' bounds, device) into the generated C++, but runs them only
+when the *calling* process sets ``AOTI_RUNTIME_CHECK_INPUTS``: a user who loads the package
+without it gets wrong numbers at a size it was not compiled for. ``checked_inputs`` drops that
+condition while ptconvert compiles (Inductor's internal ``assert_size_stride`` checks stay as
+they are). A dynamic dim whose minimum is torch's floor of 2 takes size 1 too (as a ``.pt2``
+does, and the range check runs it there), unless verification bounded it (``state.bounds``).
 """
 
 from __future__ import annotations
@@ -11,14 +19,19 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ptconvert.convert.state import RunState
+from ptconvert.convert.state import Bounds, RunState
 from ptconvert.errors import UnsupportedConversionError
 from ptconvert.options import Options
 from ptconvert.quiet import quiet_torch
 from ptconvert.verify.check import require_device
+
+# the generated ``__check_inputs_outputs`` starts with this early return (torch 2.13–2.14)
+_ENV_GATE = ("if (!_check_aoti_runtime_check_inputs_env()){", "return;", "}")
 
 
 def compiler() -> str | None:
@@ -35,6 +48,7 @@ def aoti_compile(state: RunState, opts: Options) -> None:
     assert state.exported is not None and state.output is not None
     require_device(opts.device)
     ep: Any = state.exported
+    ones = accepted_at_one(ep, state.bounds)
     if opts.device != "cpu":
         from torch.export.passes import move_to_device_pass
 
@@ -46,7 +60,7 @@ def aoti_compile(state: RunState, opts: Options) -> None:
     package = folder / (final if final.endswith(".pt2") else f"{final}.pt2")
     started = time.perf_counter()
     try:
-        with quiet_torch():
+        with quiet_torch(), checked_inputs(ones):
             aoti_compile_and_package(
                 ep, package_path=str(package), inductor_configs=dict(opts.aoti_options)
             )
@@ -65,3 +79,75 @@ def aoti_compile(state: RunState, opts: Options) -> None:
         + (f" ({options})" if options else "")
         + "; the package holds native code: loading it runs a compiled shared library"
     )
+    state.notes.append(
+        "the package checks every call's input dtypes, shapes and strides itself, "
+        "AOTI_RUNTIME_CHECK_INPUTS set or not: a size outside what was verified raises"
+    )
+
+
+def accepted_at_one(ep: Any, bounds: Bounds) -> frozenset[tuple[int, int]]:
+    """(input index, axis) of the dynamic dims the package takes at size 1: those the range
+    check runs there (a minimum of 2, torch's floor), unless verification bounded them."""
+    from ptconvert.verify.ranges import dynamic_dims, probed_at_one, user_inputs
+
+    index = {name: i for i, (name, _val) in enumerate(user_inputs(ep))}
+    dims = probed_at_one(dynamic_dims(ep))
+    return frozenset((index[d.input], d.axis) for d in dims if d.key not in bounds)
+
+
+@contextmanager
+def checked_inputs(accept_one: frozenset[tuple[int, int]] = frozenset()) -> Iterator[None]:
+    """While it lasts, Inductor's AOT input checks run on every call of the packages it
+    compiles (not only under ``AOTI_RUNTIME_CHECK_INPUTS``); the dims ``accept_one`` (input
+    index, axis) have a lower bound of 1 in them instead of torch's 2."""
+    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+
+    original = CppWrapperCpu.generate_input_output_runtime_checks
+
+    def generate(self: Any) -> None:
+        with _floor_of_one(accept_one):
+            original(self)
+        _ungate(self.prefix._lines)
+
+    CppWrapperCpu.generate_input_output_runtime_checks = generate  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        CppWrapperCpu.generate_input_output_runtime_checks = original  # type: ignore[method-assign]
+
+
+def _ungate(lines: list[Any]) -> None:
+    """Remove the early return on an unset AOTI_RUNTIME_CHECK_INPUTS; a torch whose code
+    differs is an error, never a package that silently goes unchecked."""
+    text = [line.strip() if isinstance(line, str) else None for line in lines]
+    starts = [i for i in range(len(text)) if tuple(text[i : i + 3]) == _ENV_GATE]
+    if len(starts) != 1:
+        raise RuntimeError(
+            "this torch's AOTInductor writes its input checks differently: ptconvert cannot "
+            "make them run on every call"
+        )
+    at = starts[0]
+    lines[at : at + 3] = ["// ptconvert: the inputs are checked on every call"]
+
+
+@contextmanager
+def _floor_of_one(dims: frozenset[tuple[int, int]]) -> Iterator[None]:
+    """The checks' lower bound of these dims' symbols at 1 while the checks are written: the
+    bound is read from the shape environment's value ranges, restored after."""
+    import sympy
+    from torch._inductor.virtualized import V
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    env = V.graph.sizevars.shape_env
+    inputs = list(V.graph.graph_inputs.values())
+    saved: dict[Any, Any] = {}
+    for index, axis in dims:
+        size: Any = getattr(inputs[index], "get_size", tuple)() if index < len(inputs) else ()
+        symbol = size[axis] if axis < len(size) else None
+        if isinstance(symbol, sympy.Symbol) and symbol in env.var_to_range:
+            saved[symbol] = env.var_to_range[symbol]
+            env.var_to_range[symbol] = ValueRanges(1, saved[symbol].upper)
+    try:
+        yield
+    finally:
+        env.var_to_range.update(saved)

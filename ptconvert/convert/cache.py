@@ -56,7 +56,8 @@ if TYPE_CHECKING:
     from ptconvert.convert.engine import ConversionReport
     from ptconvert.formats.base import Format
 
-SCHEMA = 1  # of complete.json and of the key: a change makes every older entry a miss
+SCHEMA = 2  # of complete.json and of the key: a change makes every older entry a miss
+# (2: AOTI packages check their inputs, programs wrong outside their range are narrowed)
 _CHUNK = 1 << 20
 
 # Options that do not change the artifact's bytes, each with why. Every other field is in the

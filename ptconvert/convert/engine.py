@@ -20,7 +20,13 @@ from ptconvert import progress
 from ptconvert.atomic import atomic_path, check_output, place_together
 from ptconvert.convert.cache import cache_slot
 from ptconvert.convert.graph import EDGES, Edge, Plan, plan
-from ptconvert.convert.program_check import FreshLoad, dynamism, first_call, verify_program
+from ptconvert.convert.program_check import (
+    FreshLoad,
+    RangeTooWide,
+    dynamism,
+    first_call,
+    verify_program,
+)
 from ptconvert.convert.state import RunState, StepRecord
 from ptconvert.convert.steps import STEPS
 from ptconvert.errors import (
@@ -295,8 +301,20 @@ def _run_route(
                 # a program that runs but computes something else (a branch on a size frozen
                 # by export or trace): try the routes that remain from the module
                 capture = next((e for e in taken if e.step in CAPTURING_STEPS), None)
+                cut = route.index(f"{capture.src} → {capture.dst}") if capture else 0
+                if _narrows(exc, capture, state):
+                    # wrong only outside the range that holds: the same route again, with that
+                    # range exported, and the file refuses the sizes outside it
+                    assert isinstance(exc, RangeTooWide)
+                    state.bounds.update(exc.bounds)
+                    state.notes.append(exc.note)
+                    _forget_program(state)
+                    node, queue = "module", taken[cut:]
+                    route, taken = route[:cut], taken[:cut]
+                    continue
+                exc = _plain(exc)
                 if capture is None or state.module is None:
-                    raise
+                    raise exc from None
                 rejected.append(f"{capture.step}: {exc.message}")
                 banned.add(capture)
                 try:
@@ -308,7 +326,6 @@ def _run_route(
                     f"tried {' → '.join(e.step for e in replanned.edges)} instead"
                 )
                 _forget_program(state)
-                cut = route.index(f"{capture.src} → {capture.dst}")
                 route, taken = route[:cut], taken[:cut]
                 node, queue = "module", list(replanned.edges)
         check: Check = "parity" if parity is not None else "none"
@@ -379,10 +396,13 @@ def _interface(
         )
     if exported and not dynamism(state)[0]:
         shapes = {n: list(v.shape) for n, v in sample.items() if hasattr(v, "shape")}
+        why = "static: pass --dynamic-batch or --dynamic for other sizes"
+        if opts.dynamic_batch or opts.dynamic:
+            why = "static, though dynamic dims were asked: the route that matched eager has none"
         accepts.append(
             "only the example's shapes "
             + ", ".join(f"{n}{s}" for n, s in shapes.items())
-            + " (static: pass --dynamic-batch or --dynamic for other sizes)"
+            + f" ({why})"
         )
     if exported:
         accepts += [f"{where}: {words}" for where, words in state.dynamic_range.items()]
@@ -440,6 +460,26 @@ def _initialise_lazy(state: RunState, sample: dict[str, Any]) -> None:
 
 # steps that turn a module into a program: the ones a failed parity check rules out
 CAPTURING_STEPS = ("export", "script", "ts_to_exported")
+
+
+def _narrows(exc: VerificationError, capture: Edge | None, state: RunState) -> bool:
+    """Whether the program is exported again with the range that holds: export captured it
+    from the module, and these bounds are new (a second program wrong outside them is refused,
+    never narrowed in circles)."""
+    return (
+        isinstance(exc, RangeTooWide)
+        and capture is not None
+        and capture.step == "export"
+        and state.module is not None
+        and any(state.bounds.get(k) != v for k, v in exc.bounds.items())
+    )
+
+
+def _plain(exc: VerificationError) -> VerificationError:
+    """A range that cannot be narrowed is a plain refusal."""
+    if isinstance(exc, RangeTooWide):
+        return VerificationError(exc.message, path=exc.path, hint=exc.hint)
+    return exc
 
 
 def _forget_program(state: RunState) -> None:

@@ -5,6 +5,9 @@
   re-traced at batch 2, because tracing specialises sizes 0 and 1 (the program still accepts
   batch 1 at run time). ``--dynamic NAME:AXIS[:MIN:MAX]`` adds other dims.
 - A Hugging Face model exports with ``use_cache=False`` (cache objects are not pytrees).
+- ``state.bounds`` (the range verification found to hold, where the first program ran wrong
+  outside it) become the dims' min/max; a minimum of 2 also becomes a guard, since torch lets
+  sizes 0 and 1 through a minimum of 2 at run time.
 Each repair is written to the run's notes.
 """
 
@@ -13,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ptconvert.convert.state import RunState
+from ptconvert.convert.state import Bounds, RunState
 from ptconvert.errors import UnsupportedConversionError, UsageError
 from ptconvert.model.inputs import ExampleInputs
 from ptconvert.model.wrappers import named_outputs, positional_names
@@ -21,7 +24,9 @@ from ptconvert.options import DYNAMIC_SPEC, Options
 from ptconvert.quiet import quiet_torch
 
 
-def dynamic_shapes(opts: Options, sample: dict[str, Any]) -> dict[str, Any] | None:
+def dynamic_shapes(
+    opts: Options, sample: dict[str, Any], bounds: Bounds | None = None
+) -> dict[str, Any] | None:
     from torch.export import Dim
 
     if not opts.dynamic_batch and not opts.dynamic:
@@ -55,6 +60,9 @@ def dynamic_shapes(opts: Options, sample: dict[str, Any]) -> dict[str, Any] | No
         # length shared by input_ids and attention_mask) and fails if one gets specialised
         dim = Dim.DYNAMIC(min=int(m["min"]), max=int(m["max"])) if m["min"] else Dim.DYNAMIC
         shapes[m["name"]] = {**(shapes[m["name"]] or {}), axis: dim}
+    for (name, axis), (low, high) in (bounds or {}).items():
+        if name in shapes:
+            shapes[name] = {**(shapes[name] or {}), axis: Dim.DYNAMIC(min=low, max=high)}
     return shapes
 
 
@@ -84,7 +92,7 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
         )
     inputs = _away_from_the_minimum(state, opts, inputs)
     sample = inputs.at(batch)
-    shapes: Any = dynamic_shapes(opts, sample)
+    shapes: Any = dynamic_shapes(opts, sample, state.bounds)
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] | None = sample
     if names is not None:  # forward(x, …): export positionally, as users will call it
@@ -123,6 +131,7 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
             continue
         if errors and strict and not cloned:
             state.notes.append(f"non-strict export failed, strict export succeeded ({errors[0]})")
+        _refuse_below_two(ep, state.bounds)
         state.dynamic_range = dynamic_range_words(ep)
         return ep
     draft = _draft_report(module, args, kwargs, shapes)
@@ -172,6 +181,16 @@ def _away_from_the_minimum(state: RunState, opts: Options, inputs: ExampleInputs
     )
     state.inputs = moved
     return moved
+
+
+def _refuse_below_two(ep: Any, bounds: Bounds) -> None:
+    """A dim bounded at 2 refuses 0 and 1: torch checks a minimum of 2 nowhere (it lets those
+    sizes through at run time, its 0/1 specialisation), so the program gets a guard of its own,
+    which ``torch.export.save`` keeps and ``.module()`` asserts on every call (AOTInductor's
+    input checks read the minimum itself)."""
+    for (name, axis), (low, _high) in bounds.items():
+        if low == 2:
+            ep._guards_code.append(f"L[{name!r}].size()[{axis}] >= 2")
 
 
 _FROZEN = re.compile(r"[Ii]nference tensor|single memory location|refers to a single memory")

@@ -179,8 +179,10 @@ def onnx_export(state: RunState, opts: Options) -> None:
     ep = state.exported
     _name_values(program.model, state)
     names = symbol_names(ep)
+    # always: a size TorchScript's converter fixed comes as a symbolic dim named "2", which
+    # onnxruntime would take any size for (and compute the traced size's numbers with)
+    _rename_dims(program.model, names)
     if names:
-        _rename_dims(program.model, names)
         state.notes.append(
             "dynamic dims named in the ONNX graph: "
             + ", ".join(f"{d.input}[{d.axis}] → {names[d.symbol]}" for d in _named(ep, names))

@@ -11,6 +11,11 @@ What the check costs follows from the model's first call (``first_call``, timed)
 per size (its outputs kept in one ``EagerRuns`` for every comparison), twice on one input once
 per conversion (the determinism check), at sizes beyond 1, 2, 3 only while cheap
 (``batches_by_cost``); the probes of a dynamic range take the sizes the comparison ran as judged.
+Only the inputs whose dim 0 is the dynamic batch change with the batch size (``_pin_unbatched``).
+
+A program that runs at a size where it computes something else than eager is never written as it
+is: outside the range that holds, a format that bounds its dims is exported again with that range
+(``RangeTooWide``, which the engine handles); inside it, or in ONNX, it is refused.
 """
 
 from __future__ import annotations
@@ -25,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert import progress
-from ptconvert.convert.state import RunState
+from ptconvert.convert.state import Bounds, RunState
 from ptconvert.errors import ModelRaisedError, PtconvertError, VerificationError
 from ptconvert.formats import FORMATS_BY_NAME
 from ptconvert.memory import FP64_BUDGET_BYTES
-from ptconvert.options import Options
+from ptconvert.options import DYNAMIC_SPEC, Options
 from ptconvert.verify.parity import (
     STATEFUL_CALLS,
     VARIED_BATCHES,
@@ -41,6 +46,17 @@ from ptconvert.verify.parity import (
     summarised,
     watched_call,
 )
+
+
+class RangeTooWide(VerificationError):
+    """The written program runs at sizes of a dynamic dim where its outputs differ from eager's,
+    all outside the range that holds: exported again with ``bounds`` (that range), the file
+    refuses them. ``note`` says so in the report."""
+
+    def __init__(self, message: str, bounds: Bounds, note: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.bounds, self.note = bounds, note
+
 
 # A probe of a dynamic dim runs the model about three times (eager, fp64, the program) at up to
 # ``budget`` × the example's size: the budget shrinks as the model's example call grows, so a
@@ -132,6 +148,7 @@ def verify_program(state: RunState, to: str, artifact: Path, opts: Options) -> P
     if state.reference is None or state.inputs is None:
         state.notes.append("parity not checked: no eager reference or example inputs")
         return None
+    _pin_unbatched(state, opts)
     if target.isolated:  # its runtime loads the written file in a process of its own
         first_call(state)
         with progress.step(f"loading the {to} file to compare it"):
@@ -177,6 +194,31 @@ def verify_program(state: RunState, to: str, artifact: Path, opts: Options) -> P
         return report
     finally:
         fresh.stop()
+
+
+def _pin_unbatched(state: RunState, opts: Options) -> None:
+    """Inputs whose dim 0 is not the dynamic batch keep the example's shape at every size
+    compared (a table of fixed rows, a size the model asserts): the batched ones are those whose
+    dim 0 the program has dynamic, or for TorchScript those --dynamic NAME:0 names (all with
+    --dynamic-batch or without any)."""
+    from ptconvert.model.inputs import pinned
+
+    assert state.inputs is not None
+    sample = state.inputs.at(state.inputs.batch)
+    tensors = [n for n, v in sample.items() if getattr(v, "dim", lambda: 0)() > 0]
+    if state.exported is not None:
+        from ptconvert.verify.ranges import dynamic_dims
+
+        batched = {d.input for d in dynamic_dims(state.exported) if d.axis == 0}
+    else:
+        matches = (DYNAMIC_SPEC.match(spec) for spec in opts.dynamic)
+        batched = {m["name"] for m in matches if m is not None and m["axis"] == "0"}
+        if opts.dynamic_batch or not batched:
+            return
+    before = state.inputs
+    state.inputs = pinned(before, [n for n in tensors if n not in batched])
+    if state.eager is not None and state.eager.made_by is before:
+        state.eager.made_by = state.inputs  # the example's inputs are the same
 
 
 def _in_memory(state: RunState, target: Any, artifact: Path) -> Any:
@@ -254,7 +296,7 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
                 raise
             # eager itself fails at one of the sizes: the range check says which hold first
     if dynamic:
-        held = _check_dynamic_dims(state, ranged, reference, candidate, runs, batches, report)
+        held = _check_dynamic_dims(state, to, ranged, reference, candidate, runs, batches, report)
         report = _at_sizes(report, held, reference, candidate, state, runs)
         dropped = [b for b in batches if b not in held]
         if opts.batch_sizes and dropped:
@@ -321,6 +363,7 @@ def _hint_for(status: str, to: str, opts: Options, exported: bool) -> str:
 
 def _check_dynamic_dims(
     state: RunState,
+    to: str,
     ep: Any,
     reference: Any,
     candidate: Any,
@@ -365,12 +408,57 @@ def _check_dynamic_dims(
             path=state.src,
             hint="drop --dynamic for that dimension, or bound it: --dynamic NAME:AXIS:MIN:MAX",
         )
+    if any(r.wrong for r in ranges.dims):
+        raise _runs_wrong(state, to, ranges.dims)
     if ranges.status == "narrowed":
         state.notes.append(
             "the program does not run on the whole range torch reports; it runs for: "
             + "; ".join(ranges.texts)
         )
     return batch_sizes_that_hold(ranges, batches)
+
+
+def _runs_wrong(state: RunState, to: str, dims: list[Any]) -> VerificationError:
+    """The program runs at sizes where its outputs differ from eager's (``DimRange.wrong``).
+    All outside the range that holds, in a format that bounds its dims: ``RangeTooWide`` with
+    that range; else a refusal (sizes inside the range, or ONNX, which has no minimum or
+    maximum for a dim)."""
+    bad = [r for r in dims if r.wrong]
+    where = "; ".join(f"{r.dim.where} at {', '.join(map(str, r.wrong[:4]))}" for r in bad)
+    message = (
+        f"the written {to} runs {where} and returns other outputs than eager there ("
+        + "; ".join(r.text for r in bad)
+        + ")"
+    )
+
+    def outside(r: Any) -> bool:
+        return r.low is not None and all(
+            s < r.low or (r.high is not None and s > r.high) for s in r.wrong
+        )
+
+    if not all(outside(r) for r in bad):
+        return VerificationError(
+            message + ": sizes inside the range that holds elsewhere, which no bound leaves out",
+            path=state.src,
+            hint="make the model compute the same at every size (a branch on a size: both "
+            "branches alike), or bound the dimension: --dynamic NAME:AXIS:MIN:MAX",
+        )
+    if not FORMATS_BY_NAME[to].bounds_dims:
+        return VerificationError(
+            message + f": {to} files cannot bound a dimension's size, so this one would take them",
+            path=state.src,
+            hint="convert to pt2 or aoti, whose files refuse sizes outside the range that holds, "
+            "or make the model compute the same there",
+        )
+    bounds: Bounds = {r.dim.key: (r.low, r.high) for r in bad}
+    note = "; ".join(
+        f"{r.dim.where} bounded to {r.low}"
+        + (f"–{r.high}" if r.high else " or more")
+        + f" in the written {to}: at {', '.join(map(str, r.wrong[:4]))} the program ran and "
+        "returned other outputs than eager, and the file now refuses those sizes"
+        for r in bad
+    )
+    return RangeTooWide(message, bounds, note, path=state.src)
 
 
 class FreshLoad:

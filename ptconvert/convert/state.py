@@ -10,6 +10,9 @@ from ptconvert.model.inputs import ExampleInputs
 from ptconvert.report import Report, StepStatus
 from ptconvert.weights.read import WeightSet
 
+# (input, axis) → (min, max or None): the sizes a dynamic dim is exported with
+Bounds = dict[tuple[str, int], tuple[int, int | None]]
+
 
 @dataclass
 class StepRecord(Report):
@@ -35,6 +38,9 @@ class RunState:
     exported: Any = None  # ExportedProgram
     inputs: ExampleInputs | None = None
     dynamic_range: dict[str, str] = field(default_factory=dict)
+    # the range verification found to hold for a dynamic dim where the first program ran wrong
+    # outside it: exported again with it, the file refuses the sizes outside
+    bounds: Bounds = field(default_factory=dict)
     positional: list[str] | None = None  # the program takes these inputs positionally
     # the step that writes the output is the route's last: it writes ``output``
     writing: bool = False

@@ -171,6 +171,9 @@ class Format:
     warm_line: ClassVar[str] = ""
     runs_native_code: ClassVar[bool] = False  # loading runs compiled code (needs --trust)
     isolated: ClassVar[bool] = False  # `open` runs the program in a process of its own
+    # the file refuses sizes outside the ranges its dynamic dims were exported with (a .pt2's
+    # guards, an AOTI package's input checks): a range can be narrowed in it; ONNX cannot
+    bounds_dims: ClassVar[bool] = False
     # a format ptconvert writes through another target's option says which (sharded sets)
     written_by: ClassVar[str] = ""
     carries_model_spec: ClassVar[bool] = False  # names its model class (a config.json beside)

@@ -172,6 +172,7 @@ class ExportedProgramFormat(Format):
     suffixes = (".pt2",)
     load_line = "prog = torch.export.load(p).module()"
     warm_line = "import torch.export.pt2_archive._package"  # torch.export.load's reader
+    bounds_dims = True
     holds = "an ExportedProgram: ATen graph, signature with dynamic dims, weights, constants"
     priority = 30
 
@@ -360,9 +361,14 @@ class AotiPackageFormat(Format):
     kind = "program"
     suffixes = (".pt2",)
     output_suffix = ".aoti.pt2"
-    load_line = "prog = torch._inductor.aoti_load_package(p)"
+    # a package ptconvert writes checks its inputs itself (convert/aoti.py): said where it loads
+    load_line = (
+        "prog = torch._inductor.aoti_load_package(p)  # checks every call's input dtypes, "
+        "shapes and strides (no AOTI_RUNTIME_CHECK_INPUTS needed)"
+    )
     runs_native_code = True
     isolated = True
+    bounds_dims = True
     holds = "an AOTInductor package: compiled native code (.so) with embedded weights"
     priority = 40
 

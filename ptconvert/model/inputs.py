@@ -9,7 +9,9 @@ at several sizes with the same recipe (seeded, reproducible).
     NAME:SHAPE:DTYPE:=VALUE      a tensor filled with VALUE
     NAME::DTYPE=VALUE            a scalar argument: a plain Python int, float or bool
 
-Dim 0 of a tensor is its batch; scalars are never batched.
+Dim 0 of a tensor is its batch; scalars are never batched. At the example's own batch every
+input has the shape it was given; an input whose dim 0 is not the batch (a lookup table of fixed
+rows) keeps it at every batch size once the conversion knows it is not batched (``pinned``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,6 +151,21 @@ class ExampleInputs:
         return self.make(batch)
 
 
+def pinned(inputs: ExampleInputs, names: Collection[str]) -> ExampleInputs:
+    """``inputs`` with the tensors ``names`` kept as the example has them at every batch size:
+    inputs whose dim 0 is not the batch (a table of fixed rows, a size the model asserts)."""
+    example = inputs.at(inputs.batch)
+    fixed = {n: example[n] for n in names if n in example}
+    if not fixed:
+        return inputs
+
+    def make(batch: int) -> dict[str, Any]:
+        made = inputs.make(batch)
+        return made if batch == inputs.batch else {**made, **fixed}
+
+    return ExampleInputs(make, inputs.batch, inputs.source)
+
+
 def _check_spec(s: InputSpec, dtype: Any) -> None:
     import torch
 
@@ -179,10 +196,10 @@ def _python(value: Value, dtype: Any) -> Value:
     return int(value.real if isinstance(value, complex) else value)
 
 
-def _tensor(s: InputSpec, dtype: Any, batch: int, gen: Any) -> Any:
+def _tensor(s: InputSpec, dtype: Any, rows: int, gen: Any) -> Any:
     import torch
 
-    shape = (batch, *s.shape[1:])
+    shape = (rows, *s.shape[1:])
     if s.value is not None:  # a constant: the same value at every batch size
         return torch.full(shape, _python(s.value, dtype), dtype=dtype)
     if dtype.is_floating_point or dtype.is_complex:
@@ -229,6 +246,8 @@ def from_specs(specs: list[InputSpec], seed: int = 0, source: str = "--input") -
     if twice:  # the later one would silently replace the earlier
         raise UsageError(f"--input names {', '.join(twice)} more than once", hint=GRAMMAR)
 
+    example = next((s.shape[0] for s in specs if s.batched), 1)
+
     def make(batch: int) -> dict[str, Any]:
         import torch
 
@@ -239,12 +258,11 @@ def from_specs(specs: list[InputSpec], seed: int = 0, source: str = "--input") -
             if s.scalar:
                 assert s.value is not None
                 out[s.name] = _python(s.value, dtype)
-            else:
-                out[s.name] = _tensor(s, dtype, batch, gen)
+            else:  # at the example's batch, the shape given (a table's rows are not a batch)
+                out[s.name] = _tensor(s, dtype, s.shape[0] if batch == example else batch, gen)
         return out
 
-    batch = next((s.shape[0] for s in specs if s.batched), 1)
-    return ExampleInputs(make, batch, source)
+    return ExampleInputs(make, example, source)
 
 
 # --- transformers models -------------------------------------------------------------------

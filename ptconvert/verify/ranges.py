@@ -485,6 +485,9 @@ class DimRange(Report):
     checked_high: int | None = None  # the largest size that ran
     also: list[int] = field(default_factory=list)  # sizes below the guarantee that ran (1)
     text: str = ""
+    # sizes at which the program ran and returned other outputs than the reference: a program
+    # that accepts them must not be written as it is (its range narrowed, or refused)
+    wrong: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -591,17 +594,14 @@ def check_ranges(
         return [(known or {})[at] if at in (known or {}) else next(fresh) for at in shapes]
 
     # first batch: min / middle / max of every group (on the guards' edges when known)
+    at_one = {d.key for d in probed_at_one(dims)}
     batch: list[tuple[_State, int | str]] = []
     for st in states:
         if guards is not None:
             _scan(st, guards, shapes0, frozenset(d.key for d in dims))
         for v in _first_values(st):
             batch.append((st, v))
-        if (
-            try_one
-            and st.group.lo == 2
-            and all((d.scale, d.offset) == (1, 0) for d in st.group.dims)
-        ):
+        if try_one and st.group.lo == 2 and all(d.key in at_one for d in st.group.dims):
             batch.append((st, "one"))
     _record(batch, run([_point(st, v) for st, v in batch]))
     for _ in range(rounds):
@@ -623,6 +623,31 @@ def check_ranges(
     if status == "pass" and ("narrowed" in statuses or joint is not None):
         status = "narrowed"
     return RangeReport(status, results, joint, probes)
+
+
+# the statuses of a size where the program ran and its outputs differ (parity.COMPARED's
+# failures); a verdict (``_why``) starts with its status then
+WRONG = ("fail_accuracy", "fail_shape")
+
+
+def answered_wrong(why: str | None) -> bool:
+    """Whether a probe's verdict says the program ran and returned other outputs."""
+    return why is not None and why.startswith(WRONG)
+
+
+def probed_at_one(dims: Sequence[DynamicDim]) -> list[DynamicDim]:
+    """The dims also run at size 1: plain dims (size = symbol) whose symbol starts at 2, torch's
+    floor for a dynamic dim, with no derived dim on the same symbol. torch lets sizes 0 and 1
+    through that floor at run time, so what a program does there is checked, not assumed."""
+    derived = {d.symbol for d in dims if (d.scale, d.offset) != (1, 0)}
+    return [
+        d
+        for d in dims
+        if d.symbol is not None
+        and d.symbol not in derived
+        and (d.scale, d.offset) == (1, 0)
+        and d.symbol_min == 2
+    ]
 
 
 def _judged(
@@ -766,9 +791,13 @@ def _ladder(bad: int, good: int, st: _State) -> list[int]:
 def _results(st: _State) -> list[DimRange]:
     g = st.group
     out = []
+    wrong_values = [v for v, why in sorted(st.failed.items()) if answered_wrong(why)]
+    if st.one is False and answered_wrong(st.one_detail):
+        wrong_values.insert(0, 1)
     for d in g.dims:
         ran = [SizeFailure(d.size_at(v), why) for v, why in sorted(st.failed.items())]
         also = [d.size_at(1)] if st.one else []
+        wrong = [d.size_at(v) for v in wrong_values]
         tie = ""
         if st.ties:  # said where the dim does not hold: varied alone may break the tie
             tied = ", ".join(f"{n} dim {a}" for n, a in st.ties)
@@ -780,7 +809,9 @@ def _results(st: _State) -> list[DimRange]:
             unrun = [SizeFailure(d.size_at(v), w, False) for v, w in sorted(st.rejected.items())]
             unrun = [f for f in unrun if f.size not in {r.size for r in ran}]
             text = f"fails for {d.label} {_span(d.min, d.max)}: " + _failures(ran, unrun)
-            out.append(DimRange(d, "fails", failed=ran + unrun[:8], text=text + tie + tail))
+            out.append(
+                DimRange(d, "fails", failed=ran + unrun[:8], text=text + tie + tail, wrong=wrong)
+            )
             continue
         lo_v, hi_v = min(st.passed), max(st.passed)
         step = st.step
@@ -825,6 +856,7 @@ def _results(st: _State) -> list[DimRange]:
                 d.size_at(hi_v),
                 also,
                 text + tail,
+                wrong,
             )
         )
     return out

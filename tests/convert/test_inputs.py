@@ -25,6 +25,7 @@ from ptconvert.model.inputs import (
     from_hf_model,
     from_specs,
     parse_input,
+    pinned,
     required_inputs,
     resize_batch,
 )
@@ -178,6 +179,20 @@ def test_seeded_and_reproducible() -> None:
         assert torch.equal(a["x"], c["x"]) and torch.equal(a["ids"], c["ids"])
         assert torch.equal(a["x"], first.at(b)["x"])  # same batch → same tensors, every call
     assert not torch.equal(first.at(2)["x"], from_specs(specs, seed=4).at(2)["x"])
+
+
+def test_the_example_keeps_each_shape_given_and_pinned_inputs_keep_it_at_every_batch() -> None:
+    """``table`` [10, 4] is no batch: at the example's batch it has its own 10 rows (it had x's
+    2), and once pinned it keeps them (and its values) at every other batch."""
+    inputs = from_specs([parse_input("x:2x8:float32"), parse_input("table:10x4:float32")])
+    example = inputs.at(2)
+    assert example["x"].shape == (2, 8) and example["table"].shape == (10, 4)
+    assert inputs.at(3)["table"].shape == (3, 4)  # not known to be unbatched: resized
+    fixed = pinned(inputs, ["table"])
+    at3 = fixed.at(3)
+    assert at3["x"].shape == (3, 8) and torch.equal(at3["table"], example["table"])
+    assert list(at3) == ["x", "table"] and torch.equal(fixed.at(2)["x"], example["x"])
+    assert pinned(inputs, ["absent"]) is inputs
 
 
 def test_resize_batch_keeps_scalars() -> None:

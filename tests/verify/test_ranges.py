@@ -23,6 +23,7 @@ from ptconvert.verify.ranges import (
     dynamic_dims,
     example_sizes,
     probe_sizes,
+    probed_at_one,
     resize,
     runs,
     shape_guards,
@@ -340,6 +341,34 @@ def test_sizes_judged_already_are_not_run_again() -> None:
     (r,) = report.dims
     assert r.status == "holds" and 1 not in r.also, r
     assert "size 1 refused" in r.text
+
+
+def test_sizes_where_the_program_runs_wrong_are_told_from_sizes_it_refuses() -> None:
+    """A branch on the batch size that export kept one side of: at 1 the program runs and
+    computes the other side's numbers (wrong); above 20 it refuses (not wrong: it says so)."""
+    dim = DynamicDim("x", 0, "s0", "s0", 2, None, symbol_min=2, rank=2)
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 20:
+            raise RuntimeError("refused")
+        return x * 3 if x.shape[0] == 1 else x * 2
+
+    judge = functools.partial(compare, reference, program)
+    report = check_ranges([dim], {"x": torch.ones(2, 3)}, judge)
+    (r,) = report.dims
+    assert r.wrong == [1] and r.also == [] and "not at 1: fail_accuracy" in r.text
+    assert r.status == "narrowed" and r.high is not None and r.high <= 20  # refused above
+
+
+def test_only_plain_dims_from_torchs_floor_of_two_are_run_at_one() -> None:
+    batch = DynamicDim("x", 0, "s1", "s1", 2, None, symbol_min=2, rank=3)
+    length = DynamicDim("x", 2, "s0", "s0", 2, None, symbol_min=2, rank=3)
+    skip = DynamicDim("skip", 2, "2*s0 + 1", "s0", 5, None, 2, 1, 2, None, rank=3)
+    high = DynamicDim("y", 1, "s2", "s2", 13, None, symbol_min=13, rank=4)
+    assert probed_at_one([batch, length, skip, high]) == [batch]
 
 
 def test_every_dim_at_its_minimum_together_is_checked() -> None:
