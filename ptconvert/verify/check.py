@@ -29,6 +29,7 @@ from ptconvert.errors import (
     UsageError,
     VerificationError,
 )
+from ptconvert.model.inputs import pinned
 from ptconvert.options import Options
 from ptconvert.report import Report
 from ptconvert.scan.guard import refuse_unsafe
@@ -377,6 +378,8 @@ def _verify(
         # the maximum of a bounded range is a size where off-by-one specialisations show
         batches = sorted(b for b in {*batches, cand.max_batch} if b <= cand.max_batch)
     binding = bind_inputs(list(inputs.at(inputs.batch)), ref, cand, input_map)
+    if cand.exported is not None:  # only the inputs whose dim 0 is its dynamic batch resize
+        inputs = pinned(inputs, _unbatched(cand.exported, binding, inputs))
     make = binding.make(inputs.at)
     notes = list(binding.notes)
     if binding.left_out:
@@ -459,6 +462,18 @@ def _verify(
         notes=notes,
         ranges={r.dim.where: r.text for r in ranges.dims} if ranges is not None else {},
     )
+    wrong = [r for r in ranges.dims if r.wrong] if ranges is not None else []
+    if wrong and parity.status == "pass":
+        report.status = "fail_accuracy"  # it takes those sizes and computes something else
+        if not warn_only:
+            raise VerificationError(
+                "the candidate runs at sizes outside the range that holds and returns other "
+                "outputs than the reference there: "
+                + "; ".join(f"{r.dim.where} at {r.wrong[:4]} ({r.text})" for r in wrong),
+                path=candidate,
+                hint="a program must refuse the sizes it is wrong at: ptconvert's conversion "
+                "exports it again with the range that holds; --warn-only reports without failing",
+            )
     if ranges is not None and ranges.status == "fail" and parity.status == "pass":
         report.status = "fail_to_run"  # right at the example sizes, at no other
         if not warn_only:
@@ -489,6 +504,17 @@ def _verify(
             hint="--warn-only reports without failing; --atol/--rtol override the tolerances",
         )
     return report
+
+
+def _unbatched(exported: Any, binding: InputBinding, inputs: Any) -> list[str]:
+    """The example's tensor inputs whose dim 0 is not the program's dynamic batch."""
+    from ptconvert.verify.ranges import dynamic_dims
+
+    batched = {d.input for d in dynamic_dims(exported) if d.axis == 0}
+    sample = inputs.at(inputs.batch)
+    tensors = [n for n, v in sample.items() if getattr(v, "dim", lambda: 0)() > 0]
+    fed = {e: c for e, _, c in binding.fed}
+    return [n for n in tensors if fed.get(n, n) not in batched]
 
 
 _WHY_NOT_COMPARED = {

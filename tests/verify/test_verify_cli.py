@@ -111,3 +111,45 @@ def test_a_bounded_dynamic_batch_is_checked_at_its_maximum(samples, capsys) -> N
         ["verify", str(samples["mlp_zip"]), str(samples["mlp_pt2"]), *MLP_ARGS], capsys
     )
     assert code == 0 and report["batches"] == [1, 2, 3, 5, 7, 64]  # the fixture's Dim max is 64
+
+
+def _hand_exported(tmp_path: Path, model: torch.nn.Module, args: tuple, shapes: dict) -> Path:
+    """``model`` exported by torch itself, as someone else wrote it, and its weights."""
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    torch.export.save(torch.export.export(model, args, dynamic_shapes=shapes), tmp_path / "p.pt2")
+    return tmp_path / "p.pt2"
+
+
+def test_a_program_that_runs_wrong_outside_its_range_fails(tmp_path, capsys) -> None:
+    """torch.export's BatchBranch runs at batch 1 and returns the batch-2 branch's numbers:
+    the range that holds leaves 1 out, but the program takes it."""
+    from fixtures.models import BatchBranch, batch_branch_dynamic_shapes, batch_branch_example_args
+
+    model = seeded(BatchBranch())
+    program = _hand_exported(
+        tmp_path, model, batch_branch_example_args, batch_branch_dynamic_shapes
+    )
+    args = [
+        "verify",
+        str(tmp_path / "w.pt"),
+        str(program),
+        "--model",
+        "fixtures.models:BatchBranch",
+    ]
+    code, report, _ = run_cli([*args, "--input", "x:2x8:float32"], capsys)
+    assert code == 6 and "x dim 0 at [1]" in report["error"]["message"], report
+    code, report, _ = run_cli([*args, "--input", "x:2x8:float32", "--warn-only"], capsys)
+    assert code == 0 and report["status"] == "fail_accuracy"
+
+
+def test_only_the_programs_batched_inputs_change_with_the_batch(tmp_path, capsys) -> None:
+    from fixtures.models import FixedTable
+
+    model = seeded(FixedTable())
+    example = (torch.randn(2, 8), torch.randn(10, 4))
+    shapes = {"x": {0: torch.export.Dim.DYNAMIC}, "table": None}
+    program = _hand_exported(tmp_path, model, example, shapes)
+    inputs = ["--input", "x:2x8:float32", "--input", "table:10x4:float32"]
+    args = [str(tmp_path / "w.pt"), str(program), "--model", "fixtures.models:FixedTable", *inputs]
+    code, report, _ = run_cli(["verify", *args], capsys)
+    assert code == 0 and report["batches"] == [1, 2, 3, 5, 7], report
