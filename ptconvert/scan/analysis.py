@@ -39,6 +39,11 @@ _INSTANTIATE = frozenset({"NEWOBJ", "NEWOBJ_EX"})
 NESTED_LOADER = "torch.storage._load_from_bytes"
 _RECONSTRUCTOR = "copyreg._reconstructor"
 KEPT = "a callable of user code kept where torch may call it"
+# Why a class of user code is needs-code when the pickle constructs it (what trust admits); a
+# class named for any other reason is only kept as a value (``trusted_load`` defers those).
+INSTANTIATES = "instantiates a class of user code"
+BY_VALUE = "rebuilds a member of this class from its value (an Enum member)"
+CONSTRUCTS = frozenset({INSTANTIATES, BY_VALUE})
 MAX_VALUES = 5_000_000  # containers walked per pickle: bounded like the machine's opcodes
 
 # Allowlisted callables that call one of their arguments at load time: position of the callee,
@@ -184,12 +189,9 @@ class _Judge:
 
     def user_call(self, call: Call, cls: Global, depth: int) -> None:
         if call.opcode in _INSTANTIATE:
-            self.add(
-                "needs-code", call.offset, call.opcode, cls, "instantiates a class of user code"
-            )
+            self.add("needs-code", call.offset, call.opcode, cls, INSTANTIATES)
         elif depth == 0 and _by_value(call, cls):
-            why = "rebuilds a member of this class from its value (an Enum member)"
-            self.add("needs-code", call.offset, call.opcode, cls, why)
+            self.add("needs-code", call.offset, call.opcode, cls, BY_VALUE)
         else:
             why = "calls a callable not known to be harmless"
             self.add("dangerous", call.offset, call.opcode, cls, why)
@@ -212,13 +214,17 @@ class _Judge:
         if cls is not None:
             del rest[at]  # type: ignore[arg-type]
             if self.verdict_of(cls) == "needs-code":
-                self.add("needs-code", pos, op, cls, "instantiates a class of user code")
+                self.add("needs-code", pos, op, cls, INSTANTIATES)
         attrs = _SETS_ATTRIBUTES.get(name)
-        if attrs is not None and (
-            keys := _special_keys(args[attrs] if len(args) > attrs else None)
-        ):
+        state = args[attrs] if attrs is not None and len(args) > attrs else None
+        if keys := _special_keys(state):
             why = f"sets attributes {keys[:3]} on the tensor it rebuilds (the load calls them)"
             self.add("dangerous", pos, op, func, why)
+        for g in _globals_within(state):
+            if self.verdict_of(g) != "safe":  # an attribute named as a tensor method (set_,
+                # as_subclass…) replaces it, and torch's own load calls those methods
+                why = "kept as an attribute of the tensor it rebuilds, which torch may call"
+                self.add("dangerous", pos, op, g, why)
         if name in _ENUM_FACTORIES and len(args) > 1 and _holds_callable(args[1]):
             why = "builds an Enum class whose namespace holds a callable (its _missing_ runs)"
             self.add("dangerous", pos, op, func, why)
@@ -338,6 +344,22 @@ def _special_keys(state: Any) -> list[str]:
             if not isinstance(key, str) or key.startswith("__") or key in _CALLED_ATTRIBUTES:
                 names.append(key)
     return [str(n) for n in names]
+
+
+def _globals_within(value: Any) -> list[Global]:
+    """The globals anywhere inside literal containers (mappings, tuples, lists)."""
+    found, stack, count = [], [value], 0
+    while stack and count < 100_000:
+        v = stack.pop()
+        count += 1
+        pairs = _mapping_items(v)
+        if pairs is not None:
+            stack += [x for kv in pairs for x in kv]
+        elif isinstance(v, (tuple, list)):
+            stack += v
+        elif isinstance(v, Global):
+            found.append(v)
+    return found
 
 
 def _holds_callable(names: Any) -> bool:

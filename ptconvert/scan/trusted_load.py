@@ -3,10 +3,11 @@ restricted unpickler, not only by the scan that came before.
 
 ``torch.load(weights_only=True)`` runs with exactly the globals the scan named allowlisted
 (``torch.serialization.safe_globals``), never ``weights_only=False`` and with no fallback. Classes
-are allowlisted as they are: constructing them is what trust admits. A function the pickle keeps
-as a value (an activation such as ``torch._C._nn.gelu``) is allowlisted as a stand-in that raises
-if called, and swapped for the function once the load is done: where the scanner missed a call,
-the load still cannot make it.
+the scan saw constructed are allowlisted as they are: constructing them is what trust admits.
+A function or class the pickle only keeps as a value (an activation such as
+``torch._C._nn.gelu``, a hyperparameter's ``nn.GELU``) is allowlisted as a stand-in that raises
+if called, and swapped for it once the load is done: where the scanner missed a call (a class
+set as a tensor's ``set_``, which torch's BUILD calls), the load still cannot make it.
 """
 
 from __future__ import annotations
@@ -16,12 +17,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ptconvert.errors import MissingRequirementError, UnsafeInputError
+from ptconvert.errors import (
+    CorruptFileError,
+    MissingRequirementError,
+    PtconvertError,
+    UnsafeInputError,
+)
+from ptconvert.scan.analysis import CONSTRUCTS
 from ptconvert.scan.guard import guard
 
 
 class _Deferred:
-    """What the unpickler gets in place of a function the pickle keeps as a value."""
+    """What the unpickler gets in place of a global the pickle keeps as a value."""
 
     def __init__(self, path: Path, name: str, value: Any) -> None:
         self.path, self.name, self.value = path, name, value
@@ -44,11 +51,12 @@ def trusted_load(path: Path, *, trust: bool, allow: Iterable[str] = ()) -> Any:
 
     scans = guard(path, trust=trust, allow=allow)
     names = sorted({c for s in scans for c in s.classes})
+    constructed = {f.global_name for s in scans for f in s.findings if f.reason in CONSTRUCTS}
     allowed: list[Any] = []
     deferred: dict[int, _Deferred] = {}
     for name in names:
         value = _imported(path, name)
-        if isinstance(value, type):
+        if isinstance(value, type) and name in constructed:
             allowed.append(value)
         else:
             stand_in = _Deferred(path, name, value)
@@ -57,15 +65,25 @@ def trusted_load(path: Path, *, trust: bool, allow: Iterable[str] = ()) -> Any:
     try:
         with torch.serialization.safe_globals(allowed):
             loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except PtconvertError:
+        raise  # a stand-in called: said as the refusal it is
     except pickle.UnpicklingError as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UnsafeInputError(
-            f"torch's restricted unpickler refuses this file, so it is not loaded: {first[:300]}",
+            f"torch's restricted unpickler refuses this file, so it is not loaded: {_first(exc)}",
             path=path,
             hint="it allowlists only the globals the scan named "
             f"({', '.join(names) or 'none'}); convert its tensors with --to safetensors instead",
         ) from None
+    except Exception as exc:  # a class's own __setstate__, a storage that does not fit …
+        raise CorruptFileError(
+            f"torch.load (weights_only=True) cannot load it: {type(exc).__name__}: {_first(exc)}",
+            path=path,
+        ) from None
     return _swapped(loaded, deferred, set())
+
+
+def _first(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
 def _imported(path: Path, dotted: str) -> Any:

@@ -32,6 +32,11 @@ class Net(torch.nn.Module):
 
 def helper_with_effect(path):
     open(path, "w").close()
+
+
+class Effect:
+    def __init__(self, path):
+        open(path, "w").close()
 """
 NET = "trustnet.Net"
 LINEAR = "torch.nn.modules.linear.Linear"
@@ -250,3 +255,38 @@ def test_a_trainer_output_folder_converts_with_trust_and_nothing_loads_its_pickl
     assert loaded == [], loaded
     back = transformers.BertForSequenceClassification.from_pretrained(out)
     assert torch.equal(back.classifier.weight, model.classifier.weight.detach().cpu())
+
+
+class _TensorAttributeGadget:
+    """A tensor rebuilt with ``set_`` = a class in its ``__dict__``, then a BUILD: torch's
+    restricted unpickler runs ``inst.set_(*state)`` on a plain Tensor, i.e. ``Effect(marker)``."""
+
+    def __init__(self, cls: type, marker: Path) -> None:
+        self.cls, self.marker = cls, marker
+
+    def __reduce__(self):
+        import collections
+
+        param = (torch.zeros(2), False, collections.OrderedDict())
+        state = collections.OrderedDict(set_=self.cls)
+        rebuild = torch._tensor._rebuild_from_type_v2
+        args = (torch._utils._rebuild_parameter, torch.Tensor, param, state)
+        return (rebuild, args, (str(self.marker),))
+
+
+def test_a_class_set_as_a_tensor_method_is_refused_by_the_scan_and_at_load(
+    net_module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    marker = tmp_path / "EFFECT_RAN"
+    src = tmp_path / "gadget.pt"
+    torch.save({"w": _TensorAttributeGadget(net_module.Effect, marker)}, src)
+    out = tmp_path / "o.ts"
+    argv = [str(src), "--to", "torchscript", "-o", str(out), "--trust"]
+    code, body, _ = run_cli(argv, capsys)
+    assert code == 10 and "tensor it rebuilds" in body["error"]["message"], body
+    # a scan made to miss it: the class is kept as a value only, so the load gets a stand-in
+    kept = Finding("needs-code", "data.pkl", 0, "GLOBAL", "trustnet.Effect", "imports a module")
+    monkeypatch.setattr(guard_module, "_scan", lambda p: FileScan(str(p), "needs-code", [kept], 1))
+    with pytest.raises(ptconvert.UnsafeInputError, match=r"calls trustnet\.Effect"):
+        trusted_load(src, trust=True)
+    assert not marker.exists() and not out.exists()
