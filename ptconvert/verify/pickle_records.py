@@ -87,9 +87,17 @@ _PLAIN_TENSOR_TYPES = frozenset(
 )
 
 
+def _no_build(self: Any, state: Any) -> None:
+    """A BUILD on a record (torch would call the tensor's ``set_`` or an instance
+    ``__setstate__`` with the pickle's arguments): no checkpoint torch writes does it."""
+    raise pickle.UnpicklingError(f"a BUILD on a {type(self).__name__.lower()} record")
+
+
 @dataclass(frozen=True, slots=True)
 class DType:
     """A ``torch.<dtype>`` global."""
+
+    __setstate__ = _no_build
 
     name: str
 
@@ -98,6 +106,8 @@ class DType:
 class StorageType:
     """A ``torch.<Name>Storage`` global: the dtype its storages hold."""
 
+    __setstate__ = _no_build
+
     dtype: str
 
 
@@ -105,6 +115,8 @@ class StorageType:
 class Storage:
     """A storage a persistent id names: ``numel`` elements of ``dtype`` from byte ``offset`` of
     the stored bytes under ``key`` (the offset of a legacy storage view, else 0)."""
+
+    __setstate__ = _no_build
 
     key: str
     dtype: str
@@ -120,6 +132,8 @@ class Storage:
 class Tensor:
     """A strided view of a storage, as torch's ``set_(storage, offset, shape, stride)`` makes it
     (offset and strides in elements of ``dtype``)."""
+
+    __setstate__ = _no_build
 
     storage: Storage
     dtype: str
@@ -158,6 +172,8 @@ class Tensor:
 class NotATensor:
     """Tensor data that is not one plain strided view of a storage (a subclass, a conj/neg
     view, an impossible layout): not compared, as the conversion does not write it either."""
+
+    __setstate__ = _no_build
 
     what: str
 

@@ -11,6 +11,7 @@ import collections
 import io
 import mmap
 import os
+import pickle
 import sys
 import tarfile
 import textwrap
@@ -389,3 +390,20 @@ def test_trust_never_unpickles_a_weights_source(
     assert report.verification is not None and report.verification.status == "pass"
     assert report.verification.tensors == 1
     assert sorted(read_safetensors(out)) == ["w"]
+
+
+class _BuiltTensor:
+    """A tensor followed by a BUILD with the pickle's own arguments: torch's restricted
+    unpickler runs ``tensor.set_(*state)`` (a gadget when ``set_`` sits in the tensor's
+    ``__dict__``); on a record nothing may run, and nothing of it is taken as a tensor."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        param = (torch.zeros(2), False, collections.OrderedDict())
+        return (torch._utils._rebuild_parameter, param, ("/tmp/nowhere",))
+
+
+def test_a_build_on_a_tensor_record_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "built.pt"
+    torch.save({"w": _BuiltTensor()}, src)
+    with pytest.raises(pickle.UnpicklingError, match="BUILD on a tensor record"):
+        read_pickle_file(src)
