@@ -2,17 +2,21 @@
 
 Each takes the options of its command as keywords (the fields of ``Options``), or an ``Options``
 object; each result is a dataclass with ``to_dict()`` and ``to_json()``, the CLI's ``--json``.
-Errors are the classes in ``ptconvert.errors`` (each with the CLI's exit code).
+Errors are the classes in ``ptconvert.errors`` (each with the CLI's exit code): a failure of the
+machine (no space, a read-only or missing folder, no permission, a symbolic link loop, out of
+memory) is one of them too, never a bare ``OSError`` or ``MemoryError``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+import errno
+import functools
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ptconvert.errors import UsageError
+from ptconvert.errors import UsageError, named_error
 from ptconvert.plugins import load_plugins
 
 if TYPE_CHECKING:
@@ -30,6 +34,28 @@ if TYPE_CHECKING:
     from ptconvert.verify.check import VerifyReport
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _named_errors(fn: F) -> F:
+    """The call's environment failures as named errors: an ``OSError`` names the file the
+    system named, running out of memory names the call's first argument (the input)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (OSError, MemoryError) as exc:
+            oom = not isinstance(exc, OSError) or exc.errno == errno.ENOMEM
+            named = named_error(exc, args[0] if oom and args else None)
+            if named is None:
+                raise
+            raise named from exc
+
+    return call  # type: ignore[return-value]
+
+
+@_named_errors
 def options(base: Options | None = None, **overrides: Any) -> Options:
     """``base`` (or the defaults) with ``overrides`` applied; an unknown name is a UsageError.
 
@@ -48,6 +74,7 @@ def options(base: Options | None = None, **overrides: Any) -> Options:
     return opts.validate()
 
 
+@_named_errors
 def convert(
     src: str | Path,
     to: str,
@@ -70,6 +97,7 @@ def convert(
     return run(src, to, output, options(opts, **overrides))
 
 
+@_named_errors
 def convert_many(
     src_dir: str | Path,
     to: str,
@@ -109,6 +137,7 @@ def convert_many(
     )
 
 
+@_named_errors
 def convert_every(
     src: str | Path,
     out_dir: str | Path,
@@ -142,6 +171,7 @@ def convert_every(
     )
 
 
+@_named_errors
 def optimize(
     src: str | Path,
     output: str | Path | None = None,
@@ -174,6 +204,7 @@ def optimize(
     )
 
 
+@_named_errors
 def plan(src: str | Path, to: str, opts: Options | None = None, **overrides: Any) -> Plan:
     """The route ``convert`` would take from ``src`` to ``to``, and what it lacks.
 
@@ -187,6 +218,7 @@ def plan(src: str | Path, to: str, opts: Options | None = None, **overrides: Any
     return plan_for(src, to, options(opts, **overrides))
 
 
+@_named_errors
 def scan(
     paths: str | Path | Iterable[str | Path], *, allow: Sequence[str] = (), jobs: int = 1
 ) -> ScanReport:
@@ -203,6 +235,7 @@ def scan(
     return run(items, allow=allow, jobs=jobs)
 
 
+@_named_errors
 def verify(
     reference: str | Path,
     candidate: str | Path,
@@ -239,6 +272,7 @@ def verify(
     )
 
 
+@_named_errors
 def bench(
     artifact: str | Path,
     opts: Options | None = None,
@@ -274,6 +308,7 @@ def bench(
     )
 
 
+@_named_errors
 def format_names() -> list[str]:
     """The names of the formats ptconvert knows (the values ``to`` takes are among them)."""
     from ptconvert.formats import FORMATS
@@ -282,6 +317,7 @@ def format_names() -> list[str]:
     return [f.name for f in FORMATS]
 
 
+@_named_errors
 def detect(path: str | Path) -> Detection:
     """Recognise ``path`` from its content (plugins' formats included), reading nothing else.
 
@@ -294,6 +330,7 @@ def detect(path: str | Path) -> Detection:
     return formats.detect(path)
 
 
+@_named_errors
 def describe(path: str | Path) -> FileInfo:
     """What ``path`` holds (tensors, signature, what loading it would import), without
     executing anything in it: the ``info`` command.
@@ -307,6 +344,7 @@ def describe(path: str | Path) -> FileInfo:
     return formats.describe(path)
 
 
+@_named_errors
 def cache_info() -> CacheInfo:
     """The cache of verified programs ``convert`` reuses (``PTCONVERT_CACHE``, else the user's
     cache directory): its root, entries (target, source, size, when) and total size, read
@@ -321,6 +359,7 @@ def cache_info() -> CacheInfo:
     return info()
 
 
+@_named_errors
 def cache_clear() -> CacheCleared:
     """Remove every cache entry, each under its lock; an entry another process is filling or
     copying is left (``busy``). Raises ``CacheError`` for a directory that is not the user's.

@@ -17,7 +17,12 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ptconvert.errors import CorruptFileError, TruncatedFileError
+from ptconvert.errors import (
+    CorruptFileError,
+    DecompressionLimitError,
+    OutOfMemoryError,
+    TruncatedFileError,
+)
 
 _EOCD = b"PK\x05\x06"
 _EOCD64_LOCATOR = b"PK\x06\x07"
@@ -29,6 +34,12 @@ STORED, DEFLATED = 0, 8
 # larger claimed count is treated as corruption rather than allocated.
 MAX_MEMBERS = 1_000_000
 _SENTINELS = (0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF)  # count, size, offset: "see the zip64 record"
+# A deflated member is inflated only up to what the reader asked for (a storage's declared
+# size), and not at all past this ratio once it is large: zeros deflate ~1000-fold, real
+# weights hardly at all (torch.save stores its members; only a re-zipped file deflates them).
+MAX_RATIO = 200
+RATIO_FLOOR = 16 << 20
+_STEP = 16 << 20  # inflated per call: the output goes straight into its buffer
 
 
 @dataclass(frozen=True)
@@ -76,25 +87,15 @@ class ZipArchive:
 
     def read(self, member: ZipMember, limit: int | None = None) -> bytes:
         """The member's uncompressed bytes (at most ``limit`` of them)."""
-        want = member.compressed_size
-        if member.data_offset + want > self.file_size:
-            raise TruncatedFileError(
-                f"zip member {member.name!r} runs past the end of the file "
-                f"({member.data_offset + want} > {self.file_size} bytes)",
-                path=self.path,
-            )
-        if member.compress_type == STORED and limit is not None:
-            want = min(want, limit)  # a peek at a stored member reads only what it needs
-        with open(self.path, "rb") as fh:
-            raw = os.pread(fh.fileno(), want, member.data_offset)
         if member.compress_type == STORED:
-            return raw
+            want = member.compressed_size if limit is None else min(limit, member.compressed_size)
+            return self._pread(member, want)
         if member.compress_type == DEFLATED:
             # never inflate past the declared size: a bomb stops here in bounded memory
             cap = member.size if limit is None else min(limit, member.size)
             d = zlib.decompressobj(-15)
             try:
-                out = d.decompress(raw, cap + 1)
+                out = d.decompress(self.read_raw(member), cap + 1)
             except zlib.error as exc:
                 raise CorruptFileError(
                     f"zip member {member.name!r} is not valid deflate data ({exc})", path=self.path
@@ -109,6 +110,104 @@ class ZipArchive:
             f"zip member {member.name!r} uses compression method {member.compress_type}, "
             "which torch cannot read either",
             path=self.path,
+        )
+
+    def read_raw(self, member: ZipMember) -> bytes:
+        """The member's bytes as stored (compressed, for a deflated one)."""
+        return self._pread(member, member.compressed_size)
+
+    def _pread(self, member: ZipMember, want: int) -> bytes:
+        if member.data_offset + member.compressed_size > self.file_size:
+            raise TruncatedFileError(
+                f"zip member {member.name!r} runs past the end of the file "
+                f"({member.data_offset + member.compressed_size} > {self.file_size} bytes)",
+                path=self.path,
+            )
+        with open(self.path, "rb") as fh:
+            return os.pread(fh.fileno(), want, member.data_offset)
+
+    def ratio_problem(self, member: ZipMember, size: int | None = None) -> str | None:
+        """Why inflating ``size`` bytes (default: the member's declared size) of ``member`` is
+        refused, or None: past ``MAX_RATIO`` times its compressed bytes, once past
+        ``RATIO_FLOOR``."""
+        size = member.size if size is None else size
+        if member.compress_type == STORED or size <= RATIO_FLOOR:
+            return None
+        if size <= MAX_RATIO * max(member.compressed_size, 1):
+            return None
+        return (
+            f"zip member {member.name!r} inflates {size / max(member.compressed_size, 1):,.0f}-"
+            f"fold ({size:,} bytes from {member.compressed_size:,}), past the {MAX_RATIO}-fold "
+            "limit (a decompression bomb?)"
+        )
+
+    def inflate(self, member: ZipMember, size: int) -> bytearray:
+        """The first ``size`` bytes of ``member`` (a storage's declared size: never more), in
+        one buffer: bounded by the ratio limit, and said as out of memory before the buffer
+        is allocated when the machine has less free."""
+        if member.compress_type == STORED:
+            self._pread(member, 0)  # the member's bounds checked
+            return read_exact(self.path, member.data_offset, min(size, member.compressed_size))
+        why = self.ratio_problem(member, size)
+        if why is not None:
+            raise DecompressionLimitError(
+                why,
+                path=self.path,
+                hint="re-save it with torch.save (which stores members as they are), if you "
+                "trust where it came from",
+            )
+        _room_for(size, self.path, member.name)
+        out = bytearray(size)
+        view, done = memoryview(out), 0
+        d = zlib.decompressobj(-15)
+        pending = self.read_raw(member)
+        try:
+            while done < size:
+                chunk = d.decompress(pending, min(_STEP, size - done))
+                pending = d.unconsumed_tail
+                if not chunk:
+                    break  # the stream ended, or needs input there is none of
+                view[done : done + len(chunk)] = chunk
+                done += len(chunk)
+        except zlib.error as exc:
+            raise CorruptFileError(
+                f"zip member {member.name!r} is not valid deflate data ({exc})", path=self.path
+            ) from exc
+        if done < size:
+            raise TruncatedFileError(
+                f"zip member {member.name!r} inflates to {done} bytes, less than the {size} "
+                "its storage declares",
+                path=self.path,
+            )
+        return out
+
+
+def read_exact(path: Path, offset: int, size: int) -> bytearray:
+    """``size`` bytes of ``path`` from ``offset``, read straight into one buffer."""
+    _room_for(size, path, f"{size:,} bytes of it")
+    out = bytearray(size)
+    view, done = memoryview(out), 0
+    with open(path, "rb") as fh:
+        while done < size:
+            n = os.preadv(fh.fileno(), [view[done:]], offset + done)
+            if n == 0:
+                raise TruncatedFileError(
+                    f"the file ends {size - done} bytes before the data it declares", path=path
+                )
+            done += n
+    return out
+
+
+def _room_for(size: int, path: Path, what: str) -> None:
+    """Out of memory said before a buffer of ``size`` bytes is allocated, not as its failure."""
+    from ptconvert.memory import available_bytes
+
+    free = available_bytes()
+    if free is not None and size > free:
+        raise OutOfMemoryError(
+            f"reading {what} needs {size:,} bytes of memory and {free:,} are available",
+            path=path,
+            hint="free memory, raise the memory limit, or use a larger machine",
         )
 
 

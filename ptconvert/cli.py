@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from ptconvert import progress
-from ptconvert.errors import EXIT_CODES, PtconvertError, UsageError
+from ptconvert.errors import EXIT_CODES, PtconvertError, UsageError, named_error
 
 _COMMANDS = (
     "convert",
@@ -772,6 +772,10 @@ def main(argv: list[str] | None = None) -> int:
             exc.show()
         return 2
     except Exception as exc:  # a bug: say so plainly, with the traceback under --debug
+        named = named_error(exc)  # unless the machine failed (no space, …) outside the API
+        if named is not None and not debug:
+            _report_error(named.to_dict(), str(named), named.exit_code, as_json)
+            return named.exit_code
         if debug:
             raise
         message = (

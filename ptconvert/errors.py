@@ -7,6 +7,7 @@ and exits with ``error.exit_code``; tracebacks only with ``--debug``.
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -76,6 +77,12 @@ class CorruptFileError(InputError):
     kind = "corrupt"
 
 
+class DecompressionLimitError(InputError):
+    """A compressed member inflates far past its compressed size (a decompression bomb?)."""
+
+    kind = "decompression_limit"
+
+
 class NoWeightsError(InputError):
     kind = "no_weights"
 
@@ -96,6 +103,14 @@ class RuntimeDiedError(UnsupportedConversionError):
     or died: said at once, with what the runtime reported."""
 
     kind = "runtime_died"
+
+
+class ModelDefinitionError(UnsupportedConversionError):
+    """What defines the model does not fit the weights or cannot be read: config.json that is not
+    a JSON object or names a model type transformers does not know, tensors whose shapes differ
+    from the model's (each listed)."""
+
+    kind = "model_definition"
 
 
 class MissingRequirementError(PtconvertError):
@@ -156,18 +171,107 @@ class CacheError(PtconvertError):
     kind = "cache"
 
 
+class FilesystemError(PtconvertError):
+    """The machine, not the model: no space, a read-only filesystem, no permission, a folder
+    that is missing or is a file, a symbolic link loop. The message names the user's path (the
+    output, never a temporary file) and what the system said."""
+
+    exit_code = 9
+    kind = "filesystem"
+
+
+class NoSpaceError(FilesystemError):
+    kind = "no_space"
+
+
+class ReadOnlyError(FilesystemError):
+    kind = "read_only"
+
+
+class PermissionDeniedError(FilesystemError):
+    kind = "permission_denied"
+
+
+class MissingFolderError(FilesystemError):
+    kind = "missing_folder"
+
+
+class NotAFolderError(FilesystemError):
+    kind = "not_a_folder"
+
+
+class SymlinkLoopError(FilesystemError):
+    kind = "symlink_loop"
+
+
+class OutOfMemoryError(PtconvertError):
+    """The machine (or the process's memory limit) has too little memory for this input: not a
+    corrupt file, and not a bug."""
+
+    exit_code = 13
+    kind = "out_of_memory"
+
+
+# errno → (class, what it means for the path named)
+_OS_ERRORS: dict[int, tuple[type[FilesystemError], str]] = {
+    errno.ENOSPC: (NoSpaceError, "no space left on the device"),
+    errno.EDQUOT: (NoSpaceError, "the disk quota is exceeded"),
+    errno.EFBIG: (NoSpaceError, "the file is larger than this filesystem allows"),
+    errno.EROFS: (ReadOnlyError, "the filesystem is read-only"),
+    errno.EACCES: (PermissionDeniedError, "permission denied"),
+    errno.EPERM: (PermissionDeniedError, "operation not permitted"),
+    errno.ENOENT: (MissingFolderError, "the folder does not exist (removed while writing?)"),
+    errno.ENOTDIR: (NotAFolderError, "a part of the path is a file, not a folder"),
+    errno.EEXIST: (NotAFolderError, "a part of the path is a file, not a folder"),
+    errno.ELOOP: (SymlinkLoopError, "a symbolic link loop (links that point at each other)"),
+}
+_HINTS = {
+    NoSpaceError: "free space there, or write elsewhere with -o",
+    ReadOnlyError: "write elsewhere with -o",
+    PermissionDeniedError: "check the permissions, or write elsewhere with -o",
+    MissingFolderError: "create the folder, or write elsewhere with -o",
+    NotAFolderError: "choose an output path whose folders are folders",
+    SymlinkLoopError: "remove or fix the link",
+}
+
+
+def named_error(exc: BaseException, path: str | Path | None = None) -> PtconvertError | None:
+    """The named error for an environment failure (an ``OSError`` the system raised, a
+    ``MemoryError``), naming ``path`` or else the file the system named; None for anything else
+    (a bug stays a bug)."""
+    if isinstance(exc, PtconvertError):
+        return exc
+    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
+        return OutOfMemoryError(
+            "ran out of memory (the machine's, or this process's limit)",
+            path=path,
+            hint="free memory, raise the limit, or use a larger machine",
+        )
+    if not isinstance(exc, OSError) or exc.errno is None:
+        return None
+    where = path if path is not None else exc.filename
+    cls, what = _OS_ERRORS.get(exc.errno, (FilesystemError, exc.strerror or str(exc)))
+    if exc.errno == errno.ENOENT and path is None:
+        what = "no such file or folder"
+    return cls(what, path=where, hint=_HINTS.get(cls))
+
+
 EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "internal error (a bug: please report it with --debug output)",
     UsageError.exit_code: "usage error (bad option or argument)",
     InputError.exit_code: "unreadable, truncated, corrupt or unrecognised input",
-    UnsupportedConversionError.exit_code: "unsupported conversion or content",
+    UnsupportedConversionError.exit_code: "unsupported conversion or content, or a model "
+    "definition that does not fit its weights",
     MissingRequirementError.exit_code: "missing requirement (optional package, model spec, …)",
     VerificationError.exit_code: "verification failed (outputs or weights differ)",
     NotImplementedYetError.exit_code: "not implemented yet",
     OutputExistsError.exit_code: "output exists (pass --force to replace it)",
     UnsafeInputError.exit_code: "refused by the security scan (dangerous)",
     NeedsTrustError.exit_code: "needs code: loading would import user classes (pass --trust)",
+    FilesystemError.exit_code: "the filesystem: no space, read-only, permission denied, a "
+    "missing folder, a file where a folder should be, a symbolic link loop",
     CacheError.exit_code: "the cache directory cannot be used (another user's, writable by "
     "others, read-only)",
+    OutOfMemoryError.exit_code: "out of memory (the machine's, or the process's limit)",
 }

@@ -26,14 +26,51 @@ def peak_rss_mib() -> float:
 
 
 def available_bytes() -> int | None:
-    """``MemAvailable`` of /proc/meminfo; None where there is none."""
+    """Memory this process can still get: ``MemAvailable`` of /proc/meminfo, or less under a
+    limit (the cgroup's, as a container sets it, or ``ulimit -v``); None where none is known."""
+    known = [n for n in (_meminfo(), _cgroup_room(), _address_room()) if n is not None]
+    return min(known) if known else None
+
+
+def _meminfo() -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
-    except OSError:
+    except (OSError, ValueError):
         return None
     return None
+
+
+def _cgroup_room() -> int | None:
+    """The cgroup's limit less what it uses (v2: memory.max, v1: memory.limit_in_bytes)."""
+    for limit, used in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        try:
+            text = Path(limit).read_text().strip()
+            if text == "max" or int(text) >= 2**60:  # no limit
+                return None
+            return max(0, int(text) - int(Path(used).read_text()))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _address_room() -> int | None:
+    """``ulimit -v`` (RLIMIT_AS) less this process's address space."""
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if limit == resource.RLIM_INFINITY:
+        return None
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0, limit - pages * resource.getpagesize())
 
 
 def program_estimate(weight_bytes: int, *, verify: bool = True) -> int:

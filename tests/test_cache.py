@@ -348,9 +348,9 @@ def test_the_copy_out_places_files_together_and_sizes_come_from_disk_size(
     record = {"main": "m.onnx", "files": meta}
     placed: list[Any] = []
 
-    def place(moves: Any, obsolete: Any = ()) -> None:
+    def place(moves: Any, obsolete: Any = (), **how: Any) -> None:
         placed.append(([d.name for _, d in moves], [p.name for p in obsolete]))
-        atomic.place_together(moves, obsolete)
+        atomic.place_together(moves, obsolete, **how)
 
     monkeypatch.setattr(cache, "place_together", place)
     out = tmp_path / "out" / "m.onnx"

@@ -98,15 +98,25 @@ def models_under(root: Path, skip: Path | None = None) -> list[Path]:
             dirs[:] = []
             continue
         shards = {
-            p.resolve() for f in files if f.endswith(".index.json") for p in shard_paths(here / f)
+            _real(p) for f in files if f.endswith(".index.json") for p in shard_paths(here / f)
         }
         for name in sorted(files):
             path = here / name
-            if name.startswith(".") or path.resolve() in shards:
+            resolved = _real(path)
+            if name.startswith(".") or (resolved is not None and resolved in shards):
                 continue
-            if _is_model(path, detect) or name.lower().endswith(suffixes):
+            # a link loop is listed too: its conversion says so (the rest converts)
+            if resolved is None or _is_model(path, detect) or name.lower().endswith(suffixes):
                 found.append(path)
     return found
+
+
+def _real(path: Path) -> Path | None:
+    """The path with every link resolved; None for a symbolic link loop."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: Python < 3.13 says a loop so
+        return None
 
 
 def _is_model(path: Path, detect: Callable[[Path], Any]) -> bool:
@@ -483,5 +493,5 @@ class _Manifest:
             "check": check,
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(self.path) as tmp:
+        with atomic_path(self.path, replace=True) as tmp:  # the driver's own file
             tmp.write_text(json.dumps({"version": 2, "entries": self.entries}, indent=1))

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ptconvert import progress
-from ptconvert.atomic import disk_size, open_output, place_together
+from ptconvert.atomic import disk_size, open_output, place_together, temp_folder
 from ptconvert.deps import PLUGIN_GROUP
 from ptconvert.errors import CacheError, PtconvertError
 from ptconvert.formats import FORMATS_BY_NAME, Detection
@@ -490,24 +490,13 @@ def _copy(src: Path, dst: Path, expect: dict[str, Any] | None = None) -> dict[st
     return got
 
 
-def _beside(destination: Path) -> Path:
-    """A new empty file beside ``destination`` (named as ``atomic_path`` names its temporary
-    files), with the mode an output gets."""
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(
-        prefix=f".{destination.name}.", suffix=f".tmp{destination.suffix}", dir=destination.parent
-    )
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(name, 0o666 & ~umask)
-    return Path(name)
-
-
-def _copy_out(entry: Path, record: dict[str, Any], out: Path, target: Format) -> None:
+def _copy_out(
+    entry: Path, record: dict[str, Any], out: Path, target: Format, replace: bool = True
+) -> None:
     """Put the entry's files in place as the conversion does: each copied (its sha256 checked)
-    to a temporary name beside its destination, then ``place_together``: the companions first,
-    the main file last (it names them), a replaced output's companions this one lacks removed."""
+    into a private folder beside its destination (``atomic.temp_folder``), then
+    ``place_together``: the companions first, the main file last (it names them), a replaced
+    output's companions this one lacks removed; over existing files only with ``replace``."""
     files: dict[str, Any] = record["files"]
     main = record["main"]
     companions = target.companions(out)
@@ -516,16 +505,13 @@ def _copy_out(entry: Path, record: dict[str, Any], out: Path, target: Format) ->
         raise _Corrupt("files the target does not write beside its output")
     order = [*sorted(n for n in files if n != main), main]
     moves: list[tuple[Path, Path]] = []
-    try:
-        with progress.step(f"copying the {target.name} from the cache"):
-            for name in order:
-                destination = out if name == main else out.parent / name
-                moves.append((_beside(destination), destination))
-                _copy(entry / "files" / name, moves[-1][0], files[name])
-            place_together(moves, [c for c in companions if c.name not in files])
-    finally:
-        for written, _ in moves:  # left only when something failed
-            written.unlink(missing_ok=True)
+    with temp_folder(out) as folder, progress.step(f"copying the {target.name} from the cache"):
+        for name in order:
+            destination = out if name == main else out.parent / name
+            moves.append((folder / name, destination))
+            _copy(entry / "files" / name, folder / name, files[name])
+        obsolete = [c for c in companions if c.name not in files]
+        place_together(moves, obsolete, replace=replace)
 
 
 def _remove(path: Path) -> None:
@@ -549,6 +535,7 @@ class Slot:
     filling: bool = False
     key_inputs: dict[str, Any] = field(default_factory=dict)
     note: str | None = None  # why the cache was not used (said in the report)
+    replace: bool = False  # a hit copied onto an existing output replaces it (--force)
 
     def report(self, src: Path, started: float) -> ConversionReport:
         """The stored report, for this source and output, saying where it came from."""
@@ -666,7 +653,7 @@ def _hit(slot: Slot, entry: Path) -> bool:
     except (KeyError, TypeError, ValueError):
         return False
     try:
-        _copy_out(entry, record, slot.out, slot.target)
+        _copy_out(entry, record, slot.out, slot.target, slot.replace)
     except _Corrupt:
         return False
     slot.hit = record
@@ -701,7 +688,7 @@ def cache_slot(d: Detection, to: str, out: Path, opts: Options) -> Iterator[Slot
     _prepare(root)
     with progress.step("hashing the input for the cache"):
         key, inputs = _key(d, to, out, opts, imports)
-    slot = Slot(root, key, out, target, key_inputs=inputs)
+    slot = Slot(root, key, out, target, key_inputs=inputs, replace=opts.force)
     entry = root / "entries" / key
     # readers share the lock (hits copy at once side by side); a filler holds it alone
     with _locked(root, key, fcntl.LOCK_SH):

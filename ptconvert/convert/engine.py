@@ -8,6 +8,7 @@ at several batch sizes.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ptconvert import progress
-from ptconvert.atomic import atomic_path, check_output, place_together
+from ptconvert.atomic import atomic_path, check_output, ensure_space, make_folder, place_together
 from ptconvert.convert.cache import cache_slot
 from ptconvert.convert.graph import EDGES, Edge, Plan, plan
 from ptconvert.convert.program_check import (
@@ -30,7 +31,10 @@ from ptconvert.convert.program_check import (
 from ptconvert.convert.state import RunState, StepRecord
 from ptconvert.convert.steps import STEPS
 from ptconvert.errors import (
+    FilesystemError,
     ModelRaisedError,
+    OutOfMemoryError,
+    OutputExistsError,
     PtconvertError,
     UnsupportedConversionError,
     UsageError,
@@ -147,6 +151,7 @@ def _estimate_memory(route: Plan, d: Detection, opts: Options) -> None:
         weight_bytes = sum(e.nbytes for e in weights.stored)
     except PtconvertError:  # a whole pickled module, or a program: its size on disk
         weight_bytes = describe(d.path).size_bytes
+    route.weight_bytes = weight_bytes
     route.memory_estimate_bytes = program_estimate(weight_bytes, verify=opts.verify)
     route.memory_available_bytes = available_bytes()
 
@@ -212,7 +217,7 @@ def convert_program(
         _copy_cannot_change(src, to, opts)
         out = Path(output) if output else default_output(src, to)
         check_output(out, [src], opts.force)
-        return _verified_copy(src, d, out, started)
+        return _verified_copy(src, d, out, started, opts.force)
     banned: set[Edge] = set(inapplicable(d))
     try:
         current = plan(d.format, to, available_needs(d.format, opts), frozenset(banned))
@@ -238,6 +243,7 @@ def convert_program(
     for companion in target.companions(out) if target else []:
         check_output(companion, [src], opts.force)
     _check_before_work(to, opts)
+    _check_space(current, out)
     with cache_slot(d, to, out, opts) as slot:
         if slot.hit is not None:
             return slot.report(src, started)
@@ -260,7 +266,12 @@ def _run_route(
     target = FORMATS_BY_NAME.get(to)
     records: list[StepRecord] = []
     route: list[str] = []
-    with atomic_path(out) as tmp, _staging(state):
+    placed: list[Path] = []  # companion files put in place before the main file
+    with (
+        _taken_back(placed, opts.force),
+        atomic_path(out, replace=opts.force) as tmp,
+        _staging(state),
+    ):
         if opts.verify and target is not None and target.kind == "program" and not target.isolated:
             state.fresh = FreshLoad(to)  # the check's interpreter imports torch meanwhile
         state.output = tmp
@@ -277,8 +288,8 @@ def _run_route(
                     with progress.step(f"{edge.src} → {edge.dst} ({edge.label or edge.step})"):
                         STEPS[edge.step](state, opts)
                     _ensure(edge, state)
-                except (UsageError, ModelRaisedError):
-                    raise  # the user's options or the model itself: no other route helps
+                except (UsageError, ModelRaisedError, FilesystemError, OutOfMemoryError):
+                    raise  # the options, the model itself, the machine: no other route helps
                 except PtconvertError as exc:
                     records.append(_record(edge, t0, "failed", state, notes_before, exc.message))
                     if edge.step in CAPTURING_STEPS and _runnable(state):
@@ -347,7 +358,7 @@ def _run_route(
                 with progress.step("verifying every tensor bitwise"):
                     verify_weights(state.weights, tmp)
                 check = "bitwise"
-        _publish(state, tmp)
+        placed += _publish(state, tmp, opts.force)
     return ConversionReport(
         str(src),
         f"{d.format}/{d.layout}",
@@ -528,7 +539,9 @@ def _copy_cannot_change(src: Path, to: str, opts: Options) -> None:
         )
 
 
-def _verified_copy(src: Path, d: Detection, out: Path, started: float) -> ConversionReport:
+def _verified_copy(
+    src: Path, d: Detection, out: Path, started: float, force: bool
+) -> ConversionReport:
     """The file already has the format asked for: a byte copy, checked against the source and,
     for programs, loaded in a fresh process as a user would."""
     import filecmp
@@ -540,7 +553,8 @@ def _verified_copy(src: Path, d: Detection, out: Path, started: float) -> Conver
             f"{', '.join(Path(f['path']).name for f in held[1:])}: copy the files together",
             path=src,
         )
-    with atomic_path(out) as tmp, progress.step(f"copying {d.format}"):
+    with atomic_path(out, replace=force) as tmp, progress.step(f"copying {d.format}"):
+        ensure_space(tmp.parent, src.stat().st_size, out)
         shutil.copyfile(src, tmp)
         if not filecmp.cmp(src, tmp, shallow=False):
             raise VerificationError("the copy differs from the source", path=out)
@@ -602,6 +616,15 @@ def _replan(
     return alternative
 
 
+def _check_space(route: Plan, out: Path) -> None:
+    """A program holds the model's weights (and a little more): refused before the work when
+    the output's filesystem has not room for them; a write that fails anyway is an error too
+    (``atomic.guarded_file``)."""
+    if route.weight_bytes is not None:
+        make_folder(out.parent)
+        ensure_space(out.parent, route.weight_bytes, out, estimate=True)
+
+
 def _check_before_work(to: str, opts: Options) -> None:
     """What the target needs of this machine, said before anything runs."""
     if opts.device != "cpu":
@@ -623,14 +646,29 @@ def _staging(state: RunState) -> Iterator[None]:
             state.fresh = None
 
 
-def _publish(state: RunState, tmp: Path) -> None:
-    """A staged target: its companions go in place first, the main file last (onto ``tmp``,
-    which ``atomic_path`` renames onto the output)."""
+def _publish(state: RunState, tmp: Path, replace: bool) -> list[Path]:
+    """A staged target: its companions go in place first (over existing ones only with
+    ``replace``), the main file last (onto ``tmp``, which ``atomic_path`` renames onto the
+    output). Returns where the companions went."""
     if state.staged is None:
-        return
+        return []
     assert state.destination is not None
     moves = [(c, state.destination.parent / c.name) for c in state.companions]
-    place_together([*moves, (state.staged, tmp)], state.obsolete)
+    place_together(moves, state.obsolete, replace=replace)
+    os.replace(state.staged, tmp)  # the run's own temporary file
+    return [destination for _, destination in moves]
+
+
+@contextmanager
+def _taken_back(placed: list[Path], replace: bool) -> Iterator[None]:
+    """Companions placed for a main file that could not be published (another process wrote
+    the output meanwhile) are removed again: without ``replace`` they replaced nothing."""
+    try:
+        yield
+    except OutputExistsError:
+        for path in placed if not replace else ():
+            path.unlink(missing_ok=True)
+        raise
 
 
 _STAGES_HELD = ("weights", "module", "exported")  # RunState fields of the same names

@@ -109,6 +109,7 @@ class Plan(Report):
     # program routes: the peak memory estimated from the weights' size, and what is free
     memory_estimate_bytes: int | None = None
     memory_available_bytes: int | None = None
+    weight_bytes: int | None = None  # what a program written by the route holds, about
 
     @property
     def runnable(self) -> bool:

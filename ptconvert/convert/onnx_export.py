@@ -192,7 +192,9 @@ def onnx_export(state: RunState, opts: Options) -> None:
     destination = state.destination or state.output
     if state.staged is not None:  # a program written before on this run was rejected
         shutil.rmtree(state.staged.parent, ignore_errors=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
+    # in the run's private folder beside the output (``atomic_path``): same filesystem, and
+    # removed with it whatever happens
+    stage = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=state.output.parent))
     state.staged = stage / destination.name
     program.save(state.staged, external_data=external)
     if not external:  # a data file beside an output this replaces belonged to the old model

@@ -9,17 +9,16 @@ candidate why it was kept or dropped.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from ptconvert import progress
-from ptconvert.atomic import check_output, place_together
+from ptconvert.atomic import check_output, place_together, temp_folder
 from ptconvert.errors import MissingRequirementError, PtconvertError, UsageError
 from ptconvert.options import Options
 from ptconvert.report import Check, Report
@@ -92,8 +91,9 @@ def optimize(
     if output is not None:  # said before minutes of work, not after
         check_output(Path(output), [src], opts.force)
     parent = Path(output).parent if output else src.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".ptconvert-optimize.", dir=parent))
+    # beside the output (the kept file renames into place), removed whatever happens
+    stack = contextlib.ExitStack()
+    staging = stack.enter_context(temp_folder(parent / "ptconvert-optimize"))
     candidates: list[Candidate] = []
     written: dict[str, Path] = {}
     try:
@@ -138,7 +138,7 @@ def optimize(
             check_output(destination, [src], opts.force)
             _move_into_place(best.runtime, written[best.runtime], destination, opts.force)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        stack.close()
     return OptimizeReport(
         str(src),
         str(destination) if destination else None,
@@ -220,4 +220,4 @@ def _move_into_place(fmt: str, staged: Path, destination: Path, force: bool) -> 
             moves.append((companion, target))
         else:
             obsolete.append(target)
-    place_together([*moves, (staged, destination)], obsolete)
+    place_together([*moves, (staged, destination)], obsolete, replace=force)

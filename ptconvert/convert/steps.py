@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ptconvert.atomic import guarded_file
 from ptconvert.convert.state import RunState
 from ptconvert.errors import MissingRequirementError, UnsupportedConversionError
 from ptconvert.model.build import (
@@ -71,7 +72,10 @@ def script(state: RunState, opts: Options) -> None:
     state.scripted = to_torchscript(state, opts)
     if state.writing:  # the route ends at the TorchScript file
         assert state.output is not None
-        state.scripted.save(str(state.output))
+        import torch
+
+        with guarded_file(state.output) as fh:  # a failed write must not abort the process
+            torch.jit.save(state.scripted, fh)
 
 
 def ts_to_exported(state: RunState, opts: Options) -> None:
@@ -160,7 +164,8 @@ def save_pt2(state: RunState, opts: Options) -> None:
     import torch
 
     assert state.exported is not None and state.output is not None
-    torch.export.save(state.exported, state.output)
+    with guarded_file(state.output) as fh:  # a failed write must not abort the process
+        torch.export.save(state.exported, fh)
 
 
 def aoti_compile(state: RunState, opts: Options) -> None:

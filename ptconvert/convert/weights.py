@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ptconvert import progress
 from ptconvert.atomic import atomic_path, check_output
-from ptconvert.errors import NoWeightsError, UnsupportedConversionError, VerificationError
+from ptconvert.errors import NoWeightsError, UnsupportedConversionError
 from ptconvert.formats import detect
 from ptconvert.formats.hf import WEIGHT_NAMES
 from ptconvert.formats.safetensors import TORCH_TO_SAFETENSORS
@@ -105,18 +105,14 @@ def convert_weights(
     fit_target(ws, to, skip_unsupported, src)
     _skipped_note(ws)
     as_directory = d.format == "hf" or shard_bytes is not None
-    with atomic_path(out, directory=as_directory) as tmp:
+    with atomic_path(out, directory=as_directory, replace=force) as tmp:
         with progress.step(f"writing {to}"):
             files = _write(ws, src, d.format, to, tmp, shard_bytes, metadata or {})
         check = None
         if verify:
             with progress.step("verifying every tensor bitwise"):
                 target = _verify_target(tmp, files, as_directory, to)
-                try:
-                    check = verify_weights(ws, target, scans=scans, trust=trust)
-                except VerificationError as exc:
-                    exc.path = str(out)  # the temporary file is gone: name the output
-                    raise
+                check = verify_weights(ws, target, scans=scans, trust=trust)
     return WeightsReport(
         str(src),
         f"{d.format}/{d.layout}",

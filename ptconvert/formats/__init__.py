@@ -8,8 +8,12 @@ module and one line to ``FORMATS`` (or, from another package, a plugin: ``ptconv
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from ptconvert.errors import (
     EmptyFileError,
@@ -19,6 +23,7 @@ from ptconvert.errors import (
     NoWeightsError,
     TruncatedFileError,
     UnknownFormatError,
+    named_error,
 )
 from ptconvert.formats.base import FileInfo, Format, Probe
 from ptconvert.formats.checkpoint import CheckpointFormat
@@ -68,7 +73,7 @@ def detect(path: str | Path) -> Detection:
     """Recognise ``path`` from its content. Raises an InputError subclass saying what was seen."""
     path = Path(path)
     if not path.exists():
-        raise InputError("no such file or directory", path=path)
+        _missing(path)
     probe = Probe(path)
     if not probe.is_dir:
         _reject_non_models(probe)
@@ -83,10 +88,47 @@ def detect(path: str | Path) -> Detection:
     raise _unknown(probe)
 
 
+def _missing(path: Path) -> NoReturn:
+    """Why ``path`` is not there: a symbolic link loop, a link to nothing, or nothing."""
+    try:
+        path.stat()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise named_error(exc, path) or exc from None
+    if path.is_symlink():
+        raise InputError(f"a symbolic link to nothing ({os.readlink(path)})", path=path)
+    raise InputError("no such file or directory", path=path)
+
+
 def describe(path: str | Path) -> FileInfo:
     """``ptconvert info``: what a file or directory holds, without executing anything."""
     d = detect(path)
-    return d.handler.info(d.path, d.layout)
+    info = d.handler.info(d.path, d.layout)
+    info.notes += _past_scan_limit(d.path)
+    return info
+
+
+# members the security scan reads whole: pickles, TorchScript code, a pt2's graphs
+_SCANNED = re.compile(r"(\.pkl|\.pickle|\.debug_pkl|/code/.*\.py|/models/.*\.json)$")
+
+
+def _past_scan_limit(path: Path) -> list[str]:
+    """What ``convert`` refuses before reading it, said by ``info`` too: a zip member the scan
+    must read whole that holds more than it reads (``scan.containers.MAX_INFLATED``)."""
+    from ptconvert.archive import is_zip, open_zip
+    from ptconvert.scan.containers import MAX_INFLATED
+
+    if not path.is_file():
+        return []
+    with open(path, "rb") as fh:
+        if not is_zip(fh.read(4)):
+            return []
+    return [
+        f"zip member {m.name!r} holds {m.size:,} bytes, past the {MAX_INFLATED >> 20} MiB the "
+        "security scan reads of one member: convert refuses the file"
+        for m in open_zip(path).members
+        if m.size > MAX_INFLATED and _SCANNED.search(m.name.lower())
+    ]
 
 
 def _reject_non_models(probe: Probe) -> None:

@@ -38,7 +38,8 @@ from ptconvert.formats.torch_objects import (
 from ptconvert.scan.allowlist import classify
 from ptconvert.scan.machine import LEGACY_MAGIC, Global, PickleRun, run_pickle
 
-TAR_MEMBERS = frozenset({"sys_info", "pickle", "tensors", "storages"})
+# the members torch's legacy loader reads, by name (in any order; sys_info it never reads)
+TAR_MEMBERS = frozenset({"pickle", "tensors", "storages"})
 
 
 @dataclass
@@ -405,15 +406,17 @@ class CheckpointFormat(Format):
 
 
 def _check_storages(info: FileInfo, ckpt: PickledCheckpoint, tensors: dict[str, Any]) -> None:
-    assert ckpt.archive is not None
-    sizes = {m.name: m.size for m in ckpt.archive.members}
+    archive = ckpt.archive
+    assert archive is not None
     for name, t in tensors.items():
         if isinstance(t, TensorRef):
-            have = sizes.get(t.storage.key)
-            if have is None:
+            member = archive.member(t.storage.key)
+            if member is None:
                 info.notes.append(f"tensor {name!r}: storage member {t.storage.key} is missing")
-            elif have < t.storage.nbytes:
+            elif member.size < t.storage.nbytes:
                 info.notes.append(
-                    f"tensor {name!r}: storage member {t.storage.key} holds {have} bytes, "
+                    f"tensor {name!r}: storage member {t.storage.key} holds {member.size} bytes, "
                     f"less than the {t.storage.nbytes} it should"
                 )
+            elif why := archive.ratio_problem(member, t.storage.nbytes):
+                info.notes.append(f"tensor {name!r}: {why}: convert refuses it")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ptconvert.errors import CorruptFileError
+from ptconvert.errors import ModelDefinitionError
 from ptconvert.formats.base import FileInfo, Format, Probe, file_entry
 
 # Weight files transformers looks for, in its order of preference.
@@ -27,14 +27,24 @@ def weights_file(directory: Path) -> Path | None:
 
 
 def read_config(directory: Path) -> dict[str, Any]:
+    """config.json as a dict: anything else defines no model (a ModelDefinitionError)."""
     path = directory / "config.json"
     try:
         config = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptFileError(f"config.json is not valid JSON ({exc})", path=path) from None
+        raise ModelDefinitionError(
+            f"config.json is not valid JSON ({exc})", path=path, hint=_CONFIG_HINT
+        ) from None
     if not isinstance(config, dict):
-        raise CorruptFileError("config.json is not a JSON object", path=path)
+        raise ModelDefinitionError(
+            f"config.json is not a JSON object (it holds a {type(config).__name__})",
+            path=path,
+            hint=_CONFIG_HINT,
+        )
     return config
+
+
+_CONFIG_HINT = "restore the model's config.json (the one its weights were saved with)"
 
 
 def remote_code(config: dict[str, Any]) -> list[str]:

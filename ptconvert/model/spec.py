@@ -22,9 +22,9 @@ from typing import Any
 
 from ptconvert.errors import (
     MissingRequirementError,
+    ModelDefinitionError,
     ModelRaisedError,
     NeedsTrustError,
-    UnsupportedConversionError,
     UsageError,
 )
 from ptconvert.model.inputs import ExampleInputs
@@ -166,7 +166,7 @@ def module_from_hf(
             hint="pass --trust if you trust its source",
         )
     remote = {"trust_remote_code": True} if code else {}
-    config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True, **remote)
+    config = _auto_config(transformers, directory, remote)
     names = list(getattr(config, "architectures", None) or [])
     notes: list[str] = []
     if code:
@@ -192,12 +192,15 @@ def module_from_hf(
             f"{config.model_type!r} whose parameters the weights cover (--task overrides)"
         )
     with _no_progress_bar(transformers):  # ptconvert's own progress names the step
-        model, info = cls.from_pretrained(
-            directory, local_files_only=True, output_loading_info=True, **remote
-        )
+        try:
+            model, info = cls.from_pretrained(
+                directory, local_files_only=True, output_loading_info=True, **remote
+            )
+        except RuntimeError as exc:  # transformers refuses weights of other shapes
+            raise _misfit(cls, config, shapes, directory, exc) from None
     bad = {k: v for k, v in info.items() if k in ("missing_keys", "mismatched_keys") and v}
     if bad:
-        raise UnsupportedConversionError(
+        raise ModelDefinitionError(
             f"the weights do not fit {type(model).__name__}: "
             + "; ".join(
                 f"{k.replace('_', ' ')} {sorted(map(str, v))[:10]}" for k, v in bad.items()
@@ -219,6 +222,67 @@ def module_from_hf(
             f"and were left out, as transformers does: {unexpected[:10]}"
         )
     return HfModel(model.eval(), notes)
+
+
+def _auto_config(transformers: Any, directory: Path, remote: dict[str, Any]) -> Any:
+    """The directory's config as transformers reads it; a model type it does not know (or a
+    config it cannot read) is a ModelDefinitionError naming config.json."""
+    try:
+        return transformers.AutoConfig.from_pretrained(directory, local_files_only=True, **remote)
+    except (ValueError, KeyError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise ModelDefinitionError(
+            f"transformers {transformers.__version__} cannot read this config: {first}",
+            path=directory / "config.json",
+            hint="check model_type in config.json, or upgrade transformers; --model "
+            "pkg.module:factory loads the weights into a model of your own",
+        ) from None
+
+
+def _misfit(
+    cls: Any, config: Any, shapes: dict[str, tuple[int, ...]], directory: Path, exc: Exception
+) -> ModelDefinitionError:
+    """transformers' refusal to load the weights, as the tensors whose shapes differ from the
+    model's (built on meta to compare) or, when the names do not tell, in its own words."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            model = cls._from_config(config)
+        own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        prefix = getattr(model, "base_model_prefix", "") + "."
+        _refuse_shapes(own, _with_prefix(shapes, prefix, set(own)), directory)
+    except ModelDefinitionError as named:
+        return named
+    except Exception:  # a class that does not build from this config: nothing to compare
+        pass
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return ModelDefinitionError(
+        f"transformers cannot load the weights into {cls.__name__}: {first}",
+        path=directory,
+        hint="check config.json's architectures and sizes, or pass --task with the right class",
+    )
+
+
+def _refuse_shapes(
+    own: dict[str, tuple[int, ...]], shapes: dict[str, tuple[int, ...]], where: Path
+) -> None:
+    """A ModelDefinitionError listing each tensor whose shape in the weights (``shapes``)
+    differs from the model's (``own``), when there is one."""
+    wrong = {k: (s, own[k]) for k, s in shapes.items() if k in own and tuple(s) != own[k]}
+    if not wrong:
+        return
+    listed = "; ".join(
+        f"{k}: {list(got)} in the weights, {list(want)} in the model"
+        for k, (got, want) in list(wrong.items())[:10]
+    )
+    more = f" (and {len(wrong) - 10} more)" if len(wrong) > 10 else ""
+    raise ModelDefinitionError(
+        f"{len(wrong)} tensor(s) have another shape than the model's: {listed}{more}",
+        path=where,
+        hint="the weights belong to another configuration: check config.json or --model "
+        "and --model-arg",
+    )
 
 
 def _auto_class(config: Any, architectures: list[str]) -> str:
@@ -315,6 +379,7 @@ def load_strict(
     ``assign`` the module takes the tensors themselves (a model built on the meta device)."""
     own = model.state_dict()
     tensors = _match_base_prefix(model, own, tensors)
+    _refuse_shapes({k: tuple(v.shape) for k, v in own.items()}, _shapes(tensors), where)
     result = model.load_state_dict(tensors, strict=False, assign=assign)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
@@ -323,7 +388,7 @@ def load_strict(
     missing = [k for k in result.missing_keys if k not in tied]
     unexpected = list(result.unexpected_keys)
     if missing or (unexpected and not non_strict):
-        raise UnsupportedConversionError(
+        raise ModelDefinitionError(
             "the weights do not fit the model: "
             + (f"missing {missing[:10]}" if missing else "")
             + ("; " if missing and unexpected else "")
@@ -333,6 +398,10 @@ def load_strict(
             + ("" if missing else "; --non-strict leaves out keys the model does not have"),
         )
     return tied, unexpected
+
+
+def _shapes(tensors: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in tensors.items() if hasattr(v, "shape")}
 
 
 def choose_target(model: Any, keys: list[str]) -> tuple[str, Any]:

@@ -238,6 +238,6 @@ def plot(report: BenchReport, path: str) -> None:
     fig.tight_layout()
     from pathlib import Path
 
-    with atomic_path(Path(path)) as tmp:
+    with atomic_path(Path(path), replace=True) as tmp:  # a plot is redrawn in place
         fig.savefig(tmp, format="png")
     plt.close(fig)

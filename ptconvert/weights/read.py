@@ -14,13 +14,13 @@ without tensors is a NoWeightsError; tensor data the reader cannot name is an er
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ptconvert.archive import read_exact
 from ptconvert.errors import (
     CorruptFileError,
     NoWeightsError,
@@ -332,11 +332,11 @@ class _Storages:
             archive = self.ckpt.archive
             member = archive.member(t.storage.key) if archive is not None else None
             if archive is not None and member is not None:
-                data = bytearray(archive.read(member))
+                # as much as the pickle declares the storage holds, never what the member claims
+                data = archive.inflate(member, min(member.size, t.storage.nbytes))
             else:
                 start, size, _ = self._span(t.storage.key, t)
-                with open(self.path, "rb") as fh:
-                    data = bytearray(os.pread(fh.fileno(), size, start))
+                data = read_exact(self.path, start, size)
             u8 = torch.uint8
             raw = torch.frombuffer(data, dtype=u8) if data else torch.empty(0, dtype=u8)
             self.cache[t.storage.key] = raw

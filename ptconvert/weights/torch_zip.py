@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from ptconvert.atomic import open_output
+from ptconvert.atomic import ensure_space, open_output
 from ptconvert.weights.read import WeightEntry, WeightSet
 from ptconvert.weights.write import copy_range, tensor_bytes
 
@@ -193,6 +193,9 @@ def write_torch_zip(ws: WeightSet, out: Path) -> list[Path]:
         *[(f"data/{keys[e.name]}", e) for e in ws.stored],
         ("version", b"3"),
     ]
+    payload_bytes = sum(len(p) if isinstance(p, bytes) else p.nbytes for _, p in records)
+    # each member: its local header, alignment padding and directory entry (at most ~230 bytes)
+    ensure_space(out.parent, payload_bytes + 256 * len(records) + 1024, out, estimate=True)
     members: list[_Member] = []
     pending: list[tuple[_Member, Future[int]]] = []
     fds: dict[Path, int] = {}
@@ -235,7 +238,7 @@ def _write_member(
         if src.path not in fds:
             fds[src.path] = os.open(src.path, os.O_RDONLY)
         fh.flush()
-        copy_range(fds[src.path], src.offset, fh.fileno(), payload.nbytes)
+        copy_range(fds[src.path], src.offset, fh.fileno(), payload.nbytes, src.path)
         fh.seek(0, os.SEEK_END)
     else:
         data = tensor_bytes(payload.tensor)

@@ -1,20 +1,22 @@
 """Writing weight sets: safetensors (single or sharded, byte copies in the kernel) and torch zip.
 
-Byte ranges are copied file-to-file with ``os.copy_file_range`` (no pass through Python memory);
-tensors from the torch path are written from their own buffers. Tied entries are written once and
-recorded as aliases so that reading back restores them as shared tensors.
+Byte ranges are copied file-to-file with ``os.copy_file_range`` (no pass through Python memory;
+``os.sendfile``, then reads and writes in large blocks, where the kernel cannot copy between the
+two filesystems); tensors from the torch path are written from their own buffers. Tied entries
+are written once and recorded as aliases so that reading back restores them as shared tensors.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
-from ptconvert.atomic import open_output
-from ptconvert.errors import UnsupportedConversionError, UsageError
+from ptconvert.atomic import ensure_space, open_output
+from ptconvert.errors import TruncatedFileError, UnsupportedConversionError, UsageError
 from ptconvert.formats.safetensors import TORCH_TO_SAFETENSORS
 from ptconvert.weights.read import ALIASES_KEY, WeightEntry, WeightSet
 
@@ -32,14 +34,48 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * units[m.group(2)])
 
 
-def copy_range(src_fd: int, offset: int, dst_fd: int, nbytes: int) -> None:
-    """Copy bytes from ``src_fd`` at ``offset`` to the current end of ``dst_fd`` in the kernel."""
-    while nbytes > 0:
-        n = os.copy_file_range(src_fd, dst_fd, min(nbytes, COPY_CHUNK), offset)
-        if n == 0:
-            raise OSError("source ended early while copying tensor bytes")
-        offset += n
-        nbytes -= n
+# copy_file_range cannot copy here: another filesystem (EXDEV; before Linux 5.19 any two),
+# one without it (ENOSYS, EOPNOTSUPP), a special file (EINVAL)
+_NO_KERNEL_COPY = (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
+BLOCK = 8 << 20  # the read-write fallback's block
+
+
+def copy_range(src_fd: int, offset: int, dst_fd: int, nbytes: int, source: Path) -> None:
+    """Copy ``nbytes`` of ``source`` (open as ``src_fd``) from ``offset`` to the current end of
+    ``dst_fd``: in the kernel, on any pair of filesystems."""
+    copies = (_copy_file_range, _sendfile, _read_write)
+    for i, copy in enumerate(copies):
+        try:
+            while nbytes > 0:
+                n = copy(src_fd, offset, dst_fd, min(nbytes, COPY_CHUNK))
+                if n == 0:
+                    raise TruncatedFileError(
+                        f"the file ended {nbytes} bytes early while its tensor bytes were "
+                        "copied (was it changed meanwhile?)",
+                        path=source,
+                    )
+                offset += n
+                nbytes -= n
+            return
+        except OSError as exc:
+            if exc.errno not in _NO_KERNEL_COPY or i == len(copies) - 1:
+                raise
+
+
+def _copy_file_range(src_fd: int, offset: int, dst_fd: int, count: int) -> int:
+    return os.copy_file_range(src_fd, dst_fd, count, offset)
+
+
+def _sendfile(src_fd: int, offset: int, dst_fd: int, count: int) -> int:
+    return os.sendfile(dst_fd, src_fd, offset, count)
+
+
+def _read_write(src_fd: int, offset: int, dst_fd: int, count: int) -> int:
+    block = os.pread(src_fd, min(count, BLOCK), offset)
+    view = memoryview(block)
+    while view:
+        view = view[os.write(dst_fd, view) :]
+    return len(block)
 
 
 def tensor_bytes(tensor: Any) -> memoryview:
@@ -70,6 +106,7 @@ def write_safetensors_file(
         pos += e.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
+    ensure_space(out.parent, 8 + len(raw) + pos, out)
     fds: dict[Path, int] = {}
     try:
         with open_output(out) as fh:
@@ -80,7 +117,9 @@ def write_safetensors_file(
                     if e.source.path not in fds:
                         fds[e.source.path] = os.open(e.source.path, os.O_RDONLY)
                     fh.flush()  # buffered bytes first: the kernel copy writes at the fd's offset
-                    copy_range(fds[e.source.path], e.source.offset, fh.fileno(), e.nbytes)
+                    copy_range(
+                        fds[e.source.path], e.source.offset, fh.fileno(), e.nbytes, e.source.path
+                    )
                     fh.seek(0, os.SEEK_END)  # and the buffered writer learns where that ended
                 else:
                     fh.write(tensor_bytes(e.tensor))
