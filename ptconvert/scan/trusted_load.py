@@ -22,6 +22,7 @@ from ptconvert.errors import (
     MissingRequirementError,
     PtconvertError,
     UnsafeInputError,
+    UnsupportedConversionError,
 )
 from ptconvert.scan.analysis import CONSTRUCTS
 from ptconvert.scan.guard import guard
@@ -67,8 +68,8 @@ def trusted_load(path: Path, *, trust: bool, allow: Iterable[str] = ()) -> Any:
             loaded = torch.load(path, map_location="cpu", weights_only=True)
     except PtconvertError:
         raise  # a stand-in called: said as the refusal it is
-    except pickle.UnpicklingError as exc:
-        raise UnsafeInputError(
+    except pickle.UnpicklingError as exc:  # content it cannot build (benign or not): exit 4
+        raise UnsupportedConversionError(
             f"torch's restricted unpickler refuses this file, so it is not loaded: {_first(exc)}",
             path=path,
             hint="it allowlists only the globals the scan named "

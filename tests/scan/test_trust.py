@@ -72,7 +72,8 @@ def test_a_gadget_the_scan_missed_does_not_run_under_trust(
     net_module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     """The scan is made to miss an ``os.system`` call inside a trusted module: the load itself
-    refuses it (exit 10), nothing runs, nothing is written."""
+    refuses it (exit 4: torch's restricted unpickler cannot build it), nothing runs, nothing is
+    written."""
     marker = tmp_path / "PAYLOAD_RAN"
     model = net_module.Net()
     model.payload = Reduce(os.system, f"touch {marker}")
@@ -82,7 +83,7 @@ def test_a_gadget_the_scan_missed_does_not_run_under_trust(
     out = tmp_path / "out"
     for extra in (["--to", "torchscript"], ["--to", "pt2", "--input", "x:2x4:float32"]):
         code, body, _ = run_cli([str(src), *extra, "-o", str(out), "--trust"], capsys)
-        assert code == 10, body
+        assert code == 4, body  # torch's unpickler cannot build posix.system: never loaded
         assert "restricted unpickler" in body["error"]["message"]
         assert not marker.exists() and not out.exists()
 
