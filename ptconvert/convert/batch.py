@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ptconvert import progress
-from ptconvert.atomic import atomic_path, disk_size
+from ptconvert.atomic import atomic_path, disk_size, sweep
 from ptconvert.errors import InputError, PtconvertError, UsageError
 from ptconvert.options import Options
 from ptconvert.report import Report
@@ -218,6 +218,8 @@ def convert_many(
             if item.status == "converted":
                 manifest.record(item.src, task.key, task.out, to, item.check)
             advance(item.size)
+    for folder in {t.out.parent for t in todo}:  # what workers killed on their last try left
+        sweep(folder)
     report.seconds = round(time.perf_counter() - started, 3)
     report.counts = {s: sum(1 for i in items if i.status == s) for s in _STATUSES}
     failed = [i for i in items if i.status == "failed"]

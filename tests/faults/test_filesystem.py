@@ -6,6 +6,7 @@ is left behind."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from ptconvert import atomic
 from ptconvert.errors import NoSpaceError
 from ptconvert.weights import write
 from tests.conftest import run_cli
-from tests.faults.conftest import REPO, checkpoint, temporaries
+from tests.faults.conftest import REPO, checkpoint, cli, temporaries
 
 
 def _error(code: int, report: Any, kind: str, path: Path) -> dict[str, Any]:
@@ -191,12 +192,14 @@ def test_a_pt2_write_past_the_file_size_limit_is_an_error_not_an_abort(tmp_path:
 
 
 def test_a_pt2_without_room_for_its_weights_is_refused_before_the_work(
-    tmp_path: Path, mount: Any, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, mount: Any
 ) -> None:
     src, spec = _factory(tmp_path)
     out = mount("small", "200k") / "m.pt2"
-    code, report, _ = run_cli([str(src), "--to", "pt2", "-o", str(out), *spec], capsys)
-    assert "needs about 361,200 bytes" in _error(code, report, "no_space", out)["message"]
+    run = cli(str(src), "--to", "pt2", "-o", str(out), *spec)  # an abort would end pytest
+    said, _ = run.communicate(timeout=300)
+    error = _error(run.returncode, json.loads(said), "no_space", out)
+    assert "needs about 361,200 bytes" in error["message"]
 
 
 def test_a_read_only_destination_names_the_output(

@@ -166,3 +166,24 @@ def test_the_api_cleans_up_on_interrupt(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(KeyboardInterrupt):
         ptconvert.convert(src, "safetensors", out)
     assert os.listdir(out.parent) == []
+
+
+def _dies_while_writing(src: str, to: str, output: str, opts: Any) -> Any:
+    """ptconvert.convert, except that the process dies halfway through writing, every time."""
+    with atomic.atomic_path(Path(output)) as tmp:
+        tmp.write_bytes(b"half")
+        os._exit(9)
+
+
+def test_a_worker_that_dies_on_its_last_try_leaves_nothing(tmp_path: Path) -> None:
+    from ptconvert.convert.batch import convert_many
+    from ptconvert.options import Options
+
+    zoo, out_dir = tmp_path / "zoo", tmp_path / "out"
+    (zoo / "sub").mkdir(parents=True)
+    checkpoint(zoo / "sub" / "a.pt")
+    report = convert_many(
+        zoo, "safetensors", out_dir, Options(), jobs=2, convert=_dies_while_writing
+    )
+    assert [(i.src, i.status) for i in report.items] == [("sub/a.pt", "failed")]
+    assert temporaries(out_dir) == []
