@@ -157,22 +157,30 @@ class ZipArchive:
                 "trust where it came from",
             )
         _room_for(size, self.path, member.name)
+        self._pread(member, 0)  # the member's bounds checked
         out = bytearray(size)
         view, done = memoryview(out), 0
         d = zlib.decompressobj(-15)
-        pending = self.read_raw(member)
-        try:
-            while done < size:
-                chunk = d.decompress(pending, min(_STEP, size - done))
-                pending = d.unconsumed_tail
-                if not chunk:
-                    break  # the stream ended, or needs input there is none of
-                view[done : done + len(chunk)] = chunk
-                done += len(chunk)
-        except zlib.error as exc:
-            raise CorruptFileError(
-                f"zip member {member.name!r} is not valid deflate data ({exc})", path=self.path
-            ) from exc
+        at, left, pending = member.data_offset, member.compressed_size, b""
+        with open(self.path, "rb") as fh:
+            try:
+                while done < size and not d.eof:
+                    if not pending:  # the compressed bytes are read in steps too
+                        if not left:
+                            break
+                        pending = os.pread(fh.fileno(), min(_STEP, left), at)
+                        if not pending:
+                            break  # the file ends early (it shrank): said below
+                        at, left = at + len(pending), left - len(pending)
+                    chunk = d.decompress(pending, min(_STEP, size - done))
+                    pending = d.unconsumed_tail
+                    view[done : done + len(chunk)] = chunk
+                    done += len(chunk)
+            except zlib.error as exc:
+                raise CorruptFileError(
+                    f"zip member {member.name!r} is not valid deflate data ({exc})",
+                    path=self.path,
+                ) from exc
         if done < size:
             raise TruncatedFileError(
                 f"zip member {member.name!r} inflates to {done} bytes, less than the {size} "

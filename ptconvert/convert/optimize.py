@@ -93,7 +93,7 @@ def optimize(
     parent = Path(output).parent if output else src.parent
     # beside the output (the kept file renames into place), removed whatever happens
     stack = contextlib.ExitStack()
-    staging = stack.enter_context(temp_folder(parent / "ptconvert-optimize"))
+    staging = stack.enter_context(temp_folder(parent / "ptconvert-optimize", name=parent))
     candidates: list[Candidate] = []
     written: dict[str, Path] = {}
     try:
