@@ -379,7 +379,11 @@ def load_strict(
     ``assign`` the module takes the tensors themselves (a model built on the meta device)."""
     own = model.state_dict()
     tensors = _match_base_prefix(model, own, tensors)
-    _refuse_shapes({k: tuple(v.shape) for k, v in own.items()}, _shapes(tensors), where)
+    from torch.nn.parameter import is_lazy
+
+    # a lazy module's parameters have no shape yet: loading gives them the checkpoint's
+    known = {k: tuple(v.shape) for k, v in own.items() if not is_lazy(v)}
+    _refuse_shapes(known, _shapes(tensors), where)
     result = model.load_state_dict(tensors, strict=False, assign=assign)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
