@@ -198,6 +198,14 @@ def module_from_hf(
             )
         except RuntimeError as exc:  # transformers refuses weights of other shapes
             raise _misfit(cls, config, shapes, directory, exc) from None
+        except Exception as exc:  # a weights file torch's safe loader refuses, remote code
+            # that does not build (no post_init) …: said, never an internal error
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise ModelDefinitionError(
+                f"transformers cannot load {cls.__name__} from this directory: "
+                f"{type(exc).__name__}: {first}",
+                path=directory,
+            ) from None
     bad = {k: v for k, v in info.items() if k in ("missing_keys", "mismatched_keys") and v}
     if bad:
         raise ModelDefinitionError(

@@ -106,3 +106,21 @@ def test_python_source_in_a_model_folder_is_named_when_refused(samples, tmp_path
     assert "Python source" in body["error"]["message"] and not out.exists()
     code, body, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out), "--trust"], capsys)
     assert code == 0, body
+
+
+def test_remote_code_that_does_not_build_is_a_named_error(
+    remote_code_dir: tuple[Path, Path], tmp_path: Path, capsys
+) -> None:
+    """The directory's model class skips post_init(): transformers raises an AttributeError
+    while loading it; that is a model-definition error naming the directory (exit 4)."""
+    import shutil
+
+    src = tmp_path / "broken-remote"  # a name of its own: transformers caches remote modules
+    shutil.copytree(remote_code_dir[0], src)
+    code_file = src / "modeling_tiny.py"
+    code_file.write_text(code_file.read_text().replace("        self.post_init()\n", ""))
+    out = tmp_path / "tiny.pt2"
+    argv = [str(src), "--to", "pt2", "-o", str(out), "--input", "x:2x8:float32", "--trust"]
+    code, body, _ = run_cli(argv, capsys)
+    assert code == 4 and "transformers cannot load" in body["error"]["message"], body
+    assert body["error"]["path"] == str(src) and not out.exists()
