@@ -346,10 +346,17 @@ def _special_keys(state: Any) -> list[str]:
     return [str(n) for n in names]
 
 
-def _globals_within(value: Any) -> list[Global]:
-    """The globals anywhere inside literal containers (mappings, tuples, lists)."""
-    found, stack, count = [], [value], 0
-    while stack and count < 100_000:
+_TOO_DEEP = Unknown("more values than the scan follows", -1)
+
+
+def _leaves(value: Any) -> list[Any]:
+    """What literal containers (mappings, tuples, lists) hold, however deep; past 100,000
+    values, an Unknown (too much to follow is not literal)."""
+    leaves: list[Any] = []
+    stack, count = [value], 0
+    while stack:
+        if count >= 100_000:
+            return [*leaves, _TOO_DEEP]
         v = stack.pop()
         count += 1
         pairs = _mapping_items(v)
@@ -357,25 +364,18 @@ def _globals_within(value: Any) -> list[Global]:
             stack += [x for kv in pairs for x in kv]
         elif isinstance(v, (tuple, list)):
             stack += v
-        elif isinstance(v, Global):
-            found.append(v)
-    return found
+        else:
+            leaves.append(v)
+    return leaves
+
+
+def _globals_within(value: Any) -> list[Global]:
+    return [v for v in _leaves(value) if isinstance(v, Global)]
 
 
 def _holds_callable(names: Any) -> bool:
     """Whether an Enum namespace holds anything but literals: a global, a computed value."""
-    stack, count = [names], 0
-    while stack and count < 100_000:
-        v = stack.pop()
-        count += 1
-        pairs = _mapping_items(v)
-        if pairs is not None:
-            stack += [x for kv in pairs for x in kv]
-        elif isinstance(v, (tuple, list)):
-            stack += v
-        elif isinstance(v, (Global, Call, PersistentRef, Unknown)):
-            return True
-    return bool(stack)
+    return any(isinstance(v, (Global, Call, PersistentRef, Unknown)) for v in _leaves(names))
 
 
 def _dedupe(findings: list[Finding]) -> list[Finding]:

@@ -150,13 +150,7 @@ def test_functions_kept_as_values_load_as_themselves(tmp_path: Path) -> None:
     ``torch._C._nn.gelu``): allowlisted, never called by the load, the function after it."""
     import transformers
 
-    config = transformers.BertConfig(
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=37,
-        vocab_size=99,
-    )
+    config = _tiny_bert_config()
     torch.manual_seed(0)
     src = tmp_path / "bert.pt"
     torch.save(transformers.BertModel(config).eval(), src)
@@ -216,13 +210,7 @@ def test_a_trainer_output_folder_converts_with_trust_and_nothing_loads_its_pickl
     those pickles is loaded."""
     import transformers
 
-    config = transformers.BertConfig(
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=37,
-        vocab_size=99,
-    )
+    config = _tiny_bert_config()
     torch.manual_seed(0)
     model = transformers.BertForSequenceClassification(config)
     rows = [
@@ -256,6 +244,18 @@ def test_a_trainer_output_folder_converts_with_trust_and_nothing_loads_its_pickl
     assert loaded == [], loaded
     back = transformers.BertForSequenceClassification.from_pretrained(out)
     assert torch.equal(back.classifier.weight, model.classifier.weight.detach().cpu())
+
+
+def _tiny_bert_config():
+    import transformers
+
+    return transformers.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=37,
+        vocab_size=99,
+    )
 
 
 class _TensorAttributeGadget:
