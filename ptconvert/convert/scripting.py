@@ -1,7 +1,9 @@
 """module → TorchScript: ``script`` keeps control flow, ``trace`` records one execution.
 
 ``--method auto`` scripts first and falls back to tracing, saying so. Tracer warnings are kept
-as notes; the parity check after the conversion runs the result at other batch sizes, which is
+as notes. A trace is traced again on the example with its values moved (``check_inputs``): a
+value the trace froze (``n = int(x[0].item())``) gives another graph there, and the trace is
+refused; the parity check after the conversion runs the result at other batch sizes, which is
 where a trace that froze a branch or a shape shows itself.
 """
 
@@ -12,7 +14,11 @@ import warnings
 from typing import Any
 
 from ptconvert.convert.state import RunState
-from ptconvert.errors import MissingRequirementError, UnsupportedConversionError
+from ptconvert.errors import (
+    MissingRequirementError,
+    UnsupportedConversionError,
+    VerificationError,
+)
 from ptconvert.model.wrappers import named_outputs, positional_names
 from ptconvert.options import Options
 
@@ -50,7 +56,9 @@ def to_torchscript(state: RunState, opts: Options) -> Any:
         warnings.simplefilter("always")
         try:
             args = tuple(sample[n] for n in names)
-            traced = torch.jit.trace(module, args, strict=False)
+            traced = torch.jit.trace(module, args, strict=False, check_inputs=[moved(args)])
+        except torch.jit.TracingCheckError as exc:
+            raise _frozen(exc, errors, state.src) from None
         except Exception as exc:  # the tracer fails in many ways; report the first line
             first = (str(exc).strip().splitlines() or [""])[0][:200]
             raise UnsupportedConversionError(
@@ -65,6 +73,32 @@ def to_torchscript(state: RunState, opts: Options) -> Any:
         state.notes.append(f"scripting failed, traced instead ({errors[0]})")
     state.notes += [f"tracer warning: {t}" for t in tracer]
     return traced
+
+
+def moved(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` with each tensor's values rolled by one place: the same shapes, dtypes and
+    values (ids stay inside the vocabulary, a mask stays 0/1), each at another position. The
+    check the batch sizes make cannot show a frozen value when the inputs' rows repeat (an
+    ``--example-inputs`` file is repeated to other batch sizes)."""
+    import torch
+
+    return tuple(
+        a.flatten().roll(1).view_as(a).clone() if isinstance(a, torch.Tensor) else a for a in args
+    )
+
+
+def _frozen(exc: Exception, errors: list[str], src: Any) -> VerificationError:
+    """A trace whose graph changes with the inputs' values: it froze a value (``.item()``,
+    ``int(t)``, a branch on a value) and would return the example's answer for other inputs."""
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return VerificationError(
+        "the trace froze a value of its inputs: traced again on the example's values moved "
+        f"by one place, it records another graph ({first})"
+        + (f" (after {errors[0]})" if errors else ""),
+        path=src,
+        hint="make the model scriptable (--method script) or exportable (--to pt2), "
+        "with the value read as a tensor, not a Python number",
+    )
 
 
 _SCHEMA = re.compile(r"^[\w:.]+\(.*\)\s*->.*:?$")

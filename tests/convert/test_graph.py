@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fixtures.models import MLP, ControlFlow, SmallCNN, seeded
+from fixtures.models import MLP, ControlFlow, FirstColumns, SmallCNN, seeded
 from ptconvert.convert.engine import convert_program
 from ptconvert.convert.graph import EDGES, plan
 from ptconvert.errors import MissingRequirementError, VerificationError
@@ -110,6 +110,21 @@ def test_frozen_trace_is_never_a_success(tmp_path: Path) -> None:
     with pytest.raises(VerificationError, match="differs from eager"):
         convert_program(src, "torchscript", tmp_path / "cf.ts", opts)
     assert not (tmp_path / "cf.ts").exists()
+
+
+def test_a_trace_fallback_that_froze_an_input_value_is_refused(tmp_path: Path, capsys) -> None:
+    """Scripting fails, the trace freezes ``n = int(n_cols[0].item())``; the inputs' rows
+    repeat at every batch size (an ``--example-inputs`` file), so only other values show it."""
+    from safetensors.torch import save_file
+
+    src, examples = tmp_path / "w.pt", tmp_path / "inputs.safetensors"
+    torch.save(seeded(FirstColumns()).state_dict(), src)
+    save_file({"x": torch.randn(2, 8), "n_cols": torch.tensor([3, 5])}, examples)
+    args = [str(src), "--to", "torchscript", "--model", "fixtures.models:FirstColumns"]
+    args += ["--example-inputs", str(examples), "-o", str(tmp_path / "out.ts")]
+    code, out, _ = run_cli(args, capsys)
+    assert code == 6 and "froze a value" in out["error"]["message"], out
+    assert not (tmp_path / "out.ts").exists()
 
 
 def test_torchscript_script_and_weights_back(tmp_path: Path) -> None:
