@@ -120,6 +120,11 @@ class MissingRequirementError(PtconvertError):
     kind = "missing_requirement"
 
 
+class MissingInputError(MissingRequirementError):
+    """An argument the model's signature requires has no example input: every route needs it,
+    so no other route is tried."""
+
+
 class VerificationError(PtconvertError):
     """The converted artifact does not compute (or hold) the same numbers as its source."""
 

@@ -8,6 +8,7 @@ at several batch sizes.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -32,6 +33,7 @@ from ptconvert.convert.state import RunState, StepRecord
 from ptconvert.convert.steps import STEPS
 from ptconvert.errors import (
     FilesystemError,
+    MissingInputError,
     ModelRaisedError,
     OutOfMemoryError,
     OutputExistsError,
@@ -134,7 +136,57 @@ def plan_for(src: str | Path, to: str, opts: Options) -> Plan:
     result = plan(d.format, to, available_needs(d.format, opts), inapplicable(d))
     result.source = str(src)
     _estimate_memory(result, d, opts)
+    result.dynamic = _planned_dims(result, d, opts)
     return result
+
+
+def _planned_dims(route: Plan, d: Detection, opts: Options) -> dict[str, str]:
+    """What ``--dynamic-batch``/``--dynamic`` will make dynamic, in words, before the model is
+    loaded (the conversion's report says what held): a Hugging Face text model's sequence with
+    the longest its config.json allows."""
+    from ptconvert.model.inputs import SEQUENCE_INPUTS, longest_sequence
+    from ptconvert.options import DYNAMIC_SPEC
+
+    if not any(e.dst == "exported" for e in route.edges):
+        return {}
+    out: dict[str, str] = {}
+    if opts.dynamic_batch:
+        out["batch"] = "dim 0 of every tensor input, 1 or more (checked after the conversion)"
+    for spec in opts.dynamic:
+        m = DYNAMIC_SPEC.match(spec)
+        if m is not None:
+            span = f"{m['min']}–{m['max']}" if m["min"] else "any size torch allows"
+            out[f"{m['name']} dim {m['axis']}"] = span
+    config = Path(d.path) / "config.json" if d.format == "hf" else None
+    if opts.dynamic_batch and not opts.static_sequence and config is not None:
+        longest = longest_sequence(_json_config(config))
+        top = f"1–{longest} (the config's limit)" if longest else "1 or more"
+        out["sequence_length"] = (
+            f"dim 1 of {', '.join(SEQUENCE_INPUTS)} (those the model takes, when it takes "
+            f"input_ids), {top}; --static-sequence keeps the example's length"
+        )
+    return out
+
+
+class _JsonConfig:
+    """config.json as attributes, as ``model.inputs`` reads a transformers config."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.model_type = data.get("model_type")
+        for key, value in data.items():
+            is_sub = isinstance(value, dict) and "model_type" in value
+            setattr(self, key, _JsonConfig(value) if is_sub else value)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def _json_config(path: Path) -> Any:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = {}
+    return _JsonConfig(data if isinstance(data, dict) else {})
 
 
 def _estimate_memory(route: Plan, d: Detection, opts: Options) -> None:
@@ -288,8 +340,14 @@ def _run_route(
                     with progress.step(f"{edge.src} → {edge.dst} ({edge.label or edge.step})"):
                         STEPS[edge.step](state, opts)
                     _ensure(edge, state)
-                except (UsageError, ModelRaisedError, FilesystemError, OutOfMemoryError):
-                    raise  # the options, the model itself, the machine: no other route helps
+                except (
+                    UsageError,
+                    MissingInputError,
+                    ModelRaisedError,
+                    FilesystemError,
+                    OutOfMemoryError,
+                ):
+                    raise  # the options, the inputs, the model, the machine: no route helps
                 except PtconvertError as exc:
                     records.append(_record(edge, t0, "failed", state, notes_before, exc.message))
                     if edge.step in CAPTURING_STEPS and _runnable(state):

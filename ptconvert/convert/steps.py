@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ptconvert.atomic import guarded_file
 from ptconvert.convert.state import RunState
-from ptconvert.errors import MissingRequirementError, UnsupportedConversionError
+from ptconvert.errors import (
+    MissingInputError,
+    MissingRequirementError,
+    UnsupportedConversionError,
+)
 from ptconvert.model.build import (
     eager_from_pickle,
     eager_from_weights,
@@ -86,7 +91,7 @@ def ts_to_exported(state: RunState, opts: Options) -> None:
     inputs = _require_inputs(state)
     module = state.scripted if state.scripted is not None else _load_torchscript(state)
     sample = inputs.at(max(inputs.batch, 2))  # batch ≥ 2: dodge the 0/1 specialisation
-    names = [a.name for a in module.forward.schema.arguments[1:]]
+    names = _provided_arguments(module, sample, state.src)
     args = tuple(sample[n] for n in names)
     try:
         with quiet_torch():
@@ -105,6 +110,21 @@ def ts_to_exported(state: RunState, opts: Options) -> None:
         "TorchScript converted with torch's TS2EPConverter (branches → torch.cond); "
         f"the program takes its inputs positionally: {names}"
     )
+
+
+def _provided_arguments(module: Any, sample: dict[str, Any], src: Path) -> list[str]:
+    """The TorchScript ``forward``'s arguments the sample gives, in order; a required one it
+    lacks (silero-vad's ``sr: int``) is named with its ``--input`` line (exit 5). Arguments
+    with defaults are passed up to the first one the sample leaves out."""
+    from ptconvert.model.inputs import check_provided, required_inputs
+
+    try:
+        check_provided(required_inputs(module), sample, src)
+    except MissingRequirementError as exc:  # every route needs the input: none other is tried
+        raise MissingInputError(exc.message, path=exc.path, hint=exc.hint) from None
+    names = [a.name for a in module.forward.schema.arguments[1:]]
+    given = [n in sample for n in names]
+    return names[: given.index(False)] if False in given else names
 
 
 def _load_torchscript(state: RunState) -> Any:

@@ -279,6 +279,36 @@ def test_a_missing_scalar_input_is_named_with_its_input_line(
     assert program(torch.randn(2, 8), 16000).shape == (2, 8)
 
 
+def test_a_torchscript_archive_missing_its_scalar_input_is_named_with_its_input_line(
+    user_models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A scripted model taking a tensor and an int (silero-vad's ``forward(x, sr: int)``) to
+    pt2 with only ``x`` given: the missing ``sr`` is named, not a KeyError."""
+    src = _weights(user_models, "WithRate", tmp_path)
+    code, report, _ = run_cli(
+        [
+            str(src),
+            "--to",
+            "torchscript",
+            "--model",
+            f"{user_models}:WithRate",
+            "--input",
+            "x:2x8:float32",
+            "--input",
+            "sr::int64=16000",
+            "-o",
+            str(tmp_path / "vad.jit"),
+        ],
+        capsys,
+    )
+    assert code == 0, report
+    args = [str(tmp_path / "vad.jit"), "--to", "pt2", "-o", str(tmp_path / "vad.pt2")]
+    code, report, _ = run_cli([*args, "--input", "x:2x8:float32"], capsys)
+    assert code == MissingRequirementError.exit_code, report
+    assert "'sr'" in report["error"]["message"], report
+    assert "--input sr::int64=VALUE" in report["error"]["hint"]
+
+
 def test_a_branch_on_the_batch_size_is_kept_by_the_torchscript_route(
     user_models: Path, tmp_path: Path
 ) -> None:
