@@ -182,6 +182,12 @@ _CONVERSION_OPTIONS = (
     click.option(
         "--dynamic-batch", is_flag=True, help="Make dimension 0 of batched inputs dynamic."
     ),
+    click.option(
+        "--static-sequence",
+        is_flag=True,
+        help="With --dynamic-batch: keep a Hugging Face text model's sequence length at the "
+        "example's (by default it is dynamic, up to the config's max_position_embeddings).",
+    ),
     click.option("--dynamic", multiple=True, help="NAME:AXIS[:MIN:MAX] dynamic dimension."),
     click.option(
         "--method",
@@ -366,6 +372,7 @@ def _options(options: dict[str, Any]) -> Any:
         options,
         task=options["task"],
         dynamic_batch=options["dynamic_batch"],
+        static_sequence=options["static_sequence"],
         dynamic=list(options["dynamic"]),
         method=options["method"],
         strict=options["export_mode"],

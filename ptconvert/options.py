@@ -26,6 +26,9 @@ class Options:
     inputs: list[str] = field(default_factory=list)
     example_inputs: Path | None = None
     dynamic_batch: bool = False
+    # with dynamic_batch, a Hugging Face text model's sequence (dim 1 of input_ids,
+    # attention_mask, …) is dynamic too, as optimum exports them; this keeps it at the example's
+    static_sequence: bool = False
     dynamic: list[str] = field(default_factory=list)
     method: Method = "auto"  # torchscript: script, trace, or script falling back to trace
     strict: ExportMode = "auto"  # export: non-strict, then strict (auto); or one of them

@@ -298,6 +298,8 @@ def render_plan(payload: dict[str, Any], console: Console | None = None) -> None
         console.print(f"[bold red]missing[/bold red] {need}: {escape(hint)}")
     if payload["runnable"]:
         console.print("runnable: every need is met")
+    for what, words in payload.get("dynamic", {}).items():
+        console.print(f"dynamic: {escape(what)}: {escape(words)}")
     need, free = payload.get("memory_estimate_bytes"), payload.get("memory_available_bytes")
     if need is not None:
         console.print(

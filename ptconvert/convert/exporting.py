@@ -4,6 +4,10 @@
 - ``--dynamic-batch``: dim 0 of every batched input is ``Dim.DYNAMIC``; an example at batch 1 is
   re-traced at batch 2, because tracing specialises sizes 0 and 1 (the program still accepts
   batch 1 at run time). ``--dynamic NAME:AXIS[:MIN:MAX]`` adds other dims.
+- ``--dynamic-batch`` on a Hugging Face text model also makes its sequence dynamic (dim 1 of
+  input_ids, attention_mask, token_type_ids, position_ids: one length, as optimum exports them)
+  from 1 to the config's ``max_position_embeddings``; ``--static-sequence`` keeps it fixed, and
+  a model whose export fixes it is exported with the example's length (a note says so).
 - A Hugging Face model exports with ``use_cache=False`` (cache objects are not pytrees).
 - ``state.bounds`` (the range verification found to hold, where the first program ran wrong
   outside it) become the dims' min/max; a minimum of 2 also becomes a guard, since torch lets
@@ -14,6 +18,7 @@ Each repair is written to the run's notes.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from ptconvert.convert.state import Bounds, RunState
@@ -24,8 +29,38 @@ from ptconvert.options import DYNAMIC_SPEC, Options
 from ptconvert.quiet import quiet_torch
 
 
+@dataclass(frozen=True)
+class Sequence:
+    """A text model's dynamic sequence: the inputs whose dim 1 it is, and its longest size."""
+
+    names: tuple[str, ...]
+    longest: int | None
+
+    def words(self) -> str:
+        top = f"1–{self.longest}" if self.longest else "1 or more"
+        return f"dim 1 of {', '.join(self.names)} (sequence_length, {top})"
+
+
+def text_sequence(module: Any, opts: Options, sample: dict[str, Any]) -> Sequence | None:
+    """The sequence made dynamic with ``--dynamic-batch``: a transformers model's text inputs
+    (``model.inputs.sequence_axes``), unless ``--static-sequence`` or a ``--dynamic`` of its
+    own names one of them."""
+    from ptconvert.model.inputs import sequence_axes
+
+    if not opts.dynamic_batch or opts.static_sequence:
+        return None
+    names, longest = sequence_axes(module, sample)
+    named = {m["name"] for m in map(DYNAMIC_SPEC.match, opts.dynamic) if m is not None}
+    if not names or named & set(names):
+        return None
+    return Sequence(tuple(names), longest)
+
+
 def dynamic_shapes(
-    opts: Options, sample: dict[str, Any], bounds: Bounds | None = None
+    opts: Options,
+    sample: dict[str, Any],
+    bounds: Bounds | None = None,
+    sequence: Sequence | None = None,
 ) -> dict[str, Any] | None:
     from torch.export import Dim
 
@@ -36,6 +71,11 @@ def dynamic_shapes(
         for name, t in sample.items():
             if getattr(t, "dim", lambda: 0)() > 0:
                 shapes[name] = {0: Dim.DYNAMIC}
+    if sequence is not None:
+        # min 1: torch keeps 2 as the range's floor, and verification runs 1 (``probed_at_one``)
+        length = Dim.DYNAMIC(min=1, max=sequence.longest) if sequence.longest else Dim.DYNAMIC
+        for name in sequence.names:
+            shapes[name] = {**(shapes[name] or {}), 1: length}
     for spec in opts.dynamic:
         m = DYNAMIC_SPEC.match(spec)
         if m is None or m["name"] not in sample:
@@ -92,7 +132,14 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
         )
     inputs = _away_from_the_minimum(state, opts, inputs)
     sample = inputs.at(batch)
-    shapes: Any = dynamic_shapes(opts, sample, state.bounds)
+    sequence = text_sequence(state.module, opts, sample) if wrapped else None
+    if (
+        sequence is not None
+        and sequence.longest
+        and sample["input_ids"].shape[1] > sequence.longest
+    ):
+        sequence = None  # an example longer than the config allows: the user's own choice
+    shapes: Any = dynamic_shapes(opts, sample, state.bounds, sequence)
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] | None = sample
     if names is not None:  # forward(x, …): export positionally, as users will call it
@@ -128,10 +175,31 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
                     "storage): retried with the inputs cloned"
                 )
                 attempts = [(s, True) for s in modes]
+                continue
+            if sequence is not None and not attempts:
+                # the sequence was made dynamic by default, not asked for: the model fixes it
+                # (a size it asserts, a fixed-length buffer); exported at the example's length
+                state.notes.append(
+                    f"the sequence length could not be dynamic ({'; '.join(errors)[:300]}): "
+                    f"exported at the example's length {sample['input_ids'].shape[1]} "
+                    "(--static-sequence says so up front)"
+                )
+                sequence, errors, where = None, [], None
+                shapes = dynamic_shapes(opts, sample, state.bounds)
+                if names is not None and shapes is not None:
+                    shapes = tuple(shapes[n] for n in names)
+                attempts = [(s, cloned) for s in modes]
             continue
         if errors and strict and not cloned:
             state.notes.append(f"non-strict export failed, strict export succeeded ({errors[0]})")
         _refuse_below_two(ep, state.bounds)
+        if sequence is not None:
+            state.notes.append(
+                "dynamic sequence with --dynamic-batch (optimum's convention): "
+                + sequence.words()
+                + (" from the config" if sequence.longest else "")
+                + "; --static-sequence keeps the example's length"
+            )
         state.dynamic_range = dynamic_range_words(ep)
         return ep
     draft = _draft_report(module, args, kwargs, shapes)

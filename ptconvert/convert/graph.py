@@ -110,6 +110,8 @@ class Plan(Report):
     memory_estimate_bytes: int | None = None
     memory_available_bytes: int | None = None
     weight_bytes: int | None = None  # what a program written by the route holds, about
+    # program routes: which dims of which inputs will be dynamic, over which range, in words
+    dynamic: dict[str, str] = field(default_factory=dict)
 
     @property
     def runnable(self) -> bool:
@@ -134,6 +136,7 @@ class Plan(Report):
             "missing": self.missing,
             "memory_estimate_bytes": self.memory_estimate_bytes,
             "memory_available_bytes": self.memory_available_bytes,
+            "dynamic": self.dynamic,
         }
 
     def describe(self) -> list[str]:

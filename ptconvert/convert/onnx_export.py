@@ -1,7 +1,8 @@
 """The exported → onnx edge: torch.onnx's dynamo exporter from the ExportedProgram.
 
-Dynamic dims become named symbolic dims (``batch`` for a dynamic batch, ``<input>_<axis>``
-otherwise, in place of torch's ``s77``); ``--opset N`` picks the opset; weights go to external
+Dynamic dims become named symbolic dims (``batch`` for a dynamic batch, ``sequence_length``
+for a text model's sequence as optimum names it, ``<input>_<axis>`` otherwise, in place of
+torch's ``s77``); ``--opset N`` picks the opset; weights go to external
 data (``NAME.onnx.data``) on request or when the model is over 2 GB, which one protobuf cannot
 hold; ``onnx.checker`` runs on the result; ``--onnx-optimize`` runs onnxscript's optimizer. The
 files are written in a staging folder beside the output and put in place together.
@@ -30,6 +31,7 @@ _SYMBOL = re.compile(r"\bs\d+\b")
 
 def symbol_names(ep: Any) -> dict[str, str]:
     """torch's symbol (``s77``) → the name the ONNX dims get."""
+    from ptconvert.model.inputs import SEQUENCE_INPUTS
     from ptconvert.verify.ranges import dynamic_dims
 
     names: dict[str, str] = {}
@@ -37,7 +39,14 @@ def symbol_names(ep: Any) -> dict[str, str]:
         if d.symbol is None or d.symbol in names:
             continue
         batch = d.axis == 0 and all(a == 0 for _, a in d.shared)
-        names[d.symbol] = "batch" if batch else f"{d.input}_{d.axis}"
+        sequence = (
+            d.axis == 1
+            and d.input in SEQUENCE_INPUTS
+            and all(n in SEQUENCE_INPUTS and a == 1 for n, a in d.shared)
+        )
+        names[d.symbol] = (
+            "batch" if batch else "sequence_length" if sequence else f"{d.input}_{d.axis}"
+        )
     return names
 
 
