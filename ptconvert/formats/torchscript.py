@@ -8,12 +8,14 @@ through the symbolic machine and the signature is parsed from the serialized Tor
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from ptconvert.archive import open_zip
+from ptconvert.archive import ZipArchive, open_zip
 from ptconvert.errors import CorruptFileError
 from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
-from ptconvert.formats.checkpoint import describe_pickles
+from ptconvert.formats.checkpoint import PickledCheckpoint, describe_pickles
 from ptconvert.formats.program import Program, Signature, by_position
 from ptconvert.formats.torch_objects import TensorRef, flatten_tensors, interpret
 from ptconvert.scan.machine import run_pickle
@@ -92,6 +94,69 @@ class TorchScriptFormat(Format):
         info.outputs = [IOSpec("output", " ".join(m.group("ret").split()), None)]
         names = [i.name for i in info.inputs if i.name != "self"]
         info.metadata["call"] = f"prog({', '.join(names)}), positionally or by keyword"
+
+
+# a module class of the serialized code: ``class Linear(Module):`` and its indented body
+_CLASS = re.compile(r"^class (\w+)\(Module\):\n((?:[ \t].*\n?)*)", re.M)
+_STATE = re.compile(r"^\s+__(?:parameters|buffers)__ = \[([^\]]*)\]", re.M)
+_SUBMODULE = re.compile(
+    r'^\s+(?:(\w+) :|__annotations__\["([^"]+)"\] =) (__torch__\.[\w.]+)\s*$', re.M
+)
+
+
+@dataclass
+class _ModuleClass:
+    state: set[str] = field(default_factory=set)  # __parameters__ and __buffers__
+    submodules: dict[str, str] = field(default_factory=dict)  # attribute → class
+
+
+def _module_classes(archive: ZipArchive, root: str) -> dict[str, _ModuleClass]:
+    """Every module class of the archive's code, by qualified name (``__torch__.x.Vad``)."""
+    classes: dict[str, _ModuleClass] = {}
+    code = root + "code/"
+    for member in archive.members:
+        if not (member.name.startswith(code) and member.name.endswith(".py")):
+            continue
+        module = member.name[len(code) : -3].replace("/", ".")
+        text = archive.read(member).decode("utf-8", "replace")
+        for m in _CLASS.finditer(text):
+            cls = classes.setdefault(f"{module}.{m.group(1)}", _ModuleClass())
+            for names in _STATE.findall(m.group(2)):
+                cls.state.update(re.findall(r'"([^"]+)"', names))
+            for attr, numbered, type_name in _SUBMODULE.findall(m.group(2)):
+                cls.submodules[attr or numbered] = type_name
+    return classes
+
+
+def module_state(ckpt: PickledCheckpoint) -> tuple[Any, list[str]]:
+    """A TorchScript archive's attribute tree cut to its ``state_dict()``: parameters, buffers
+    and submodules. Other tensor attributes (silero-vad's ``self._state``, runtime state that
+    ``torch.jit.load(...).state_dict()`` does not hold) are left out and returned by name. The
+    tree as it is when the code does not say which are which."""
+    root_cls = next((g for g in ckpt.imports if (g.module or "").startswith("__torch__")), None)
+    if ckpt.archive is None or root_cls is None:
+        return ckpt.tree, []
+    classes = _module_classes(ckpt.archive, ckpt.archive.root())
+    root_name = f"{root_cls.module}.{root_cls.name}"
+    if root_name not in classes:
+        return ckpt.tree, []
+    dropped: list[str] = []
+
+    def cut(node: Any, cls_name: str, prefix: str) -> Any:
+        cls = classes.get(cls_name)
+        if cls is None or not isinstance(node, dict):
+            return node
+        kept: dict[Any, Any] = {}
+        for key, value in node.items():
+            if key in cls.submodules:
+                kept[key] = cut(value, cls.submodules[key], f"{prefix}{key}.")
+            elif key in cls.state or not flatten_tensors(value):
+                kept[key] = value
+            else:
+                dropped.extend(f"{prefix}{name}" for name in flatten_tensors(value, f"{key}."))
+        return kept
+
+    return cut(ckpt.tree, root_name, ""), dropped
 
 
 def _split_args(text: str) -> list[str]:

@@ -262,6 +262,24 @@ def _read_checkpoint(
     return ws
 
 
+def _read_torchscript(d: Detection, key: str | None, skip_unsupported: bool) -> WeightSet:
+    """A TorchScript archive's weights are its ``state_dict()`` (parameters and buffers);
+    other tensor attributes (runtime state) are named in a note, not written."""
+    from dataclasses import replace
+
+    from ptconvert.formats.torchscript import module_state
+
+    ckpt = read_checkpoint(d.path, d.layout)
+    tree, dropped = module_state(ckpt) if key is None else (ckpt.tree, [])
+    ws = _read_checkpoint(d, key, skip_unsupported, program=True, ckpt=replace(ckpt, tree=tree))
+    if dropped:
+        ws.notes.append(
+            f"{len(dropped)} tensor attributes that are not parameters or buffers left out "
+            f"(the module's state_dict() does not hold them): {', '.join(dropped[:10])}"
+        )
+    return ws
+
+
 class _Storages:
     """Where each storage's bytes are: a zip member, or a byte range of a legacy or tar file."""
 
@@ -544,7 +562,7 @@ READERS: dict[str, Reader] = {
     "sharded": lambda d, key, skip: _read_sharded(d),
     "pt": lambda d, key, skip: _read_checkpoint(d, key, skip),
     # the attributes pickle, read symbolically: the program is never loaded for its weights
-    "torchscript": lambda d, key, skip: _read_checkpoint(d, key, skip, program=True),
+    "torchscript": lambda d, key, skip: _read_torchscript(d, key, skip),
     "pt2": _read_pt2,
     "onnx": lambda d, key, skip: _read_onnx(d.path),
 }

@@ -148,6 +148,52 @@ def test_torchscript_script_and_weights_back(tmp_path: Path) -> None:
     assert all(torch.equal(sd[k], v) for k, v in model.state_dict().items())
 
 
+class _Stateful(torch.nn.Module):
+    """silero-vad's way: runtime state kept as a plain tensor attribute, not a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("window", torch.hann_window(8))
+        self._state = torch.zeros(2, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.lin(x * self.window) + self._state[0]
+        self._state = out.detach()[:1].expand(2, 8).clone()
+        return out
+
+
+class _Detector(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = _Stateful()
+        self.blocks = torch.nn.ModuleList([_Stateful()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.first(x)
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_torchscript_runtime_state_is_not_written_as_weights(tmp_path: Path, capsys) -> None:
+    """The weights of a TorchScript archive are its state_dict(): a tensor attribute that is
+    not a parameter or buffer (at the top and in a submodule) is named in a note."""
+    from safetensors.torch import load_file
+
+    model = torch.jit.script(_Detector())
+    model(torch.randn(1, 8))  # the state changes as the model runs
+    torch.jit.save(model, tmp_path / "vad.jit")
+    out = tmp_path / "w.safetensors"
+    code, report, _ = run_cli(
+        [str(tmp_path / "vad.jit"), "--to", "safetensors", "-o", str(out)], capsys
+    )
+    assert code == 0, report
+    assert load_file(out).keys() == model.state_dict().keys()
+    notes = report["notes"]
+    assert any("first._state" in n and "blocks.0._state" in n for n in notes), notes
+
+
 def test_pt2_weights_back_to_safetensors(samples: dict[str, Path], tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
