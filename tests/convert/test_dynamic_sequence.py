@@ -135,12 +135,6 @@ def test_static_sequence_keeps_the_examples_length(
         program(input_ids=ids[:, :7], attention_mask=torch.ones_like(ids[:, :7]))
 
 
-def test_without_dynamic_batch_the_program_stays_static(tmp_path: Path) -> None:
-    directory, _ = _save("bert", tmp_path / "bert")
-    report = convert_program(directory, "pt2", tmp_path / "b.pt2", Options(cache=False))
-    assert report.dynamic_range == {}
-
-
 def test_plan_says_which_dims_will_be_dynamic_and_over_which_range(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -152,3 +146,52 @@ def test_plan_says_which_dims_will_be_dynamic_and_over_which_range(
     args = ["plan", str(directory), "--to", "onnx", "--dynamic-batch", "--static-sequence"]
     code, plan, _ = run_cli(args, capsys)
     assert code == 0 and set(plan["dynamic"]) == {"batch"}
+    code, plan, _ = run_cli(["plan", str(directory), "--to", "onnx"], capsys)
+    assert code == 0 and plan["dynamic"] == {}  # without --dynamic-batch: the example's shapes
+
+
+ONE_TOKEN = """
+import torch
+from transformers import BertConfig, BertModel
+
+
+class OneToken(BertModel):
+    # a single token takes another path: the export traced at 16 tokens computes the long path
+    def forward(self, input_ids, attention_mask=None):
+        out = super().forward(input_ids=input_ids, attention_mask=attention_mask)
+        if input_ids.shape[1] == 1:
+            out.last_hidden_state = out.last_hidden_state * 2
+        return out
+
+
+def make():
+    config = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=37, max_position_embeddings=64)
+    return OneToken(config, add_pooling_layer=False).eval()
+"""
+
+
+def test_a_length_the_program_gets_wrong_bounds_the_sequence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model that computes otherwise at one token: the program exported at 16 tokens runs
+    at 1 and returns other numbers there; the sequence is exported again from 2 and refuses 1."""
+    from transformers import BertModel
+
+    (tmp_path / "one_token.py").write_text(ONE_TOKEN)
+    torch.manual_seed(0)
+    bert = BertModel(_tiny_bert_config(), add_pooling_layer=False).eval()
+    torch.save(bert.state_dict(), tmp_path / "bert.pt")
+    out = tmp_path / "b.pt2"
+    args = [str(tmp_path / "bert.pt"), "--to", "pt2", "--dynamic-batch", "--no-cache"]
+    args += ["--model", f"{tmp_path / 'one_token.py'}:make", "-o", str(out)]
+    args += ["--input", "input_ids:2x16:int64:0:99", "--input", "attention_mask:2x16:int64:=1"]
+    code, report, _ = run_cli(args, capsys)
+    assert code == 0, report
+    assert any("input_ids dim 1 bounded to 2–64" in n for n in report["notes"]), report["notes"]
+    program = torch.export.load(out).module()
+    ids = torch.randint(0, 99, (3, 7))
+    got = program(input_ids=ids, attention_mask=torch.ones_like(ids))["last_hidden_state"]
+    torch.testing.assert_close(got, bert(input_ids=ids).last_hidden_state)
+    with pytest.raises(Exception, match="Guard failed"):
+        program(input_ids=ids[:, :1], attention_mask=torch.ones_like(ids[:, :1]))
