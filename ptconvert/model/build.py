@@ -112,11 +112,8 @@ def _assigned_on_meta(
     of the factory's own dtypes: a buffer the checkpoint lacks (computed in ``__init__``), a
     factory or a load that fails on meta, a weight of another dtype (the usual load converts
     it). The caller then builds the model as usual."""
-    import torch
-
-    try:
-        with torch.device("meta"):
-            model, own_inputs = module_from_factory(spec)
+    try:  # only the factory's call is on meta: its module is imported as usual
+        model, own_inputs = module_from_factory(spec, device="meta")
         label, target = choose_target(model, list(tensors))
         dtypes = {k: v.dtype for k, v in model.state_dict().items()}
         tied, unexpected = load_strict(

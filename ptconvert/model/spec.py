@@ -79,9 +79,14 @@ def _import_factory(spec: str) -> tuple[Callable[..., Any], Any]:
     return factory, module
 
 
-def module_from_factory(spec: ModelSpec) -> tuple[Any, ExampleInputs | None]:
-    """Call the factory; also return the inputs its module defines, if any."""
+def module_from_factory(
+    spec: ModelSpec, device: str | None = None
+) -> tuple[Any, ExampleInputs | None]:
+    """Call the factory (under ``torch.device(device)`` when given); also return the inputs
+    its module defines, if any. The factory's module is imported as usual, never under the
+    device: its module-level tensors (constants, default arguments) stay real tensors."""
     import inspect
+    from contextlib import nullcontext
 
     import torch
 
@@ -96,7 +101,8 @@ def module_from_factory(spec: ModelSpec) -> tuple[Any, ExampleInputs | None]:
     except ValueError:  # no signature to check (a builtin): the call says
         pass
     try:
-        model = factory(**spec.args)
+        with torch.device(device) if device else nullcontext():
+            model = factory(**spec.args)
     except Exception as exc:  # the user's factory, with the user's --model-arg values
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         raise ModelRaisedError(

@@ -4,6 +4,7 @@ that branch on sizes, need scalars or raise on bad inputs. Every model is built 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -262,6 +263,44 @@ def test_the_models_own_error_is_reported_as_such(
     assert report["error"]["kind"] == "model_error" and "IndexError" in report["error"]["message"]
     code, report, _ = run_cli([*args, "--input", "ids:2x5:int64:0:10"], capsys)
     assert code == 0, report
+
+
+FACTORY_WITH_MODULE_TENSORS = """
+import torch
+from torch import nn
+
+MEAN = torch.full((8,), 0.5)  # a module constant, as normalisation statistics are kept
+
+
+class Normalized(nn.Module):
+    def __init__(self, scale=torch.ones(8)):  # a default argument tensor
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("scale", scale.clone())
+
+    def forward(self, x):
+        return self.lin((x - MEAN) * self.scale)
+
+
+def example_inputs(batch_size):
+    return {"x": torch.randn(batch_size, 8)}
+"""
+
+
+def test_a_factory_files_module_tensors_are_real_tensors(tmp_path: Path) -> None:
+    """The factory's file is imported as usual; only the model is built on the meta device
+    (its module-level tensors became meta tensors, and the conversion failed)."""
+    factory = tmp_path / "normalized.py"
+    factory.write_text(FACTORY_WITH_MODULE_TENSORS)
+    spec = importlib.util.spec_from_file_location("normalized_for_weights", factory)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.save(module.Normalized().state_dict(), tmp_path / "w.pt")
+    opts = Options(model=f"{factory}:Normalized")
+    report = convert_program(tmp_path / "w.pt", "pt2", tmp_path / "n.pt2", opts)
+    assert report.parity is not None and report.parity.status == "pass"
+    assert any("meta device" in n for n in report.notes), report.notes
 
 
 def test_a_missing_scalar_input_is_named_with_its_input_line(
