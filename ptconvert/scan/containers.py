@@ -42,7 +42,10 @@ class Stream:
 
     label: str
     data: bytes | mmap.mmap
-    kind: str  # "pickle" | "maybe-pickle" | "npy-object" | "tar-storages" | "tar-tensors"
+    # "pickle" | "maybe-pickle" | "npy-object" | "tar-storages" | "tar-tensors" | "from-byte-0"
+    # ("from-byte-0": the bytes of a file read as something else, as the pickle that torch.load,
+    # given them in memory, or pickle.load reads from byte 0)
+    kind: str
     start: int = 0
     torchscript: bool = False  # inside a TorchScript archive (``__torch__`` classes are its own)
 
@@ -55,26 +58,47 @@ class Problem:
 
 
 # How a byte string is read by whoever loads it:
-# - "load": as torch.load / joblib.load would (zip at byte 0, else tar, else pickles from byte 0);
+# - "load": a file, as torch.load / joblib.load would read it (zip at byte 0, else tar, else
+#   pickles from byte 0); when it is read as something else (a tar, safetensors, ...), also as
+#   the pickle that torch.load of its bytes in memory, or pickle.load, reads from byte 0;
+# - "nested": bytes a pickle hands to torch.load in memory (``torch.storage._load_from_bytes``:
+#   ``torch.load(io.BytesIO(b))``): a zip at byte 0, else pickles from byte 0, never a tar;
 # - "pickle": unpickled by name whatever its first bytes (data.pkl, constants.pkl, ...);
 # - "member": a member of an archive nobody unpickles by name: opened when its content is an
 #   archive, a compressed stream or a pickle.
-LOAD, PICKLE, MEMBER = "load", "pickle", "member"
+LOAD, NESTED, PICKLE, MEMBER = "load", "nested", "pickle", "member"
+FROM_BYTE_0 = "from-byte-0"
 
 
 def walk(path: Path) -> Iterator[Stream | Problem]:
     """Every pickle stream (and every container problem) in the file at ``path``."""
+    mm = _map(path)
+    if mm is not None:
+        yield from _walk_bytes(str(path), mm, path, 0, LOAD)
+
+
+def walk_source(path: Path) -> Iterator[Stream]:
+    """A file that is code (Python source): only the pickle torch.load would read from byte 0."""
+    mm = _map(path)
+    if mm is not None:
+        yield _from_byte_0(str(path), mm)
+
+
+def _map(path: Path) -> mmap.mmap | None:
     with open(path, "rb") as fh:
         size = fh.seek(0, 2)
         if size == 0:
-            return
-        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    yield from _walk_bytes(str(path), mm, path, 0, LOAD)
+            return None
+        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
 
 
 def walk_bytes(label: str, data: bytes, depth: int) -> Iterator[Stream | Problem]:
     """The pickle streams in bytes that a pickle hands to ``torch.load`` (nested loads)."""
-    yield from _walk_bytes(label, data, None, depth, LOAD)
+    yield from _walk_bytes(label, data, None, depth, NESTED)
+
+
+def _from_byte_0(label: str, data: bytes | mmap.mmap) -> Stream:
+    return Stream(f"{label} (read as a pickle from byte 0)", data, FROM_BYTE_0)
 
 
 def _walk_bytes(
@@ -92,12 +116,59 @@ def _walk_bytes(
     if role == PICKLE:
         yield Stream(label, data, "pickle", torchscript=torchscript)
         return
+    if role == NESTED:
+        # torch.load(io.BytesIO(b)): no file, so no tar (``_should_read_directly``), and no
+        # decompression: a zip when it starts like one, else pickles from byte 0
+        if is_zip(head):
+            yield from _walk_zip(label, data, None, depth)
+        else:
+            yield Stream(label, data, "pickle")
+        return
     if head.startswith(b"7z\xbc\xaf\x27\x1c"):
         yield Problem(label, "error", "7z archive: its members cannot be scanned")
         return
     if is_zip(head):
         yield from _walk_zip(label, data, path, depth)
         return
+    if role == MEMBER:
+        yield from _walk_member_bytes(label, data, head, depth, torchscript)
+        return
+    # a file: every reading some loader makes of it (torch.load: a tar if tarfile accepts it;
+    # joblib.load: a compressed stream); none: torch.load and pickle.load unpickle it from byte 0
+    known = False
+    if depth == 0 and path is not None and _known_data_file(head, path):
+        known = True
+        yield from _onnx_external_data(label, head, path)
+    inflate = _decompressor(head)
+    if inflate is not None:
+        kind, make = inflate
+        try:
+            inflated = _inflate(data, make)
+        except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as exc:
+            if not known:  # a safetensors header's length may open like zlib or lzma
+                yield Problem(label, "error", f"{kind} stream cannot be read ({exc})")
+                return
+        else:  # joblib and friends unpickle what they decompress
+            yield from _walk_bytes(f"{label}!{kind}", inflated, None, depth + 1, LOAD)
+    tar = tar_opens(data)
+    if tar:
+        yield from _walk_tar(label, data, depth)
+    npy = head.startswith(b"\x93NUMPY")
+    if npy:
+        yield from _walk_npy(label, data)
+    if not (known or inflate or tar or npy):
+        yield from _pickle_file(label, data, path, head, depth)
+        return
+    # read as something else, but a file: torch.load of its bytes in memory, or pickle.load, reads
+    # the pickle from byte 0 (a polyglot: a valid header for one reader, opcodes for the other)
+    yield _from_byte_0(label, data)
+
+
+def _walk_member_bytes(
+    label: str, data: bytes | mmap.mmap, head: bytes, depth: int, torchscript: bool
+) -> Iterator[Stream | Problem]:
+    """A member nobody unpickles by name: opened when it is an archive, a compressed stream, an
+    .npy or a pickle."""
     inflate = _decompressor(head)
     if inflate is not None:
         kind, make = inflate
@@ -106,22 +177,18 @@ def _walk_bytes(
         except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as exc:
             yield Problem(label, "error", f"{kind} stream cannot be read ({exc})")
             return
-        # joblib and friends unpickle what they decompress
         yield from _walk_bytes(f"{label}!{kind}", inflated, None, depth + 1, LOAD)
-        return
-    if is_tar(head):
+    elif tar_opens(data):
         yield from _walk_tar(label, data, depth)
-        return
-    if head.startswith(b"\x93NUMPY"):
+    elif head.startswith(b"\x93NUMPY"):
         yield from _walk_npy(label, data)
-        return
-    if role == MEMBER:
-        if looks_like_pickle(head):
-            yield Stream(label, data, "pickle", torchscript=torchscript)
-        return
-    if depth == 0 and path is not None and _known_data_file(head, path):
-        yield from _onnx_external_data(label, head, path)
-        return
+    elif looks_like_pickle(head):
+        yield Stream(label, data, "pickle", torchscript=torchscript)
+
+
+def _pickle_file(
+    label: str, data: bytes | mmap.mmap, path: Path | None, head: bytes, depth: int
+) -> Iterator[Stream | Problem]:
     # torch.load unpickles any file that is not a zip or a tar: a pickle may open with any opcode
     yield Stream(label, data, "pickle" if looks_like_pickle(head) else "maybe-pickle")
     if path is not None and has_zip_tail(bytes(data[-65557:])):
@@ -131,6 +198,23 @@ def _walk_bytes(
             label, "error", "a zip archive follows other data: loaders disagree on what it holds"
         )
         yield from _walk_zip(f"{label}(appended zip)", data, path, depth)
+
+
+def tar_opens(data: bytes | mmap.mmap) -> bool:
+    """Whether torch's legacy loader takes the tar path: ``tarfile.open(fileobj=f, mode="r:")``
+    accepts the file (any checksum form tarfile accepts, a first name starting with NUL, ...).
+    Anything else than a ``TarError`` fails torch.load outright: no tar, and no pickle either."""
+    if len(data) < tarfile.BLOCKSIZE:
+        return False
+    fileobj = data if isinstance(data, mmap.mmap) else io.BytesIO(data)
+    fileobj.seek(0)
+    try:
+        with tarfile.open(fileobj=fileobj, mode="r:"):
+            return True
+    except Exception:  # TarError, or whatever else tarfile raises on garbage
+        return False
+    finally:
+        fileobj.seek(0)
 
 
 def _known_data_file(head: bytes, path: Path) -> bool:
@@ -380,6 +464,7 @@ def _interesting(head: bytes) -> bool:
         or head.startswith((b"\x93NUMPY", b"7z\xbc\xaf"))
         or _decompressor(head) is not None
         or is_tar(head)
+        or tar_opens(head)
     )
 
 

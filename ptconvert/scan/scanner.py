@@ -22,7 +22,7 @@ from ptconvert.scan.analysis import (
     verdict,
 )
 from ptconvert.scan.code_files import auto_map_findings, is_source, source_findings
-from ptconvert.scan.containers import Problem, Stream, walk, walk_bytes
+from ptconvert.scan.containers import FROM_BYTE_0, Problem, Stream, walk, walk_bytes, walk_source
 from ptconvert.scan.machine import Global, PickleRun, acted, run_pickle, run_torch_pickles
 
 
@@ -51,33 +51,47 @@ class ScanReport(Report):
 def scan_file(path: str | Path, allowed: frozenset[str] = frozenset()) -> FileScan:
     """Scan one file; never raises for bad content (that is an ``error`` verdict)."""
     path = Path(path)
-    if is_source(path):
-        return FileScan(str(path), "needs-code", source_findings(path), 0)
-    findings: list[Finding] = auto_map_findings(path)
+    # Python source is code; torch.load of the same bytes still unpickles them from byte 0
+    source = is_source(path)
+    findings: list[Finding] = source_findings(path) if source else auto_map_findings(path)
     pickles = 0
     pending: list[tuple[str, bytes, int]] = []
     try:
-        for item in _items(path, pending):
+        for item in _items(path, pending, source):
             if isinstance(item, Problem):
                 findings.append(Finding(item.severity, item.label, 0, "-", None, item.reason))
                 continue
+            first = True
             for run in _runs(item):
                 if isinstance(run, Finding):
                     findings.append(run)
                     continue
-                if item.kind == "maybe-pickle" and run.error and not acted(run):
-                    break  # not a pickle: it fails before any opcode could have acted
+                if first and item.kind in _SNIFFED and run.error and not acted(run):
+                    break  # not a pickle: the first one fails before any opcode could have acted
+                first = False
                 pickles += 1
-                findings += analyse(run, item.label, allowed, torchscript=item.torchscript)
+                found = analyse(run, item.label, allowed, torchscript=item.torchscript)
+                if item.kind == FROM_BYTE_0:
+                    # where the bytes stop being opcodes the unpickler stops too (the run is
+                    # fresh: it fails where CPython fails); what ran before is what counts
+                    found = [f for f in found if f.severity != "error"]
+                findings += found
                 pending += _nested(run, item.label)
     except (OSError, InputError, ValueError) as exc:
         findings.append(Finding("error", str(path), 0, "-", None, f"cannot be read: {exc}"))
     return FileScan(str(path), verdict(findings), findings, pickles)
 
 
-def _items(path: Path, pending: list[tuple[str, bytes, int]]) -> Iterable[Stream | Problem]:
+# Streams that may not be pickles at all: a first pickle that fails before doing anything is
+# not one (a later one that fails is a parse error: the loader reads it whatever it holds).
+_SNIFFED = frozenset({"maybe-pickle", FROM_BYTE_0})
+
+
+def _items(
+    path: Path, pending: list[tuple[str, bytes, int]], source: bool
+) -> Iterable[Stream | Problem]:
     """The file's streams, then the torch.save bytes that its pickles load in turn."""
-    yield from walk(path)
+    yield from walk_source(path) if source else walk(path)
     while pending:
         label, data, depth = pending.pop()
         yield from walk_bytes(label, data, depth)
@@ -99,7 +113,7 @@ def _runs(stream: Stream) -> Iterable[PickleRun | Finding]:
     if stream.kind in ("tar-storages", "tar-tensors"):
         yield from _tar_record_runs(stream)
         return
-    runs = run_torch_pickles(stream.data, stream.start)
+    runs = run_torch_pickles(stream.data, stream.start, fresh=stream.kind == FROM_BYTE_0)
     if not runs[0].joblib_arrays:
         yield from runs
         return
@@ -143,7 +157,40 @@ def _tar_record_runs(stream: Stream) -> list[PickleRun]:
         return tar_tensors(data, {}, Path(stream.label))[1]
     except (InputError, ValueError, TypeError, struct.error) as exc:
         text = exc.message if isinstance(exc, InputError) else str(exc)
-        return [PickleRun(0, 0, None, 0, [], f"legacy tar records: {text}")]
+        broken = PickleRun(0, 0, None, 0, [], f"legacy tar records: {text}")
+        return [*_tar_records_run(data, stream.kind), broken]
+
+
+def _tar_records_run(data: bytes, kind: str) -> list[PickleRun]:
+    """The pickles torch's legacy tar loader runs in a ``storages`` or ``tensors`` member that
+    the records reader refuses, in its order, up to where its reading stops: the count first
+    (whatever it is), then each record while the layout holds."""
+    from ptconvert.formats.torch_objects import STORAGE_DTYPES, global_name
+
+    runs = [run_pickle(data)]
+    count, pos = runs[0].root, runs[0].end
+    if runs[0].error or not isinstance(count, int):
+        return runs
+    for _ in range(count):
+        run = run_pickle(data, pos)
+        runs.append(run)
+        if run.error or not (isinstance(run.root, tuple) and len(run.root) == 3):
+            return runs  # torch unpacks (key, location, type) / (key, storage, type) here
+        try:
+            if kind == "tar-storages":
+                name = (global_name(run.root[2]) or "").rsplit(".", 1)[-1]
+                (numel,) = struct.unpack_from("<q", data, run.end)
+                pos = run.end + 8 + numel * STORAGE_DTYPES[name][1]
+            else:
+                (ndim,) = struct.unpack_from("<i", data, run.end)
+                pos = run.end + 16 + 16 * ndim
+        except (struct.error, KeyError):
+            return runs
+        if not 0 <= pos <= len(data):
+            return runs
+    if kind == "tar-storages" and pos < len(data):
+        runs.append(run_pickle(data, pos))  # the storage views
+    return runs
 
 
 def expand(paths: Iterable[str | Path]) -> list[Path]:

@@ -84,6 +84,18 @@ CONTAINERS = [
     "joblib_array_polyglot.pkl",
     "joblib_object_array.pkl",
     "joblib_object_array_outer_memo.pkl",
+    # the held-out red team: bytes read otherwise than the loader reads them
+    "sstring_nonascii_nested.pt",
+    "sstring_legacy_nested.pt",
+    "sstring_legacy_second.pt",
+    "tar_name_pickle_nested.pt",
+    "tar_base256_checksum.pt",
+    "tar_nul_first_name.pt",
+    "safetensors_polyglot.bin",
+    "safetensors_polyglot_hf",
+    "source_polyglot.py",
+    "additems_add_class.pkl",
+    "append_attribute_class.pkl",
 ]
 TECHNIQUES = [f"{n}.pkl" for n in raw_techniques(Path("/m"))] + CONTAINERS
 # Refused as unreadable ("error"), never passed as clean: containers the scanner cannot open
@@ -105,6 +117,7 @@ BENIGN_MEMBERS = {
     "hf_dir/config.json",
     "sharded/pytorch_model.bin.index.json",
     "sharded/pytorch_model-00001-of-00002.bin",
+    "safetensors_polyglot_hf/config.json",
 }
 OUTSIDE_DATA = {"secret.bin", "onnx_external_symlink/weights.bin"}  # what the ONNX files point at
 

@@ -97,10 +97,14 @@ def test_an_attribute_the_load_calls_is_dangerous() -> None:
 
 def test_gadget_samples_run_their_payload_under_their_loader(tmp_path: Path) -> None:
     """Every sample the corpus adds for this issue is a real attack: loaded as its maker meant
-    (torch.load(weights_only=False), joblib.load or pickle.load), it creates the marker."""
+    (torch.load(weights_only=False), joblib.load or pickle.load; ``torch:member`` is torch.load
+    of that file of a folder sample), it creates the marker."""
     marker = tmp_path / "PAYLOAD_RAN"
     paths = trust_gadgets(tmp_path / "samples", marker)
-    jobs = [(str(p), FIRES_UNDER[name], name) for name, p in paths.items()]
+    jobs = []
+    for name, path in paths.items():
+        loader, _, member = FIRES_UNDER[name].partition(":")
+        jobs.append((str(path / member if member else path), loader, name))
     script = textwrap.dedent(
         """
         import json, pathlib, pickle, sys
@@ -169,13 +173,20 @@ def test_a_joblib_file_is_read_as_joblib_lays_it_out(tmp_path: Path) -> None:
     assert scan_file(tmp_path / "s.pkl").verdict == "error"
 
 
-def test_python_source_is_code_never_a_pickle(tmp_path: Path) -> None:
+def test_python_source_is_code_and_the_pickle_its_bytes_make(tmp_path: Path) -> None:
+    """A .py is code (needs-code); torch.load of the same file unpickles it from byte 0, so a
+    payload its bytes make as a pickle is dangerous. Real source fails at once as a pickle."""
     source = tmp_path / "modeling_x.py"
-    source.write_bytes(b"\x80\x02cposix\nsystem\n(Vtouch x\ntR.")  # whatever its bytes say
+    source.write_text("import torch\n\n\nclass XModel(torch.nn.Module):\n    pass\n")
     result = scan_file(source)
     assert result.verdict == "needs-code" and result.pickles == 0
     (f,) = result.findings
     assert f.member == str(source) and "Python source" in f.reason
+    source.write_bytes(b"\x80\x02cposix\nsystem\n(Vtouch x\ntR.")
+    result = scan_file(source)
+    assert result.verdict == "dangerous" and result.pickles == 1
+    (f,) = [f for f in result.findings if f.severity == "dangerous"]
+    assert f.global_name == "posix.system" and f.member.endswith("(read as a pickle from byte 0)")
 
 
 def test_auto_map_names_the_code_and_its_classes(tmp_path: Path) -> None:
