@@ -456,7 +456,8 @@ def _interface(
     if outputs and all(o.startswith("call ") for o in outputs):  # a stateful model's calls
         outputs = [o.partition(".")[2] or "output" for o in outputs if o.startswith("call 1")]
     accepts: list[str] = []
-    fixed = [n for n, v in sample.items() if not hasattr(v, "shape")]
+    # Python numbers; a list or dict of tensors is an input like a tensor
+    fixed = [n for n, v in sample.items() if isinstance(v, (bool, int, float, complex))]
     if fixed and exported:
         accepts.append(
             "the scalar inputs are fixed at their example values ("

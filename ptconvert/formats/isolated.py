@@ -135,13 +135,18 @@ class IsolatedRuntime:
 
         if not self._proc.is_alive():
             raise RuntimeError(f"the {self.kind} runtime's process has died")
-        self._conn.send({k: _array(v) for k, v in kwargs.items()})
+        self._conn.send(self._feeds(kwargs))
         return tuple(torch.from_numpy(a) for a in self._expect("running"))
 
     def timed(self, **kwargs: Any) -> float:
         """One call timed inside the runtime's process (ms): the pipe is not the runtime's."""
-        self._conn.send(("time", {k: _array(v) for k, v in kwargs.items()}))
+        self._conn.send(("time", self._feeds(kwargs)))
         return float(self._expect("running"))
+
+    def _feeds(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The arrays sent to the runtime: an ONNX graph takes nested inputs flattened."""
+        flat = flat_inputs(kwargs) if self.kind == "onnx" else kwargs
+        return {k: _array(v) for k, v in flat.items()}
 
     def __deepcopy__(self, memo: dict[int, Any]) -> IsolatedRuntime:
         # one process, one pipe: a copy would share the pipe's descriptor and close it when
@@ -165,6 +170,23 @@ class IsolatedRuntime:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # at interpreter shutdown there is nothing to clean
             self.close()
+
+
+def flat_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Nested inputs (a list, tuple or dict of tensors) flattened as torch.onnx flattens them:
+    pytree order, each leaf named by its path (``feats_image``, ``extra_0``). A graph that
+    names them otherwise (TorchScript's converter: ``extra_1_0``) is fed them in this order."""
+    from torch.utils import _pytree as pytree
+
+    out: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        if not isinstance(value, (list, tuple, dict)):
+            out[name] = value
+            continue
+        for path, leaf in pytree.tree_flatten_with_path(value)[0]:
+            keys = (getattr(k, "key", getattr(k, "idx", k)) for k in path)
+            out["_".join([name, *map(str, keys)])] = leaf
+    return out
 
 
 def _array(value: Any) -> Any:

@@ -87,6 +87,51 @@ def test_a_checkpoint_converts_to_onnx_with_a_named_dynamic_batch(samples, tmp_p
     assert_matches_eager("onnx", out)
 
 
+NESTED_INPUTS = """
+import torch
+from torch import nn
+
+
+class Fuse(nn.Module):
+    \"\"\"Features by modality in a dict and extra tensors in a list, as detection and
+    multimodal heads take them.\"\"\"
+
+    def __init__(self):
+        super().__init__()
+        self.image = nn.Linear(4, 4)
+        self.text = nn.Linear(6, 4)
+
+    def forward(self, feats: dict[str, torch.Tensor], extra: list[torch.Tensor]):
+        return self.image(feats["image"]) + self.text(feats["text"]) + extra[0] * extra[1]
+
+
+def example_inputs(batch_size):
+    g = torch.Generator().manual_seed(batch_size)
+    feats = {"image": torch.randn(batch_size, 4, generator=g),
+             "text": torch.randn(batch_size, 6, generator=g)}
+    return {"feats": feats, "extra": [torch.randn(batch_size, 4, generator=g) for _ in "ab"]}
+"""
+
+
+def test_nested_inputs_are_fed_to_onnxruntime_flattened(tmp_path, capsys):
+    """A forward taking a dict and a list of tensors: onnxruntime is fed their leaves under the
+    exporter's names (``feats_image``, ``extra_0``), not the nested values."""
+    (tmp_path / "fuse.py").write_text(NESTED_INPUTS)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import fuse  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(tmp_path))
+    torch.save(fuse.Fuse().state_dict(), tmp_path / "w.pt")
+    args = [str(tmp_path / "w.pt"), "--to", "onnx", "--model", f"{tmp_path / 'fuse.py'}:Fuse"]
+    code, report, _ = run_cli([*args, "-o", str(tmp_path / "f.onnx")], capsys)
+    assert code == 0, report
+    assert report["parity"]["status"] == "pass"
+    names = [i.name for i in onnx.load(str(tmp_path / "f.onnx")).graph.input]
+    assert names == ["feats_image", "feats_text", "extra_0", "extra_1"]
+    assert not any("scalar inputs" in a for a in report["interface"]["accepts"]), report
+
+
 def test_onnx_external_data_and_opset(samples, tmp_path, capsys):
     out = tmp_path / "ext.onnx"
     args = [str(samples["mlp_zip"]), "--to", "onnx", *MLP_ARGS, "--dynamic-batch"]
