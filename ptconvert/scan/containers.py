@@ -23,15 +23,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ptconvert.archive import ZipArchive, ZipMember, has_zip_tail, is_tar, is_zip, open_zip
+# an expansion past MAX_RATIO once past RATIO_FLOOR is a bomb: the limits convert applies
+from ptconvert.archive import (
+    MAX_RATIO,
+    RATIO_FLOOR,
+    ZipArchive,
+    ZipMember,
+    has_zip_tail,
+    is_tar,
+    is_zip,
+    open_zip,
+)
 from ptconvert.errors import InputError
 from ptconvert.report import Verdict
 from ptconvert.scan.machine import run_pickle
 
 MAX_DEPTH = 4
 MAX_INFLATED = 1 << 30  # bytes a compressed stream or member may hold before we refuse it
-MAX_RATIO = 200  # past 16 MiB, an expansion beyond this ratio is treated as a bomb
-_RATIO_FLOOR = 16 << 20
 _STEP = 16 << 20  # output taken per decompress call
 _CHUNK = 1 << 20
 
@@ -319,7 +327,7 @@ def _inflate(data: bytes | mmap.mmap, make: Callable[[], object]) -> bytes:
         pending = getattr(d, "unconsumed_tail", b"") or b""
         if len(out) > MAX_INFLATED:
             raise ValueError(f"expands past {MAX_INFLATED >> 20} MiB (a decompression bomb?)")
-        if len(out) > _RATIO_FLOOR and len(out) > MAX_RATIO * (pos - len(pending)):
+        if len(out) > RATIO_FLOOR and len(out) > MAX_RATIO * (pos - len(pending)):
             raise ValueError(f"expands more than {MAX_RATIO}-fold (a decompression bomb?)")
         if getattr(d, "eof", False):
             rest = (getattr(d, "unused_data", b"") or b"") + pending

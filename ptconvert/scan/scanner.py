@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from collections.abc import Iterable
@@ -77,7 +78,11 @@ def scan_file(path: str | Path, allowed: frozenset[str] = frozenset()) -> FileSc
                     found = [f for f in found if f.severity != "error"]
                 findings += found
                 pending += _nested(run, item.label)
+    except MemoryError:
+        raise  # out of memory is the machine's state, not the file's: never "unreadable"
     except (OSError, InputError, ValueError) as exc:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+            raise
         findings.append(Finding("error", str(path), 0, "-", None, f"cannot be read: {exc}"))
     return FileScan(str(path), verdict(findings), findings, pickles)
 

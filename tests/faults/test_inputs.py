@@ -105,11 +105,6 @@ def test_info_says_when_a_member_is_past_the_scan_limit(
     assert code == 3 and "scan limit" in report["error"]["message"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the scanner (ptconvert/scan/scanner.py) records an mmap's ENOMEM as a read error: "
-    "its owners are to raise it (errors.named_error makes it OutOfMemoryError)",
-)
 def test_the_scan_running_out_of_memory_is_out_of_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
