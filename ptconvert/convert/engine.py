@@ -353,7 +353,10 @@ def _run_route(
                     if edge.step in CAPTURING_STEPS and _runnable(state):
                         first_call(state)  # the model's own error, if it raises, is the news
                     banned.add(edge)
-                    replanned = _replan(node, to, d.format, opts, banned, exc)
+                    try:
+                        replanned = _replan(node, to, d.format, opts, banned, exc)
+                    except PtconvertError as last:
+                        raise _each_route(last, records) from None
                     queue = list(replanned.edges)
                     continue
                 records.append(_record(edge, t0, "ok", state, notes_before))
@@ -565,6 +568,19 @@ def _unstage(state: RunState) -> None:
     if state.staged is not None:
         shutil.rmtree(state.staged.parent, ignore_errors=True)
     state.staged, state.companions, state.obsolete = None, [], []
+
+
+def _each_route(last: PtconvertError, records: list[StepRecord]) -> PtconvertError:
+    """The last route's error, saying what each route that failed before it said (the direct
+    route's error is the one a user can act on as often as the fallback's)."""
+    failed = [f"{r.step}: {r.error}" for r in records if r.status == "failed"]
+    if len(failed) < 2:
+        return last
+    message = "every route failed; " + "; ".join(failed)
+    try:
+        return type(last)(message, path=last.path, hint=last.hint)
+    except TypeError:  # a class of its own signature: its message alone
+        return last
 
 
 def _tried_all(exc: VerificationError, rejected: list[str], records: list[StepRecord]) -> Exception:

@@ -210,7 +210,7 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
         + "; ".join(errors)
         + (f"; draft_export: {draft}" if draft else ""),
         path=state.src,
-        hint=_fix_for(errors),
+        hint=_fix_for(errors, opts),
     )
 
 
@@ -304,7 +304,21 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def _fix_for(errors: list[str]) -> str:
+def dims_hint(opts: Options, what: str) -> str:
+    """How to change the dynamic dims, naming only the options the user passed: with none,
+    the dims are the route's own (TorchScript's converter keeps sizes symbolic)."""
+    passed = [
+        f for f, on in (("--dynamic-batch", opts.dynamic_batch), ("--dynamic", opts.dynamic)) if on
+    ]
+    if not passed:
+        return (
+            f"no --dynamic option was passed: the route made {what} dynamic itself "
+            "(TorchScript's converter keeps sizes symbolic); another route may hold"
+        )
+    return f"drop {'/'.join(passed)} for {what}, or bound it: --dynamic NAME:AXIS:MIN:MAX"
+
+
+def _fix_for(errors: list[str], opts: Options) -> str:
     joined = " ".join(errors)
     if "data-dependent" in joined or "GuardOnDataDependent" in joined:
         return (
@@ -312,7 +326,7 @@ def _fix_for(errors: list[str]) -> str:
             "TorchScript (--to torchscript keeps both branches)"
         )
     if "Constraints violated" in joined or "specialized" in joined:
-        return "a dimension marked dynamic is fixed by the model: drop --dynamic-batch/--dynamic"
+        return "a dimension marked dynamic is fixed by the model: " + dims_hint(opts, "it")
     return "see the error above; torch.export.draft_export can list every issue at once"
 
 

@@ -296,7 +296,9 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
                 raise
             # eager itself fails at one of the sizes: the range check says which hold first
     if dynamic:
-        held = _check_dynamic_dims(state, to, ranged, reference, candidate, runs, batches, report)
+        held = _check_dynamic_dims(
+            state, to, ranged, reference, candidate, runs, batches, report, opts
+        )
         report = _at_sizes(report, held, reference, candidate, state, runs)
         dropped = [b for b in batches if b not in held]
         if opts.batch_sizes and dropped:
@@ -370,6 +372,7 @@ def _check_dynamic_dims(
     runs: EagerRuns,
     batches: list[int],
     compared: ParityReport | None,
+    opts: Options,
 ) -> list[int]:
     """Run every dynamic dim at its ends and between (``verify.ranges``); record the range that
     holds, in words. Returns the sizes of ``batches`` inside the batch dim's range.
@@ -379,6 +382,7 @@ def _check_dynamic_dims(
     is not a size the program rejects); None: eager failed at one of them, nothing is known."""
     from functools import partial
 
+    from ptconvert.convert.exporting import dims_hint
     from ptconvert.verify.ranges import (
         batch_sizes_that_hold,
         check_program,
@@ -406,7 +410,7 @@ def _check_dynamic_dims(
         raise VerificationError(
             "no size of a dynamic dimension gives the eager result: " + "; ".join(ranges.texts),
             path=state.src,
-            hint="drop --dynamic for that dimension, or bound it: --dynamic NAME:AXIS:MIN:MAX",
+            hint=dims_hint(opts, "that dimension"),
         )
     if any(r.wrong for r in ranges.dims):
         raise _runs_wrong(state, to, ranges.dims)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from fixtures.models import MLP, ControlFlow, FirstColumns, SmallCNN, seeded
+from fixtures.models import MLP, ControlFlow, FirstColumns, LabelledGate, SmallCNN, seeded
 from ptconvert.convert.engine import convert_program
 from ptconvert.convert.graph import EDGES, plan
 from ptconvert.errors import MissingRequirementError, VerificationError
@@ -125,6 +126,41 @@ def test_a_trace_fallback_that_froze_an_input_value_is_refused(tmp_path: Path, c
     code, out, _ = run_cli(args, capsys)
     assert code == 6 and "froze a value" in out["error"]["message"], out
     assert not (tmp_path / "out.ts").exists()
+
+
+def test_when_every_route_fails_each_routes_error_is_shown(tmp_path: Path, capsys) -> None:
+    """export fails (a data-dependent branch), the fallback too (script, then trace): the
+    direct route's error is said beside the fallback's, not dropped."""
+    src = tmp_path / "gate.pt"
+    torch.save(seeded(LabelledGate()).state_dict(), src)
+    args = [str(src), "--to", "pt2", "--model", "fixtures.models:LabelledGate"]
+    code, out, _ = run_cli(
+        [*args, "--input", "x:2x8:float32", "-o", str(tmp_path / "g.pt2")], capsys
+    )
+    message = out["error"]["message"]
+    assert code != 0 and "export: torch.export failed" in message, message
+    assert "data-dependent" in message.lower() and "tracing failed" in message, message
+
+
+@pytest.mark.parametrize(
+    ("flags", "named", "not_named"),
+    [
+        ({}, "no --dynamic option was passed", "drop"),
+        ({"dynamic_batch": True}, "drop --dynamic-batch for", "--dynamic/"),
+        ({"dynamic": ["x:1"]}, "drop --dynamic for", "--dynamic-batch"),
+    ],
+)
+def test_dynamic_dims_hints_name_only_the_options_passed(
+    flags: dict[str, Any], named: str, not_named: str
+) -> None:
+    from ptconvert.convert.exporting import _fix_for, dims_hint
+
+    hint = dims_hint(Options(**flags), "that dimension")
+    assert named in hint and not_named not in hint, hint
+    violated = _fix_for(
+        ["non-strict: UserError: Constraints violated (L['x'].size()[0])!"], Options(**flags)
+    )
+    assert named.replace(" for", "") in violated and not_named not in violated, violated
 
 
 def test_torchscript_script_and_weights_back(tmp_path: Path) -> None:
