@@ -96,8 +96,8 @@ def read_checkpoint(path: Path, layout: str) -> PickledCheckpoint:
         return _read_legacy(path)
     if layout == "tar":
         return _read_tar(path)
-    with _mapped(path) as mm:
-        run = _check(run_pickle(mm, 0), path, "pickle stream")
+    with _mapped(path) as mm:  # a joblib.dump has raw array bytes after each array wrapper
+        run = _check(run_pickle(mm, 0, joblib=True), path, "pickle stream")
     return PickledCheckpoint(layout, interpret(run.root), [run])
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ptconvert import describe, detect
+from tests.conftest import run_cli
 
 EXPECTED = {
     "mlp_zip": ("pt", "zip"),
@@ -201,3 +202,18 @@ def test_hf_directory_info_matches_from_pretrained(samples: dict[str, Path], nam
     assert info.parameters == model.num_parameters()
     file_keys = describe(samples[name] / str(info.metadata["weights"])).tensors
     assert info.tensors == file_keys
+
+
+def test_a_joblib_dump_of_arrays_is_described_not_unparseable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """joblib writes each array's raw bytes inside the pickle stream, after its wrapper: info
+    reads the stream as joblib lays it out (it said 'cannot be parsed', exit 3)."""
+    joblib = pytest.importorskip("joblib")
+    import numpy as np
+
+    src = tmp_path / "stats.joblib"
+    joblib.dump({"mean": np.arange(6.0), "labels": np.array([1, 2, 3])}, src)
+    code, body, _ = run_cli(["info", str(src)], capsys)
+    assert code == 0, body
+    assert body["needs_code"] == ["joblib.numpy_pickle.NumpyArrayWrapper"], body
