@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert.convert.state import Bounds, RunState
-from ptconvert.errors import UnsupportedConversionError
+from ptconvert.errors import UnsupportedConversionError, named_error
 from ptconvert.options import Options
 from ptconvert.quiet import quiet_torch
 from ptconvert.verify.check import require_device
@@ -65,6 +65,8 @@ def aoti_compile(state: RunState, opts: Options) -> None:
                 ep, package_path=str(package), inductor_configs=dict(opts.aoti_options)
             )
         os.replace(package, state.output)
+    except OSError as exc:  # the filesystem (no space, read-only …): said as such, exit 9
+        raise named_error(exc, state.destination or state.output) or exc from None
     except Exception as exc:  # Inductor's errors are long: the first line says what failed
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         raise UnsupportedConversionError(

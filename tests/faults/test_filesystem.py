@@ -262,3 +262,21 @@ def test_the_folder_removed_while_writing_is_a_named_error(
     src, out = checkpoint(tmp_path / "m.pt"), tmp_path / "gone" / "m.safetensors"
     code, report, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out)], capsys)
     _error(code, report, "missing_folder", out)
+
+
+def test_an_aoti_package_write_that_runs_out_of_space_is_a_named_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The filesystem failing under AOTInductor's packaging is exit 9 naming the output, not
+    'AOTInductor cannot compile this program' (exit 4)."""
+    import torch._inductor
+
+    def no_space(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", no_space)
+    src, spec = _factory(tmp_path)
+    out = tmp_path / "net.pt2"
+    code, report, _ = run_cli([str(src), "--to", "aoti", "-o", str(out), *spec], capsys)
+    _error(code, report, "no_space", out)
+    assert not out.exists() and temporaries(tmp_path) == []
