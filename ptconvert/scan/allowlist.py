@@ -410,6 +410,16 @@ DANGEROUS_MODULES: frozenset[str] = frozenset(
         "torch.ops",
         "torch._ops",
         "torch.cuda.memory",
+        # native classes whose constructors open, write or serve files and sockets
+        "torch.PyTorchFileWriter",
+        "torch.PyTorchFileReader",
+        "torch._C.PyTorchFileWriter",
+        "torch._C.PyTorchFileReader",
+        "torch.distributed",
+        "torch.library",
+        "torch.multiprocessing",
+        "torch.utils.cpp_extension",
+        "torch.utils.tensorboard",
     ]
 )
 

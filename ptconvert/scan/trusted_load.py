@@ -12,6 +12,7 @@ set as a tensor's ``set_``, which torch's BUILD calls), the load still cannot ma
 
 from __future__ import annotations
 
+import enum
 import importlib
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,7 +25,7 @@ from ptconvert.errors import (
     UnsafeInputError,
     UnsupportedConversionError,
 )
-from ptconvert.scan.analysis import CONSTRUCTS
+from ptconvert.scan.analysis import CONSTRUCTS, INSTANTIATES
 from ptconvert.scan.guard import guard
 
 
@@ -53,11 +54,20 @@ def trusted_load(path: Path, *, trust: bool, allow: Iterable[str] = ()) -> Any:
     scans = guard(path, trust=trust, allow=allow)
     names = sorted({c for s in scans for c in s.classes})
     constructed = {f.global_name for s in scans for f in s.findings if f.reason in CONSTRUCTS}
+    newobj = {f.global_name for s in scans for f in s.findings if f.reason == INSTANTIATES}
     allowed: list[Any] = []
     deferred: dict[int, _Deferred] = {}
     for name in names:
         value = _imported(path, name)
         if isinstance(value, type) and name in constructed:
+            if name not in newobj and not issubclass(value, enum.Enum):
+                raise UnsafeInputError(  # what the scan took for an Enum member by value
+                    f"refused at load: the pickle calls {name} with its own argument, and "
+                    "only an Enum member is rebuilt that way (trust admits constructing the "
+                    "classes a pickle names, not calling them with its data)",
+                    path=path,
+                    hint="run `ptconvert scan` on it; do not load it",
+                )
             allowed.append(value)
         else:
             stand_in = _Deferred(path, name, value)
@@ -80,7 +90,7 @@ def trusted_load(path: Path, *, trust: bool, allow: Iterable[str] = ()) -> Any:
             f"torch.load (weights_only=True) cannot load it: {type(exc).__name__}: {_first(exc)}",
             path=path,
         ) from None
-    return _swapped(loaded, deferred, set())
+    return _swapped(loaded, deferred, {}) if deferred else loaded
 
 
 def _first(exc: BaseException) -> str:
@@ -105,27 +115,58 @@ def _imported(path: Path, dotted: str) -> Any:
         ) from None
 
 
-def _swapped(value: Any, deferred: dict[int, _Deferred], seen: set[int]) -> Any:
-    """``value`` with every stand-in replaced by its function, in place where it can be (module
-    and object attributes, dicts, lists); tuples are rebuilt."""
-    if not deferred:
-        return value
+def _swapped(value: Any, deferred: dict[int, _Deferred], memo: dict[int, Any]) -> Any:
+    """``value`` with every stand-in replaced by what it stands for: in place where it can be
+    (dict keys and values, lists, sets, ``__dict__`` and ``__slots__`` attributes); a tuple or
+    frozenset that held one is rebuilt (one rebuild for every reference to it), others are kept
+    as they are (a ``torch.Size`` stays one)."""
     if isinstance(value, _Deferred) and id(value) in deferred:
         return value.value
-    if id(value) in seen or isinstance(value, (str, bytes, int, float, type)) or value is None:
+    if value is None or isinstance(value, (str, bytes, int, float, type)):
         return value
-    seen.add(id(value))
+    if id(value) in memo:
+        return memo[id(value)]
+    memo[id(value)] = value
+
+    def swap(v: Any) -> Any:
+        return _swapped(v, deferred, memo)
+
     if isinstance(value, dict):
-        for k, v in list(value.items()):
-            value[k] = _swapped(v, deferred, seen)
+        items = [(swap(k), swap(v)) for k, v in value.items()]
+        value.clear()
+        value.update(items)
     elif isinstance(value, list):
-        value[:] = [_swapped(v, deferred, seen) for v in value]
-    elif isinstance(value, tuple):
-        return (
-            type(value)(*(_swapped(v, deferred, seen) for v in value))
-            if hasattr(value, "_fields")
-            else tuple(_swapped(v, deferred, seen) for v in value)
-        )
-    elif isinstance(getattr(value, "__dict__", None), dict):
-        _swapped(vars(value), deferred, seen)
+        value[:] = [swap(v) for v in value]
+    elif isinstance(value, set):
+        members = [swap(v) for v in value]
+        value.clear()
+        value.update(members)
+    elif isinstance(value, (tuple, frozenset)):
+        members = [swap(v) for v in value]
+        if any(a is not b for a, b in zip(members, value, strict=True)):
+            rebuilt = _rebuilt(value, members)
+            memo[id(value)] = rebuilt
+            return rebuilt
+    else:
+        if isinstance(getattr(value, "__dict__", None), dict):
+            swap(vars(value))
+        for name in _slot_names(type(value)):
+            if hasattr(value, name):
+                setattr(value, name, swap(getattr(value, name)))
     return value
+
+
+def _rebuilt(value: tuple[Any, ...] | frozenset[Any], members: list[Any]) -> Any:
+    if isinstance(value, frozenset):
+        return type(value)(members)
+    if hasattr(value, "_fields"):  # a named tuple takes its fields as arguments
+        return type(value)(*members)
+    return type(value)(members)
+
+
+def _slot_names(cls: type) -> list[str]:
+    names: list[str] = []
+    for klass in cls.__mro__:
+        slots = vars(klass).get("__slots__", ())
+        names += [slots] if isinstance(slots, str) else [n for n in slots if n != "__dict__"]
+    return [n for n in names if n != "__weakref__"]

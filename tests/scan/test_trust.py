@@ -37,6 +37,10 @@ def helper_with_effect(path):
 class Effect:
     def __init__(self, path):
         open(path, "w").close()
+
+
+class Slotted:
+    __slots__ = ("fn",)
 """
 NET = "trustnet.Net"
 LINEAR = "torch.nn.modules.linear.Linear"
@@ -291,3 +295,44 @@ def test_a_class_set_as_a_tensor_method_is_refused_by_the_scan_and_at_load(
     with pytest.raises(ptconvert.UnsafeInputError, match=r"calls trustnet\.Effect"):
         trusted_load(src, trust=True)
     assert not marker.exists() and not out.exists()
+
+
+def test_a_class_called_with_the_pickles_argument_is_refused_unless_an_enum(
+    net_module, tmp_path: Path, capsys
+) -> None:
+    """``Cls("literal")`` is how an Enum member is pickled, and the scan lets it pass as such;
+    a class that is not an Enum is refused at load (its constructor would get the pickle's
+    data), and torch's native file writer is dangerous by name."""
+    marker = tmp_path / "EFFECT_RAN"
+    src = tmp_path / "by_value.pt"
+    torch.save({"w": torch.zeros(2), "x": Reduce(net_module.Effect, str(marker))}, src)
+    out = tmp_path / "o.ts"
+    code, body, _ = run_cli([str(src), "--to", "torchscript", "-o", str(out), "--trust"], capsys)
+    assert code == 10 and "only an Enum member" in body["error"]["message"], body
+    assert not marker.exists() and not out.exists()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    writer = tmp_path / "writer.pt"
+    torch.save({"x": Reduce(torch._C.PyTorchFileWriter, str(victim))}, writer)
+    code, body, _ = run_cli(["scan", str(writer)], capsys)
+    assert body["verdict"] == "dangerous", body
+    assert victim.read_text() == "keep me"
+
+
+def test_kept_values_come_back_as_themselves_wherever_they_sit(net_module, tmp_path: Path) -> None:
+    """Stand-ins are swapped back in shared tuples, ``__slots__``, dict keys; a ``torch.Size``
+    stays a ``torch.Size``."""
+    relu, gelu = torch.nn.functional.relu, torch._C._nn.gelu
+    model = net_module.Net().eval()
+    pair = (relu, gelu)
+    model.a, model.b = pair, pair
+    model.size = torch.Size([2, 3])
+    model.table = {torch.nn.GELU: 1.0}
+    model.slotted = net_module.Slotted()
+    model.slotted.fn = relu
+    src = tmp_path / "kept.pt"
+    torch.save(model, src)
+    loaded = trusted_load(src, trust=True)
+    assert loaded.a == (relu, gelu) and loaded.b == (relu, gelu)
+    assert loaded.slotted.fn is relu and list(loaded.table) == [torch.nn.GELU]
+    assert type(loaded.size) is torch.Size
