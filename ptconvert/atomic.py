@@ -61,6 +61,12 @@ def check_output(output: Path, inputs: list[Path], force: bool) -> None:
     for src in inputs:
         if output.exists() and src.exists() and os.path.samefile(output, src):
             raise UsageError("the output would overwrite the input", path=output)
+        if output.is_dir() and src.exists() and src.resolve().is_relative_to(output.resolve()):
+            raise UsageError(  # replacing the folder would delete the input with it
+                f"the output folder holds the input {src}: replacing it would delete the input",
+                path=output,
+                hint="write the output somewhere else",
+            )
     if output.exists() and not force:
         raise OutputExistsError(
             "the output already exists", path=output, hint="pass --force to replace it"

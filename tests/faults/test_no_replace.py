@@ -78,3 +78,18 @@ def test_companions_placed_for_an_output_that_cannot_be_published_are_taken_back
         atomic.place_together(moves, replace=False)
     assert sorted(os.listdir(tmp_path)) == ["m.onnx", "staged"]
     assert (tmp_path / "m.onnx").read_text() == "theirs"
+
+
+def test_an_output_folder_that_holds_the_input_is_never_replaced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``-o`` the input's own folder with --force (sharded output): replacing the folder would
+    delete the input and everything beside it; refused (exit 2), nothing touched."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    src = checkpoint(folder / "model.pt", megabytes=0.05)
+    (folder / "notes.txt").write_text("keep")
+    argv = [str(src), "--to", "safetensors", "--max-shard-size", "20KB", "-o", str(folder)]
+    code, report, _ = run_cli([*argv, "--force"], capsys)
+    assert code == 2 and "holds the input" in report["error"]["message"], report
+    assert src.exists() and (folder / "notes.txt").read_text() == "keep"
