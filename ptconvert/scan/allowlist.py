@@ -293,6 +293,17 @@ PURE_FUNCTIONS: frozenset[str] = frozenset(
     + [f"torch._C._nn.{f}" for f in _ATEN_NN_ACTIVATIONS]
     + [f"torch.{f}" for f in ("relu", "sigmoid", "tanh")]
 )
+# Modules of tensor math only (losses, activations, initialisers): a function of theirs kept
+# as a value (a hyperparameter, a module's attribute) is as harmless as the activations above.
+_PURE_MODULES = ("torch.nn.functional.", "torch.nn.init.")
+
+
+def is_pure_function(dotted: str) -> bool:
+    """Whether a function kept as a value is tensor math (never a danger where it is kept)."""
+    return dotted in PURE_FUNCTIONS or (
+        dotted.startswith(_PURE_MODULES) and not dotted.rpartition(".")[2].startswith("_")
+    )
+
 
 # Modules whose every member can run code, touch files, processes or the network, or load
 # another pickle. Matched against every prefix of a dotted name.

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ptconvert.report import Report, Verdict
-from ptconvert.scan.allowlist import LIBRARY_CLASSES, PURE_FUNCTIONS, classify, danger_reason
+from ptconvert.scan.allowlist import LIBRARY_CLASSES, classify, danger_reason, is_pure_function
 from ptconvert.scan.machine import Call, Dict, Event, Global, PersistentRef, PickleRun, Unknown
 
 SEVERITY_ORDER: dict[Verdict, int] = {"clean": 0, "needs-code": 1, "error": 2, "dangerous": 3}
@@ -237,7 +237,7 @@ class _Judge:
         while stack:
             v = stack.pop()
             if isinstance(v, Global):
-                if self.verdict_of(v) != "needs-code" or _name(v) in PURE_FUNCTIONS:
+                if self.verdict_of(v) != "needs-code" or is_pure_function(_name(v)):
                     continue
                 if (v.name or "")[:1].isupper():  # a class kept as a value (hparams' nn.GELU):
                     # calling it constructs it, which is what trust admits (the trusted load

@@ -195,7 +195,13 @@ def test_classes_kept_as_hyperparameters_need_trust_not_refusal(tmp_path: Path, 
     from fixtures.models import MLP
 
     src = tmp_path / "run.ckpt"
-    hparams = {"act": torch.nn.GELU, "optimizer": torch.optim.AdamW, "lr": 1e-3}
+    hparams = {
+        "act": torch.nn.GELU,
+        "optimizer": torch.optim.AdamW,
+        "loss": torch.nn.functional.cross_entropy,  # tensor math: kept as a value, harmless
+        "init": torch.nn.init.xavier_uniform_,
+        "lr": 1e-3,
+    }
     torch.save({"state_dict": MLP().state_dict(), "hyper_parameters": hparams}, src)
     code, body, _ = run_cli(["scan", str(src)], capsys)
     assert body["verdict"] == "needs-code", body
