@@ -339,6 +339,17 @@ _REBUILDS: dict[tuple[str, str], Any] = {
 _TENSOR_MAKERS = (rebuild_tensor, rebuild_tensor_v3, rebuild_parameter)
 
 
+def _no_build_on_global(*args: Any) -> None:
+    raise pickle.UnpicklingError("a BUILD on a global")
+
+
+# A BUILD on what find_class gives looks ``__setstate__`` up on it first: on this module's own
+# functions and classes (a ``__defaults__`` set through a slot state would change them for the
+# rest of the process) it refuses; builtin containers refuse attributes by themselves.
+for _own in (*_REBUILDS.values(), _DefaultDict):
+    _own.__setstate__ = _no_build_on_global
+
+
 def _stand_in(module: str, name: str) -> type[StandIn]:
     cls = type(name, (StandIn,), {"__slots__": (), "pickled_name": f"{module}.{name}"})
     cls.__module__ = module  # a string only: nothing is imported

@@ -407,3 +407,18 @@ def test_a_build_on_a_tensor_record_is_refused(tmp_path: Path) -> None:
     torch.save({"w": _BuiltTensor()}, src)
     with pytest.raises(pickle.UnpicklingError, match="BUILD on a tensor record"):
         read_pickle_file(src)
+
+
+def test_a_build_on_the_readers_own_globals_is_refused() -> None:
+    """A BUILD on what find_class gives (``collections.defaultdict``, ``torch.Size``) must not
+    set attributes on the reader's own class or function for the rest of the process."""
+    from ptconvert.verify.pickle_records import RecordUnpickler, _DefaultDict, size
+
+    defaults = size.__defaults__
+    for head in (b"ccollections\ndefaultdict\n", b"ctorch\nSize\n"):
+        evil = b"\x80\x02" + head + b"N}X\x08\x00\x00\x00__init__cbuiltins\nlist\ns\x86b."
+        with pytest.raises(pickle.UnpicklingError, match="BUILD on a global"):
+            RecordUnpickler(io.BytesIO(evil)).load()
+    assert "__init__" in vars(_DefaultDict) and size.__defaults__ == defaults
+    benign = pickle.dumps({"d": collections.defaultdict(list, a=[1])}, protocol=2)
+    assert RecordUnpickler(io.BytesIO(benign)).load() == {"d": {"a": [1]}}
