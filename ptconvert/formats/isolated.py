@@ -64,15 +64,39 @@ def _aoti_runner(path: str, device: str) -> tuple[Any, list[str] | None, list[st
 _RUNNERS = {"onnx": _onnx_runner, "aoti": _aoti_runner}
 
 
+def _captured_stderr() -> Any:
+    """The child's fd 2 into a file of its own: a native runtime prints its reason there (AOTI:
+    "input_handles[0]: dim value is too small …") before it throws a bare error; that reason
+    goes into the error the parent gets, and nothing is printed on the user's terminal."""
+    import os
+    import tempfile
+
+    sink = tempfile.TemporaryFile()  # noqa: SIM115 (open for the child's lifetime)
+    os.dup2(sink.fileno(), 2)
+    return sink
+
+
+def _said(sink: Any) -> str:
+    """The last line the runtime printed since the previous call, then forgotten."""
+    sink.seek(0)
+    lines = sink.read().decode(errors="replace").strip().splitlines()
+    sink.seek(0)
+    sink.truncate()
+    return lines[-1].strip() if lines else ""
+
+
 def _serve(kind: str, path: str, device: str, conn: Any) -> None:
     """Child process: load the runtime, then answer calls until told to stop."""
     import numpy as np
 
+    sink = _captured_stderr()
     try:
         run, accepted, where = _RUNNERS[kind](path, device)
     except Exception as exc:  # reported to the parent as a failed load
-        conn.send(("error", f"{type(exc).__name__}: {exc}"[:1000]))
+        said = _said(sink)
+        conn.send(("error", f"{type(exc).__name__}: {exc}{f' ({said})' if said else ''}"[:1000]))
         return
+    _said(sink)
     conn.send(("ready", (accepted, where)))
     while True:
         try:
@@ -89,7 +113,10 @@ def _serve(kind: str, path: str, device: str, conn: Any) -> None:
                 continue
             conn.send(("ok", [np.asarray(o) for o in run(message)]))
         except Exception as exc:  # reported to the parent as a failed call
-            conn.send(("error", f"{type(exc).__name__}: {exc}"[:500]))
+            said = _said(sink)
+            conn.send(("error", f"{type(exc).__name__}: {exc}{f' ({said})' if said else ''}"[:500]))
+        else:
+            _said(sink)
 
 
 class IsolatedRuntime:

@@ -131,6 +131,15 @@ def test_an_aoti_package_checks_its_inputs_without_the_environment_variable(
     torch.testing.assert_close(torch.tensor(got["out"]), model(X[:2]), rtol=1e-4, atol=1e-5)
     assert "unmatched dim value at 0" in call_fresh("aoti", out, X[:3])["raised"]
     assert "unmatched dtype" in call_fresh("aoti", out, X[:2].double())["raised"]
+    from ptconvert.formats.isolated import IsolatedRuntime
+
+    runtime = IsolatedRuntime("aoti", str(out))  # the reason it printed comes back in the error
+    try:
+        with pytest.raises(RuntimeError, match="unmatched dim value at 0"):
+            runtime(x=X[:3])
+        torch.testing.assert_close(runtime(x=X[:2])[0], model(X[:2]), rtol=1e-4, atol=1e-5)
+    finally:
+        runtime.close()
 
 
 def test_the_check_gate_of_the_generated_code_is_removed_or_the_compile_fails() -> None:
