@@ -16,6 +16,8 @@ The public API (the CLI is a thin layer over it)::
     ptconvert.optimize("model.bin", model="mypkg.nets:make", inputs=["x:2x8:float32"])
     ptconvert.convert_many("zoo/", "safetensors", "out/", jobs=4)  # BatchReport
     ptconvert.cache_info()            # the cache of verified programs; cache_clear() empties it
+    ptconvert.convert("llama/", "pt2", task="text-generation-with-past")  # with its KV cache
+    ptconvert.generate("llama.pt2", [[5, 17, 42]], max_new_tokens=16)     # greedy, token by token
 
 Options are keywords (the fields of ``ptconvert.Options``); results are dataclasses with
 ``to_dict()`` and ``to_json()``; errors are ``ptconvert.errors`` classes, each with its exit
@@ -48,6 +50,7 @@ from ptconvert.api import (
     describe,
     detect,
     format_names,
+    generate,
     optimize,
     plan,
 )
@@ -135,6 +138,7 @@ __all__ = [
     "describe",
     "detect",
     "format_names",
+    "generate",
     "optimize",
     "options",
     "plan",

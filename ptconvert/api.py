@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ptconvert.errors import UsageError, named_error
+from ptconvert.options import GENERATION_TASKS
 from ptconvert.plugins import load_plugins
 
 if TYPE_CHECKING:
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from ptconvert.convert.optimize import OptimizeReport
     from ptconvert.convert.weights import WeightsReport
     from ptconvert.formats import Detection, FileInfo
+    from ptconvert.generation.convert import GenerationPlan, GenerationReport
+    from ptconvert.generation.runner import Generated
     from ptconvert.options import Options
     from ptconvert.scan.scanner import ScanReport
     from ptconvert.verify.bench import BenchReport
@@ -81,10 +84,12 @@ def convert(
     output: str | Path | None = None,
     opts: Options | None = None,
     **overrides: Any,
-) -> ConversionReport | WeightsReport:
+) -> ConversionReport | WeightsReport | GenerationReport:
     """Convert ``src`` to the format ``to``, scanned first and checked after: weights bitwise
     against an independent reading of the source, programs by running them against the eager
     model (``result.check`` says which check ran). The output is written atomically.
+    A generation task (``task="text-generation-with-past"``) exports the model with its cache
+    and checks it by generating (``check == "generation"``).
 
     >>> report = ptconvert.convert("model.bin", "pt2", model="mypkg.nets:make",
     ...                            inputs=["x:2x3x224x224:float32"], dynamic_batch=True)
@@ -94,7 +99,12 @@ def convert(
     from ptconvert.convert.engine import convert as run
 
     load_plugins()
-    return run(src, to, output, options(opts, **overrides))
+    checked = options(opts, **overrides)
+    if checked.task in GENERATION_TASKS:  # exported with its cache, checked by generating
+        from ptconvert.generation.convert import convert as export_for_generation
+
+        return export_for_generation(src, to, output, checked)
+    return run(src, to, output, checked)
 
 
 @_named_errors
@@ -205,7 +215,9 @@ def optimize(
 
 
 @_named_errors
-def plan(src: str | Path, to: str, opts: Options | None = None, **overrides: Any) -> Plan:
+def plan(
+    src: str | Path, to: str, opts: Options | None = None, **overrides: Any
+) -> Plan | GenerationPlan:
     """The route ``convert`` would take from ``src`` to ``to``, and what it lacks.
 
     >>> p = ptconvert.plan("model.bin", "pt2")
@@ -215,7 +227,12 @@ def plan(src: str | Path, to: str, opts: Options | None = None, **overrides: Any
     from ptconvert.convert.engine import plan_for
 
     load_plugins()
-    return plan_for(src, to, options(opts, **overrides))
+    checked = options(opts, **overrides)
+    if checked.task in GENERATION_TASKS:
+        from ptconvert.generation.convert import plan as generation_plan
+
+        return generation_plan(src, to, checked)
+    return plan_for(src, to, checked)
 
 
 @_named_errors
@@ -341,7 +358,33 @@ def describe(path: str | Path) -> FileInfo:
     from ptconvert import formats
 
     load_plugins()
-    return formats.describe(path)
+    info = formats.describe(path)
+    from ptconvert.generation.tasks import describe_task
+
+    describe_task(info)
+    return info
+
+
+@_named_errors
+def generate(
+    artifact: str | Path,
+    input_ids: Any,
+    max_new_tokens: int = 16,
+    *,
+    eos_token_id: int | None = None,
+) -> Generated:
+    """Greedy generation with a generation export (``--task text-generation-with-past``): a pt2
+    with a static cache or an ONNX decoder with past inputs. ``input_ids`` is batch × prompt
+    length (no padding); the result holds the sequences, each step's logits and the timings.
+    The check after such a conversion runs this loop.
+
+    >>> out = ptconvert.generate("llama.pt2", [[5, 17, 42]], max_new_tokens=16)
+    >>> out.sequences.shape, out.per_token_s
+    (torch.Size([1, 19]), 0.0021)
+    """
+    from ptconvert.generation.runner import generate as run
+
+    return run(artifact, input_ids, max_new_tokens, eos_token_id=eos_token_id)
 
 
 @_named_errors

@@ -202,7 +202,17 @@ _CONVERSION_OPTIONS = (
         help="torch.export: auto tries non-strict, then strict.",
     ),
     click.option(
-        "--task", help="transformers class for a Hugging Face directory (e.g. AutoModel)."
+        "--task",
+        help="A Hugging Face directory: the transformers class to load (e.g. AutoModel), or an "
+        "optimum task: text-generation-with-past exports a causal LM with its KV cache (pt2: a "
+        "static cache; onnx: past_key_values inputs), checked by generating; text-generation, "
+        "feature-extraction, … (the graph without a cache).",
+    ),
+    click.option(
+        "--cache-length",
+        type=int,
+        help="--task …-with-past --to pt2: the static cache's positions (default: the config's, "
+        "at most 1024).",
     ),
     click.option(
         "--device",
@@ -306,6 +316,9 @@ def convert(src: str, to: str | None, optimize: bool, as_json: bool, **options: 
         _convert_many(src, to, as_json, options, batch)
         return
     report = run_convert(src, to, options["output"], _options(options))
+    if not isinstance(report, ConversionReport) and hasattr(report, "generation"):
+        _show_generation(report, as_json)  # --task …-with-past
+        return
     if isinstance(report, ConversionReport) and options["bench"]:
         _bench_result(report, src, options)
     if as_json:
@@ -320,6 +333,41 @@ def convert(src: str, to: str | None, optimize: bool, as_json: bool, **options: 
         from ptconvert.render import render_weights
 
         render_weights(report)
+
+
+def _show_generation(report: Any, as_json: bool) -> None:
+    """A generation export's report: the cache it carries and the generation check."""
+    if as_json:
+        _emit_json(report.to_dict())
+        return
+    cache = report.cache
+    said = (
+        f"static, batch {cache['batch_size']}, {cache['length']} positions"
+        if cache["kind"] == "static"
+        else f"{cache['layers']} layers of {cache['past']} in, {cache['present']} out"
+    )
+    lines = [
+        f"{report.source} → {report.output} ({report.target_format}, {report.task}, "
+        f"{report.model_class}) in {report.seconds:.1f} s",
+        f"  cache: {said}",
+        f"  call: {report.interface.get('call') or ', '.join(report.interface['inputs'])}",
+    ]
+    check = report.generation
+    if check is None:
+        lines.append("  check: none (--no-verify)")
+    else:
+        lines.append(
+            f"  check: generation {check.status}: greedy tokens and each step's logits "
+            f"(tolerance {check.tolerance:g}) against transformers' generate"
+        )
+        for run in check.runs:
+            lines.append(
+                f"    batch {run.batch}, prompt {run.prompt_length}: {run.new_tokens} tokens "
+                f"{run.status}, max abs error {run.max_abs_error:.2g}, "
+                f"{run.distinct_tokens} distinct"
+            )
+    lines += [f"  note: {note}" for note in report.notes]
+    click.echo("\n".join(lines))
 
 
 def _convert_many(
@@ -371,6 +419,7 @@ def _options(options: dict[str, Any]) -> Any:
     return _spec_options(
         options,
         task=options["task"],
+        cache_length=options["cache_length"],
         dynamic_batch=options["dynamic_batch"],
         static_sequence=options["static_sequence"],
         dynamic=list(options["dynamic"]),
@@ -551,6 +600,9 @@ def plan(src: str, to: str, as_json: bool, **options: Any) -> None:
     payload = result.to_dict()
     if as_json:
         _emit_json(payload)
+    elif "task" in payload:  # a generation export's plan
+        click.echo(f"{src} → {to} ({payload['task']}, a {payload['kind']} model)")
+        click.echo("\n".join(f"  {i}. {step}" for i, step in enumerate(payload["steps"], 1)))
     else:
         from ptconvert.render import render_plan
 

@@ -17,12 +17,36 @@ Method = Literal["auto", "script", "trace"]
 ExportMode = Literal["auto", "strict", "non-strict"]
 Device = Literal["cpu", "cuda"]
 
+# --task as optimum names tasks. Those that export for generation with a cache (ptconvert/
+# generation/): a decoder-only LM, a seq2seq model, a speech seq2seq model
+GENERATION_TASKS: dict[str, str] = {
+    "text-generation-with-past": "decoder",
+    "text2text-generation-with-past": "seq2seq",
+    "automatic-speech-recognition-with-past": "speech-seq2seq",
+}
+# the others: the graph without a cache, the transformers Auto class loading the directory
+TASK_CLASSES: dict[str, str] = {
+    "feature-extraction": "AutoModel",
+    "text-generation": "AutoModelForCausalLM",
+    "text2text-generation": "AutoModelForSeq2SeqLM",
+    "automatic-speech-recognition": "AutoModelForSpeechSeq2Seq",
+    "fill-mask": "AutoModelForMaskedLM",
+    "text-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "multiple-choice": "AutoModelForMultipleChoice",
+    "image-classification": "AutoModelForImageClassification",
+}
+
 
 @dataclass
 class Options:
     model: str | None = None
     model_args: dict[str, Any] = field(default_factory=dict)
+    # a transformers class (AutoModel, LlamaForCausalLM) or an optimum task name (above)
     task: str | None = None
+    # generation tasks, pt2: the static cache's length (None: the config's positions, at most 1024)
+    cache_length: int | None = None
     inputs: list[str] = field(default_factory=list)
     example_inputs: Path | None = None
     dynamic_batch: bool = False
@@ -88,6 +112,9 @@ class Options:
             or not all(isinstance(b, int) and b >= 1 for b in sizes)
         ):
             raise UsageError(f"batch_sizes is a list of batch sizes of 1 or more, got {sizes!r}")
+        length = self.cache_length
+        if length is not None and (not isinstance(length, int) or length < 2):
+            raise UsageError(f"cache_length is an integer of 2 or more, got {length!r}")
         if not isinstance(self.seed, int):
             raise UsageError(f"seed is an integer, got {self.seed!r}")
         return self

@@ -37,6 +37,7 @@ PUBLIC = {
     "describe",
     "detect",
     "format_names",
+    "generate",
     "optimize",
     "options",
     "plan",

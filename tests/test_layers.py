@@ -18,6 +18,7 @@ LAYERS: list[set[str]] = [
     {"model"},  # models in memory: example inputs, model specs, wrappers, eager modules
     {"verify"},  # checks: parity, ranges, bitwise weights; runtimes per format
     {"convert"},  # the converter graph and its engine
+    {"generation"},  # exports with a KV cache, checked by generating (uses convert's ONNX step)
     {"api", "plugins"},  # the public API, and the formats and converters plugins add
     {"render", "cli", "__main__", "__init__"},  # the terminal
 ]

@@ -28,6 +28,7 @@ from ptconvert.errors import (
     UsageError,
 )
 from ptconvert.model.inputs import ExampleInputs
+from ptconvert.options import GENERATION_TASKS, TASK_CLASSES
 
 
 @dataclass
@@ -178,9 +179,13 @@ def module_from_hf(
     if code:
         notes.append(f"--trust: the directory's own code ran (auto_map: {', '.join(code)})")
     if task:
-        cls = getattr(transformers, task, None)
+        cls = getattr(transformers, _task_class(task), None)
         if cls is None:
-            raise UsageError(f"--task {task!r} is not a transformers Auto class or model class")
+            raise UsageError(
+                f"--task {task!r} is not a transformers Auto class or model class, nor a task "
+                "ptconvert knows",
+                hint="tasks: " + ", ".join(sorted(TASK_CLASSES)),
+            )
     elif names and hasattr(transformers, names[0]):
         cls = getattr(transformers, names[0])
     elif code:
@@ -236,6 +241,18 @@ def module_from_hf(
             f"and were left out, as transformers does: {unexpected[:10]}"
         )
     return HfModel(model.eval(), notes)
+
+
+def _task_class(task: str) -> str:
+    """``--task``: an optimum task name as the Auto class that loads it; a class name as it is.
+    A generation task (``text-generation-with-past``) exports through ptconvert/generation/,
+    for the targets it names; anywhere else it is a usage error."""
+    if task in GENERATION_TASKS:
+        raise UsageError(
+            f"--task {task} is a generation export: `ptconvert SRC --to pt2|onnx --task {task}` "
+            "writes it (not --to all, --optimize or verify)"
+        )
+    return TASK_CLASSES.get(task, task)
 
 
 def _auto_config(transformers: Any, directory: Path, remote: dict[str, Any]) -> Any:

@@ -1,0 +1,13 @@
+"""Generation-ready exports: a language model with its KV cache, verified by generating.
+
+``--task text-generation-with-past`` (optimum's name) exports a decoder-only LM so that a loop
+can drive it token by token: to pt2 through transformers' exportable wrapper with a static
+cache (``input_ids`` + ``cache_position``, the cache kept as mutated buffers), to ONNX with
+``past_key_values.N.key|value`` inputs and ``present.N.key|value`` outputs. The check generates
+with the written artifact (``runner.generate``) and compares every token and every step's
+logits with transformers' ``generate(do_sample=False)`` on the eager model.
+
+Modules: ``tasks`` (which task fits which model), ``loading`` (the eager model of a directory),
+``static_cache`` (pt2), ``onnx_past`` (ONNX), ``runner`` (the greedy loop over an artifact),
+``check`` (the comparison with transformers), ``convert`` (the conversion and its report).
+"""

@@ -1,0 +1,153 @@
+"""The check of a generation export: the artifact generates greedily (``runner.greedy``) at
+batch 1 and 2 and two prompt lengths, and every token and every step's logits are compared with
+transformers' ``generate(do_sample=False)`` on the eager model, at the tolerance of the project's
+one table (``verify.parity.TOLERANCES``). A mismatch is a ``VerificationError`` (exit 6).
+
+Two greedy runs part ways legitimately where the reference's two best logits are closer than the
+tolerance (a tie): that row is compared up to the tie and no further, and the report says so."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ptconvert.errors import VerificationError
+from ptconvert.generation.runner import Stepper, greedy
+from ptconvert.report import Report
+
+BATCHES = (1, 2)
+PROMPT_LENGTHS = (3, 7)
+NEW_TOKENS = 16
+
+
+@dataclass
+class RunResult(Report):
+    batch: int
+    prompt_length: int
+    new_tokens: int
+    status: str  # pass | tie | fail_tokens | fail_logits
+    max_abs_error: float = 0.0
+    distinct_tokens: int = 0
+    detail: str = ""
+
+
+@dataclass
+class GenerationCheck(Report):
+    status: str  # pass | fail
+    tolerance: float
+    runs: list[RunResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def reference_generate(model: Any, input_ids: Any, new_tokens: int, **inputs: Any) -> Any:
+    """transformers' greedy ``generate`` on the eager model: exactly ``new_tokens`` tokens (no
+    end-of-sequence stop, no logits processor), with each step's raw logits."""
+    import torch
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(
+        do_sample=False,
+        num_beams=1,
+        max_new_tokens=new_tokens,
+        min_new_tokens=None,
+        eos_token_id=None,
+        pad_token_id=0,
+        decoder_start_token_id=getattr(model.generation_config, "decoder_start_token_id", None),
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    with torch.no_grad():
+        return model.generate(input_ids, generation_config=config, **inputs)
+
+
+def prompts(vocab: int, batch: int, length: int, seed: int) -> Any:
+    import torch
+
+    generator = torch.Generator().manual_seed(seed * 1000 + batch * 10 + length)
+    low = 3 if vocab > 8 else 0  # past the usual special ids
+    return torch.randint(low, vocab, (batch, length), generator=generator)
+
+
+def compare_run(
+    mine: Any, reference: Any, prompt_length: int, batch: int, tolerance: float
+) -> RunResult:
+    """One greedy run against transformers': tokens row by row, logits step by step."""
+    import torch
+
+    got = mine.sequences[:, -len(mine.logits) :]  # the new tokens of each
+    want = reference.sequences[:, -len(reference.logits) :]
+    steps = min(len(mine.logits), len(reference.logits))
+    worst, status, detail = 0.0, "pass", ""
+    for row in range(batch):
+        for k in range(steps):
+            ours, theirs = mine.logits[k][row].float(), reference.logits[k][row].float()
+            error = float((ours - theirs).abs().max())
+            worst = max(worst, error)
+            if not torch.allclose(ours, theirs, atol=tolerance, rtol=tolerance):
+                return RunResult(
+                    batch, prompt_length, steps, "fail_logits", worst, _distinct(got),
+                    f"row {row}, new token {k}: logits differ by up to {error:.3g} "
+                    f"(tolerance {tolerance:g})",
+                )  # fmt: skip
+            if int(got[row, k]) != int(want[row, k]):
+                best = float(theirs.max())
+                if float(theirs[int(got[row, k])]) >= best - tolerance * (1 + abs(best)):
+                    status = "tie"
+                    detail = (
+                        f"row {row}, new token {k}: {int(got[row, k])} and transformers' "
+                        f"{int(want[row, k])} tie within the tolerance; compared up to there"
+                    )
+                    break
+                return RunResult(
+                    batch, prompt_length, steps, "fail_tokens", worst, _distinct(got),
+                    f"row {row}, new token {k}: {int(got[row, k])}, transformers chose "
+                    f"{int(want[row, k])}",
+                )  # fmt: skip
+    return RunResult(batch, prompt_length, steps, status, worst, _distinct(got), detail)
+
+
+def _distinct(tokens: Any) -> int:
+    return len(set(tokens.flatten().tolist()))
+
+
+def check_generation(
+    model: Any,
+    stepper: Stepper,
+    *,
+    make_inputs: Any,
+    batches: Sequence[int] = BATCHES,
+    prompt_lengths: Sequence[int] = PROMPT_LENGTHS,
+    new_tokens: int = NEW_TOKENS,
+    path: Any = None,
+) -> GenerationCheck:
+    """Generate with ``stepper`` and with transformers at every batch and prompt length and
+    compare; ``make_inputs(batch, length)`` gives (input_ids for the stepper, keywords for
+    ``generate``). Raises ``VerificationError`` on a mismatch."""
+    from ptconvert.verify.parity import TOLERANCES
+
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    tolerance = TOLERANCES.get(dtype, TOLERANCES["float32"])
+    runs = []
+    for batch in batches:
+        for length in prompt_lengths:
+            ids, keywords = make_inputs(batch, length)
+            reference = reference_generate(model, ids, new_tokens, **keywords)
+            mine = greedy(stepper, ids, new_tokens)
+            runs.append(compare_run(mine, reference, length, batch, tolerance))
+    check = GenerationCheck("pass", tolerance, runs)
+    failed = [r for r in runs if r.status.startswith("fail")]
+    if failed:
+        check.status = "fail"
+        first = failed[0]
+        raise VerificationError(
+            f"generating with the artifact differs from transformers' generate at batch "
+            f"{first.batch}, prompt length {first.prompt_length}: {first.detail}",
+            path=path,
+        )
+    if max(r.distinct_tokens for r in runs) <= 1:
+        check.notes.append(
+            "the model gives one token over and over: the check rests on each step's logits"
+        )
+    check.notes.extend(r.detail for r in runs if r.status == "tie")
+    return check

@@ -1,0 +1,189 @@
+"""A generation export from start to end: the directory's model loaded for the task, exported
+with its cache, written atomically, checked by generating before it is put in place."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ptconvert import progress
+from ptconvert.generation.check import BATCHES, NEW_TOKENS, PROMPT_LENGTHS, GenerationCheck
+from ptconvert.options import GENERATION_TASKS, Options
+from ptconvert.report import Report
+
+
+@dataclass
+class GenerationReport(Report):
+    source: str
+    output: str
+    target_format: str
+    task: str
+    model_class: str
+    # the cache the artifact carries: {"kind": "static", "batch_size", "length"} (pt2) or
+    # {"kind": "inputs", "layers", "inputs", "outputs"} (ONNX past/present)
+    cache: dict[str, Any]
+    interface: dict[str, Any]
+    check: str  # "generation" (generated against transformers) or "none" (--no-verify)
+    seconds: float
+    generation: GenerationCheck | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GenerationPlan(Report):
+    source: str
+    target_format: str
+    task: str
+    kind: str  # decoder | seq2seq | speech-seq2seq
+    steps: list[str]
+    runnable: bool = True
+    missing: dict[str, str] = field(default_factory=dict)
+
+
+def plan(src: str | Path, to: str, opts: Options) -> GenerationPlan:
+    """What ``convert`` would do for a generation task, after the checks it makes first."""
+    from ptconvert.formats import detect
+    from ptconvert.generation.loading import read_config
+    from ptconvert.generation.tasks import check_task
+    from ptconvert.scan.guard import refuse_unsafe
+
+    assert opts.task is not None
+    opts.validate()
+    refuse_unsafe(src)
+    detect(src)
+    kind = check_task(opts.task, to, read_config(Path(src)), src)
+    batch = max(opts.batch_sizes or BATCHES)
+    length = opts.cache_length or "the config's positions (at most 1024)"
+    cache = (
+        f"static cache, batch {batch}, length {length}"
+        if to == "pt2"
+        else "past_key_values.N.key|value in, present.N.key|value out"
+    )
+    steps = [
+        "load the directory with transformers (cache on)",
+        f"export with its cache ({cache})",
+        f"write {to}",
+    ]
+    if opts.verify:
+        steps.append(
+            f"generate {NEW_TOKENS} greedy tokens at batch "
+            f"{', '.join(map(str, opts.batch_sizes or BATCHES))} and prompt lengths "
+            f"{PROMPT_LENGTHS[0]}, {PROMPT_LENGTHS[1]}; compare tokens and logits with "
+            "transformers' generate"
+        )
+    return GenerationPlan(str(src), to, opts.task, kind, steps)
+
+
+def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) -> GenerationReport:
+    """Export ``src`` (a Hugging Face directory) for ``opts.task`` to ``to``, checked by
+    generating with the written file before it is put in place."""
+    from ptconvert.atomic import atomic_path, check_output
+    from ptconvert.convert.engine import default_output
+    from ptconvert.generation.loading import load_model
+    from ptconvert.scan.guard import refuse_unsafe
+
+    assert opts.task in GENERATION_TASKS
+    started = time.perf_counter()
+    src = Path(src)
+    refuse_unsafe(src)
+    out = Path(output) if output else default_output(src, to)
+    check_output(out, [src], opts.force)
+    with progress.step(f"loading {src.name} for {opts.task}"):
+        loaded = load_model(src, opts.task, to, opts)
+    model, notes = loaded.model, list(loaded.notes)
+    with atomic_path(out, replace=opts.force) as tmp:
+        if to == "pt2":
+            cache, interface = _pt2_decoder(model, tmp, opts, notes)
+        else:
+            cache, interface = _onnx_decoder(model, tmp, opts, notes)
+        checked = _check(model, tmp, opts) if opts.verify else None
+    if checked is not None:
+        notes.extend(checked.notes)
+    return GenerationReport(
+        str(src),
+        str(out),
+        to,
+        opts.task,
+        type(model).__name__,
+        cache,
+        interface,
+        "generation" if checked is not None else "none",
+        round(time.perf_counter() - started, 3),
+        checked,
+        notes,
+    )
+
+
+def _pt2_decoder(
+    model: Any, tmp: Path, opts: Options, notes: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    from ptconvert.generation.static_cache import cache_length, export_decoder, save_program
+
+    batch = max(opts.batch_sizes or BATCHES)
+    length = cache_length(model, opts.cache_length)
+    with progress.step(f"exporting with a static cache (batch {batch}, {length} positions)"):
+        ep = export_decoder(model, batch, length)
+    meta = {
+        "task": opts.task,
+        "cache": "static",
+        "batch_size": batch,
+        "cache_length": length,
+        "model_class": type(model).__name__,
+        "eos_token_id": model.generation_config.eos_token_id,
+    }
+    with progress.step(f"writing {tmp.name}"):
+        save_program(ep, tmp, meta)
+    notes.append(
+        f"static cache of {batch} row(s) × {length} positions inside the program (mutated "
+        "buffers); a smaller batch runs padded with copies of its last row "
+        "(ptconvert.generate does it)"
+    )
+    cache = {"kind": "static", "batch_size": batch, "length": length}
+    interface = {
+        "call": "prog(input_ids=ids[batch, n], cache_position=arange(pos, pos + n)) → logits",
+        "inputs": ["input_ids", "cache_position"],
+        "outputs": ["logits"],
+    }
+    return cache, interface
+
+
+def _onnx_decoder(
+    model: Any, tmp: Path, opts: Options, notes: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    from ptconvert.generation.onnx_past import export_decoder_onnx
+
+    with progress.step("exporting to ONNX with past_key_values inputs"):
+        notes.extend(export_decoder_onnx(model, tmp, opts))
+    import onnx
+
+    graph = onnx.load(str(tmp), load_external_data=False).graph
+    inputs = [i.name for i in graph.input]
+    outputs = [o.name for o in graph.output]
+    layers = sum(1 for n in inputs if n.startswith("past_key_values.")) // 2
+    cache = {"kind": "inputs", "layers": layers, "past": "past_key_values.N.key|value",
+             "present": "present.N.key|value"}  # fmt: skip
+    return cache, {"inputs": inputs, "outputs": outputs}
+
+
+def _check(model: Any, tmp: Path, opts: Options) -> GenerationCheck:
+    from ptconvert.generation.check import check_generation, prompts
+    from ptconvert.generation.runner import open_stepper
+
+    vocab = int(model.config.get_text_config().vocab_size)
+
+    def make_inputs(batch: int, length: int) -> tuple[Any, dict[str, Any]]:
+        import torch
+
+        ids = prompts(vocab, batch, length, opts.seed)
+        return ids, {"attention_mask": torch.ones_like(ids)}
+
+    with progress.step("generating with the result and with transformers"):
+        return check_generation(
+            model,
+            open_stepper(tmp),
+            make_inputs=make_inputs,
+            batches=opts.batch_sizes or BATCHES,
+            path=tmp,
+        )

@@ -1,0 +1,211 @@
+"""ONNX decoders with their cache as optimum lays them out: inputs ``input_ids``,
+``attention_mask``, ``position_ids`` (where the model takes them) and
+``past_key_values.N.key|value``; outputs ``logits`` and ``present.N.key|value``; dims named
+``batch_size``, ``sequence_length``, ``past_sequence_length`` and ``past_sequence_length +
+sequence_length``. An empty past (length 0) starts generation.
+
+The model is wrapped in a module that takes the past as flat tensors and builds a
+``DynamicCache`` from them, exported by torch.export with every batch and length dim dynamic,
+then by the project's ONNX step (``convert/onnx_export``: the exporter call, the dims renamed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ptconvert.errors import UnsupportedConversionError
+from ptconvert.generation.loading import cache_keyword, cache_layers, returned_cache
+from ptconvert.options import Options
+
+PAST = "past_key_values.{}.{}"
+PRESENT = "present.{}.{}"
+
+
+def _takes_positions(model: Any) -> bool:
+    import inspect
+
+    return "position_ids" in inspect.signature(model.forward).parameters
+
+
+def _wrapper(model: Any, layers: int, positions: bool) -> Any:
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    keyword = cache_keyword(model)
+
+    class WithPast(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any, *rest: Any) -> Any:
+            position_ids, past = (rest[0], rest[1:]) if positions else (None, rest)
+            pairs = [(past[2 * i], past[2 * i + 1]) for i in range(layers)]
+            extra = {"position_ids": position_ids} if positions else {}
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                use_cache=True,
+                **extra,
+                **{keyword: DynamicCache(pairs)},
+            )
+            present = [t for pair in cache_layers(returned_cache(out)) for t in pair]
+            return (out.logits, *present)
+
+    return WithPast().eval()
+
+
+def cache_shapes(model: Any) -> list[tuple[int, ...]]:
+    """The shape of each layer's keys and values (batch 1, one position), from a call."""
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.zeros((1, 1), dtype=torch.long), use_cache=True)
+    return [tuple(t.shape) for pair in cache_layers(returned_cache(out)) for t in pair]
+
+
+def export_decoder_onnx(model: Any, path: Path, opts: Options) -> list[str]:
+    """Write the decoder with past inputs and present outputs to ``path`` (onnx.checker run on
+    it); returns notes for the report."""
+    import torch
+
+    from ptconvert.convert.onnx_export import _export, _reason, _rename_dims
+    from ptconvert.deps import require
+
+    onnx = require("onnx")
+    require("onnxscript")
+    if opts.external_data:
+        raise UnsupportedConversionError(
+            "--external-data is not there yet for generation exports", path=path
+        )
+    shapes = cache_shapes(model)
+    layers = len(shapes) // 2
+    positions = _takes_positions(model)
+    batch, past, new = 2, 3, 4
+    args: list[Any] = [
+        torch.zeros((batch, new), dtype=torch.long),
+        torch.ones((batch, past + new), dtype=torch.long),
+    ]
+    if positions:
+        args.append(torch.arange(past, past + new).expand(batch, new).contiguous())
+    args += [torch.zeros((batch, s[1], past, *s[3:])) for s in shapes]
+    dyn = torch.export.Dim.DYNAMIC
+    rest: list[Any] = [{0: dyn, 1: dyn}] if positions else []  # *rest: one tuple to export
+    rest += [{0: dyn, 2: dyn}] * len(shapes)
+    dims = ({0: dyn, 1: dyn}, {0: dyn, 1: dyn}, tuple(rest))
+    wrapper = _wrapper(model, layers, positions)
+    try:
+        from ptconvert.quiet import quiet_torch
+
+        with torch.no_grad(), quiet_torch():
+            ep = torch.export.export(wrapper, tuple(args), dynamic_shapes=dims, strict=False)
+        program = _export(ep, opts)
+    except Exception as exc:
+        raise UnsupportedConversionError(
+            f"the decoder with its cache does not export to ONNX: {_reason(exc)}", path=path
+        ) from None
+    names = _name(program.model, layers, positions)
+    _rename_dims(program.model, names)
+    for value in program.model.graph.outputs[1:]:  # one spelling: past + new positions
+        value.shape = _with_dim(value.shape, 2, "past_sequence_length + sequence_length")
+    program.save(path, external_data=False)
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as exc:
+        raise UnsupportedConversionError(
+            f"the exported ONNX model fails onnx.checker: {str(exc)[:300]}", path=path
+        ) from None
+    opset = program.model.opset_imports.get("")
+    return [
+        f"ONNX opset {opset}, checked with onnx.checker; {layers} layers of past_key_values "
+        "inputs and present outputs (optimum's names)"
+    ]
+
+
+def _with_dim(shape: Any, axis: int, name: str) -> Any:
+    import onnx_ir as ir
+
+    dims = list(shape)
+    dims[axis] = ir.SymbolicDim(name)
+    return ir.Shape(dims)
+
+
+def _name(model: Any, layers: int, positions: bool) -> dict[str, str]:
+    """The graph's inputs and outputs under optimum's names; torch's symbols (``s70``) → the
+    dim names, read off the inputs' and outputs' shapes by position."""
+    inputs = ["input_ids", "attention_mask", *(["position_ids"] if positions else [])]
+    inputs += [PAST.format(i, kind) for i in range(layers) for kind in ("key", "value")]
+    outputs = ["logits"] + [PRESENT.format(i, k) for i in range(layers) for k in ("key", "value")]
+    axes = {
+        "input_ids": ("batch_size", "sequence_length"),
+        "attention_mask": ("batch_size", "past_sequence_length + sequence_length"),
+        "position_ids": ("batch_size", "sequence_length"),
+        "logits": ("batch_size", "sequence_length"),
+    }
+    symbols: dict[str, str] = {}
+    for values, wanted in ((model.graph.inputs, inputs), (model.graph.outputs, outputs)):
+        for value, name in zip(values, wanted, strict=True):
+            value.name = name
+            if name.startswith(("past", "present")):
+                middle = "past_sequence_length" + (" + sequence_length" if name[:2] == "pr" else "")
+                dim_names: tuple[str, ...] = ("batch_size", "", middle)
+            else:
+                dim_names = axes[name]
+            for dim, label in zip(value.shape or (), dim_names, strict=False):
+                text = getattr(dim, "value", None)
+                if label and isinstance(text, str) and text.isidentifier():
+                    symbols.setdefault(text, label)
+    return symbols
+
+
+class OnnxWithPast:
+    """An ONNX decoder with past inputs, run by onnxruntime: the prompt with an empty past,
+    then one token a step, each step's present fed back as the next past."""
+
+    def __init__(self, path: Path) -> None:
+        from ptconvert.deps import require
+
+        ort = require("onnxruntime")
+        self.session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        self.inputs = {i.name: i for i in self.session.get_inputs()}
+        self.past_names = [n for n in self.inputs if n.startswith("past_key_values.")]
+        if "input_ids" not in self.inputs or not self.past_names:
+            raise UnsupportedConversionError(
+                "an ONNX model without input_ids and past_key_values.N.key|value inputs",
+                path=path,
+                hint="convert with --task text-generation-with-past",
+            )
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.past: list[Any] = []
+        self.length = 0
+
+    def _run(self, ids: Any) -> Any:
+        import numpy as np
+        import torch
+
+        rows, count = ids.shape
+        feed: dict[str, Any] = {"input_ids": ids.numpy().astype(np.int64)}
+        if "attention_mask" in self.inputs:
+            feed["attention_mask"] = np.ones((rows, self.length + count), np.int64)
+        if "position_ids" in self.inputs:
+            feed["position_ids"] = np.tile(np.arange(self.length, self.length + count), (rows, 1))
+        feed.update(zip(self.past_names, self.past, strict=True))
+        results = dict(zip(self.outputs, self.session.run(self.outputs, feed), strict=True))
+        self.past = [results[n.replace("past_key_values.", "present.")] for n in self.past_names]
+        self.length += count
+        return torch.from_numpy(results["logits"][:, -1].copy())
+
+    def start(self, input_ids: Any, max_new_tokens: int) -> Any:
+        import numpy as np
+
+        rows = input_ids.shape[0]
+        self.past = []
+        for name in self.past_names:
+            shape = self.inputs[name].shape
+            heads, size = shape[1], shape[3]
+            self.past.append(np.zeros((rows, heads, 0, size), np.float32))
+        self.length = 0
+        return self._run(input_ids)
+
+    def step(self, tokens: Any) -> Any:
+        return self._run(tokens)

@@ -1,0 +1,154 @@
+"""The greedy loop over a written artifact: what ``ptconvert.generate`` runs and what the check
+compares with transformers. One ``Stepper`` per layout feeds the artifact the prompt once, then
+one token a step, and returns each step's last logits; ``greedy`` picks the tokens."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ptconvert.errors import UnsupportedConversionError, UsageError
+
+
+@dataclass
+class Generated:
+    """A greedy run: the prompt and the new tokens, each step's logits (batch × vocabulary),
+    the seconds to the first new token and per token after it."""
+
+    sequences: Any
+    logits: list[Any] = field(default_factory=list)
+    first_token_s: float = 0.0
+    per_token_s: float = 0.0
+
+
+class Stepper(Protocol):
+    """An artifact driven token by token: ``start`` feeds the prompt, ``step`` one new token per
+    row; both return the logits of the last position (batch × vocabulary) as a torch tensor."""
+
+    def start(self, input_ids: Any, max_new_tokens: int) -> Any: ...
+
+    def step(self, tokens: Any) -> Any: ...
+
+
+def greedy(
+    stepper: Stepper, input_ids: Any, max_new_tokens: int, eos_token_id: int | None = None
+) -> Generated:
+    """Greedy decoding over ``stepper``: the argmax of each step's logits, ``max_new_tokens``
+    of them (fewer when every row has given ``eos_token_id``; a finished row repeats it)."""
+    import torch
+
+    if input_ids.dim() != 2 or input_ids.shape[1] < 1:
+        raise UsageError(f"input_ids is batch × prompt length, got shape {list(input_ids.shape)}")
+    if max_new_tokens < 1:
+        raise UsageError(f"max_new_tokens is 1 or more, got {max_new_tokens}")
+    began = time.perf_counter()
+    with torch.no_grad():
+        logits = stepper.start(input_ids, max_new_tokens)
+        first = time.perf_counter() - began
+        steps, chosen = [logits], [logits.argmax(-1)]
+        done = chosen[-1] == eos_token_id if eos_token_id is not None else None
+        while len(chosen) < max_new_tokens and not (done is not None and bool(done.all())):
+            logits = stepper.step(chosen[-1][:, None])
+            token = logits.argmax(-1)
+            if done is not None:
+                token = torch.where(done, torch.full_like(token, eos_token_id or 0), token)
+                done = done | (token == eos_token_id)
+            steps.append(logits)
+            chosen.append(token)
+    took = time.perf_counter() - began
+    per_token = (took - first) / max(len(chosen) - 1, 1)
+    sequences = torch.cat([input_ids, torch.stack(chosen, 1).to(input_ids.dtype)], 1)
+    return Generated(sequences, steps, first, per_token)
+
+
+class StaticCacheProgram:
+    """A pt2 program with a static cache (``static_cache.py``): a batch smaller than the
+    program's is padded with copies of its last row, which are dropped again."""
+
+    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
+        from ptconvert.formats.pt2 import load_exported
+        from ptconvert.scan.guard import guard
+
+        guard(path)  # every load of a pickle goes through the scanner first
+        self.module = load_exported(path).module()
+        self.batch = int(meta["batch_size"])
+        self.length = int(meta["cache_length"])
+        self.path = path
+        self.rows = 0
+        self.position = 0
+
+    def _padded(self, ids: Any) -> Any:
+        import torch
+
+        missing = self.batch - ids.shape[0]
+        return torch.cat([ids, ids[-1:].expand(missing, ids.shape[1])]) if missing else ids
+
+    def _call(self, ids: Any) -> Any:
+        import torch
+
+        count = ids.shape[1]
+        positions = torch.arange(self.position, self.position + count)
+        logits = self.module(input_ids=self._padded(ids), cache_position=positions)
+        self.position += count
+        return logits[: self.rows, -1]
+
+    def start(self, input_ids: Any, max_new_tokens: int) -> Any:
+        rows, prompt = input_ids.shape
+        if rows > self.batch:
+            raise UsageError(
+                f"the program's static cache holds {self.batch} row(s), the prompt has {rows}",
+                path=self.path,
+                hint="export with --batch-sizes up to the batch you generate at",
+            )
+        if prompt + max_new_tokens - 1 > self.length:
+            raise UsageError(
+                f"{prompt} prompt tokens and {max_new_tokens} new ones do not fit the program's "
+                f"static cache of {self.length} positions",
+                path=self.path,
+                hint="export with a longer --cache-length",
+            )
+        self.rows, self.position = rows, 0
+        return self._call(input_ids.long())
+
+    def step(self, tokens: Any) -> Any:
+        return self._call(tokens.long())
+
+
+def open_stepper(artifact: str | Path) -> Stepper:
+    """The stepper for a written artifact, from what it holds (never its name)."""
+    from ptconvert.formats import detect
+    from ptconvert.generation.static_cache import read_meta
+
+    path = Path(artifact)
+    fmt = detect(path).format
+    if fmt == "pt2":
+        meta = read_meta(path)
+        if meta is not None and meta.get("cache") == "static":
+            return StaticCacheProgram(path, meta)
+    if fmt == "onnx":
+        from ptconvert.generation.onnx_past import OnnxWithPast
+
+        return OnnxWithPast(path)
+    raise UnsupportedConversionError(
+        f"{fmt} file without a generation layout (a pt2 with a static cache, an ONNX decoder "
+        "with past_key_values inputs)",
+        path=path,
+        hint="convert with --task text-generation-with-past",
+    )
+
+
+def generate(
+    artifact: str | Path,
+    input_ids: Any,
+    max_new_tokens: int = 16,
+    *,
+    eos_token_id: int | None = None,
+) -> Generated:
+    """Greedy generation with a generation export: ``max_new_tokens`` tokens after each row of
+    ``input_ids`` (batch × prompt length, a tensor or nested lists), no padding."""
+    import torch
+
+    ids = input_ids if isinstance(input_ids, torch.Tensor) else torch.tensor(input_ids)
+    return greedy(open_stepper(artifact), ids, max_new_tokens, eos_token_id)

@@ -1,0 +1,92 @@
+"""pt2 with a static cache: transformers' exportable wrapper (``TorchExportableModuleForDecoderOnly
+LM``, what optimum-executorch uses) exported with torch.export. The program takes ``input_ids``
+(batch × a dynamic number of new tokens: the whole prompt, then one token a step) and
+``cache_position`` (their places in the cache) and returns the logits; the cache lives in the
+program as buffers it mutates, of a fixed batch and length (said in the report and in the
+archive's ``generation.json``, which the runner reads)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ptconvert.errors import UnsupportedConversionError
+
+META_NAME = "generation.json"  # the archive's extra file: task, batch, cache length
+DEFAULT_CACHE_LENGTH = 1024
+
+
+def cache_length(model: Any, asked: int | None) -> int:
+    """The static cache's length: the one asked for, else the model's positions (at most
+    ``DEFAULT_CACHE_LENGTH``); never more positions than the model has."""
+    config = (
+        model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    )
+    positions = getattr(config, "max_position_embeddings", None) or getattr(
+        config, "n_positions", None
+    )
+    length = asked or min(positions or DEFAULT_CACHE_LENGTH, DEFAULT_CACHE_LENGTH)
+    if positions and length > positions:
+        raise UnsupportedConversionError(
+            f"a cache of {length} positions is longer than the model's {positions}"
+        )
+    return int(length)
+
+
+def export_decoder(model: Any, batch: int, length: int) -> Any:
+    """The decoder-only LM with a static cache of ``batch`` rows and ``length`` positions, as an
+    ExportedProgram whose number of new tokens per call is dynamic (1 to ``length``)."""
+    import torch
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    from ptconvert.quiet import quiet_torch
+
+    generation = model.generation_config
+    saved = generation.cache_implementation
+    generation.cache_implementation = "static"  # the wrapper insists; eager generate must not
+    try:
+        wrapper = TorchExportableModuleForDecoderOnlyLM(
+            model, batch_size=batch, max_cache_len=length
+        )
+    finally:
+        generation.cache_implementation = saved
+    tokens = torch.export.Dim("sequence_length", min=1, max=length)
+    example = min(5, length)
+    with torch.no_grad(), quiet_torch():
+        return torch.export.export(
+            wrapper.model,
+            args=(),
+            kwargs={
+                "input_ids": torch.zeros((batch, example), dtype=torch.long),
+                "cache_position": torch.arange(example),
+            },
+            dynamic_shapes={"input_ids": {1: tokens}, "cache_position": {0: tokens}},
+            strict=False,
+        )
+
+
+def save_program(ep: Any, path: Path, meta: dict[str, Any]) -> None:
+    """``torch.export.save`` through the atomic writer's guarded file, ``meta`` beside the
+    program as the archive's ``generation.json``."""
+    import torch
+
+    from ptconvert.atomic import guarded_file
+
+    with guarded_file(path) as fh:
+        torch.export.save(ep, fh, extra_files={META_NAME: json.dumps(meta)})
+
+
+def read_meta(path: Path) -> dict[str, Any] | None:
+    """The ``generation.json`` of a pt2 archive (read from the zip, nothing loaded), or None."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next((n for n in archive.namelist() if n.endswith(f"/{META_NAME}")), None)
+            if name is None:
+                return None
+            meta = json.loads(archive.read(name))
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None

@@ -1,0 +1,96 @@
+"""Tiny Hugging Face directories of real transformers classes (random init from configs, never
+the hub), built once per session. ``initializer_range=0.3`` spreads the random logits so that
+greedy decoding picks many different tokens (the default 0.02 repeats one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+DECODERS = ("llama", "gpt2", "qwen2")
+
+
+def build(name: str, out: Path) -> Path:
+    import torch
+    import transformers as t
+
+    configs = {
+        "llama": (
+            t.LlamaConfig(
+                vocab_size=99,
+                hidden_size=32,
+                intermediate_size=37,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=64,
+                initializer_range=0.3,
+            ),
+            t.LlamaForCausalLM,
+        ),
+        "gpt2": (
+            t.GPT2Config(
+                vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, initializer_range=0.3
+            ),
+            t.GPT2LMHeadModel,
+        ),
+        "qwen2": (
+            t.Qwen2Config(
+                vocab_size=99,
+                hidden_size=32,
+                intermediate_size=37,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=64,
+                initializer_range=0.3,
+            ),
+            t.Qwen2ForCausalLM,
+        ),
+        "bert": (
+            t.BertConfig(
+                vocab_size=99,
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=4,
+                intermediate_size=37,
+            ),
+            t.BertModel,
+        ),
+    }
+    config, cls = configs[name]
+    torch.manual_seed(0)
+    directory = out / f"hf-{name}"
+    cls(config).eval().save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("generation")
+    return {name: build(name, out) for name in (*DECODERS, "bert")}
+
+
+def eager(directory: Path):  # type: ignore[no-untyped-def]
+    """The directory's model as transformers loads it: the reference."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+
+
+def reference(model, ids, new_tokens: int = 16):  # type: ignore[no-untyped-def]
+    """transformers' greedy generate: exactly ``new_tokens`` tokens, raw logits per step."""
+    import torch
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=new_tokens,
+        eos_token_id=None,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
