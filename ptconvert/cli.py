@@ -185,8 +185,9 @@ _CONVERSION_OPTIONS = (
     click.option(
         "--static-sequence",
         is_flag=True,
-        help="With --dynamic-batch: keep a Hugging Face text model's sequence length at the "
-        "example's (by default it is dynamic, up to the config's max_position_embeddings).",
+        help="With --dynamic-batch: keep a Hugging Face model's other axes (text and decoder "
+        "sequence, waveform samples, image height/width) at the example's sizes (by default "
+        "they are dynamic, up to the config's limits).",
     ),
     click.option("--dynamic", multiple=True, help="NAME:AXIS[:MIN:MAX] dynamic dimension."),
     click.option(

@@ -142,9 +142,9 @@ def plan_for(src: str | Path, to: str, opts: Options) -> Plan:
 
 def _planned_dims(route: Plan, d: Detection, opts: Options) -> dict[str, str]:
     """What ``--dynamic-batch``/``--dynamic`` will make dynamic, in words, before the model is
-    loaded (the conversion's report says what held): a Hugging Face text model's sequence with
+    loaded (the conversion's report says what held): a Hugging Face model's family axes with
     the longest its config.json allows."""
-    from ptconvert.model.inputs import SEQUENCE_INPUTS, longest_sequence
+    from ptconvert.model.axes import planned_axes
     from ptconvert.options import DYNAMIC_SPEC
 
     if not any(e.dst == "exported" for e in route.edges):
@@ -159,12 +159,7 @@ def _planned_dims(route: Plan, d: Detection, opts: Options) -> dict[str, str]:
             out[f"{m['name']} dim {m['axis']}"] = span
     config = Path(d.path) / "config.json" if d.format == "hf" else None
     if opts.dynamic_batch and not opts.static_sequence and config is not None:
-        longest = longest_sequence(_json_config(config))
-        top = f"1–{longest} (the config's limit)" if longest else "1 or more"
-        out["sequence_length"] = (
-            f"dim 1 of {', '.join(SEQUENCE_INPUTS)} (those the model takes, when it takes "
-            f"input_ids), {top}; --static-sequence keeps the example's length"
-        )
+        out.update(planned_axes(_json_config(config)))
     return out
 
 

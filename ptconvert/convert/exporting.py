@@ -4,10 +4,11 @@
 - ``--dynamic-batch``: dim 0 of every batched input is ``Dim.DYNAMIC``; an example at batch 1 is
   re-traced at batch 2, because tracing specialises sizes 0 and 1 (the program still accepts
   batch 1 at run time). ``--dynamic NAME:AXIS[:MIN:MAX]`` adds other dims.
-- ``--dynamic-batch`` on a Hugging Face text model also makes its sequence dynamic (dim 1 of
-  input_ids, attention_mask, token_type_ids, position_ids: one length, as optimum exports them)
-  from 1 to the config's ``max_position_embeddings``; ``--static-sequence`` keeps it fixed, and
-  a model whose export fixes it is exported with the example's length (a note says so).
+- ``--dynamic-batch`` on a Hugging Face model also makes the axes its family varies dynamic
+  (``model.axes``: text and decoder sequences, a waveform's samples, an image's height and
+  width, as optimum names them, each up to the config's limit); ``--static-sequence`` keeps
+  them fixed, and axes the model's export fixes are given up (those the error names first, else
+  the last) and exported at the example's size (a note says so).
 - A Hugging Face model exports with ``use_cache=False`` (cache objects are not pytrees).
 - ``state.bounds`` (the range verification found to hold, where the first program ran wrong
   outside it) become the dims' min/max; a minimum of 2 also becomes a guard, since torch lets
@@ -18,49 +19,51 @@ Each repair is written to the run's notes.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from ptconvert.convert.state import Bounds, RunState
 from ptconvert.errors import UnsupportedConversionError, UsageError
+from ptconvert.model.axes import Axis
 from ptconvert.model.inputs import ExampleInputs
 from ptconvert.model.wrappers import named_outputs, positional_names
 from ptconvert.options import DYNAMIC_SPEC, Options
 from ptconvert.quiet import quiet_torch
 
 
-@dataclass(frozen=True)
-class Sequence:
-    """A text model's dynamic sequence: the inputs whose dim 1 it is, and its longest size."""
-
-    names: tuple[str, ...]
-    longest: int | None
-
-    def words(self) -> str:
-        top = f"1–{self.longest}" if self.longest else "1 or more"
-        return f"dim 1 of {', '.join(self.names)} (sequence_length, {top})"
-
-
-def text_sequence(module: Any, opts: Options, sample: dict[str, Any]) -> Sequence | None:
-    """The sequence made dynamic with ``--dynamic-batch``: a transformers model's text inputs
-    (``model.inputs.sequence_axes``), unless ``--static-sequence`` or a ``--dynamic`` of its
-    own names one of them."""
-    from ptconvert.model.inputs import sequence_axes
+def family_axes(module: Any, opts: Options, sample: dict[str, Any]) -> list[Axis]:
+    """The axes made dynamic with ``--dynamic-batch``: those of a transformers model's family
+    (``model.axes``), unless ``--static-sequence``; an axis one of the user's own ``--dynamic``
+    names, or whose example is longer than the config allows (the user's choice), is left out."""
+    from ptconvert.model.axes import model_axes
 
     if not opts.dynamic_batch or opts.static_sequence:
-        return None
-    names, longest = sequence_axes(module, sample)
+        return []
     named = {m["name"] for m in map(DYNAMIC_SPEC.match, opts.dynamic) if m is not None}
-    if not names or named & set(names):
-        return None
-    return Sequence(tuple(names), longest)
+    return [
+        a
+        for a in model_axes(module, sample)
+        if a.dims
+        and not named & {n for n, _ in a.dims}
+        and all(a.low <= sample[n].shape[d] <= (a.high or sample[n].shape[d]) for n, d in a.dims)
+    ]
+
+
+def _hint(axis: Axis) -> Any:
+    from torch.export import Dim
+
+    # min 1 for a bounded text axis: torch keeps 2 as the range's floor, and verification runs
+    # 1 (``probed_at_one``); a floor above 2 (a waveform's shortest) is the model's own
+    if axis.high:
+        return Dim.DYNAMIC(min=axis.low, max=axis.high)
+    return Dim.DYNAMIC(min=axis.low) if axis.low > 2 else Dim.DYNAMIC
 
 
 def dynamic_shapes(
     opts: Options,
     sample: dict[str, Any],
     bounds: Bounds | None = None,
-    sequence: Sequence | None = None,
+    axes: Sequence[Axis] = (),
 ) -> dict[str, Any] | None:
     from torch.export import Dim
 
@@ -71,11 +74,10 @@ def dynamic_shapes(
         for name, t in sample.items():
             if getattr(t, "dim", lambda: 0)() > 0:
                 shapes[name] = {0: Dim.DYNAMIC}
-    if sequence is not None:
-        # min 1: torch keeps 2 as the range's floor, and verification runs 1 (``probed_at_one``)
-        length = Dim.DYNAMIC(min=1, max=sequence.longest) if sequence.longest else Dim.DYNAMIC
-        for name in sequence.names:
-            shapes[name] = {**(shapes[name] or {}), 1: length}
+    for family in axes:
+        hint = _hint(family)
+        for name, dim in family.dims:
+            shapes[name] = {**(shapes[name] or {}), dim: hint}
     for spec in opts.dynamic:
         m = DYNAMIC_SPEC.match(spec)
         if m is None or m["name"] not in sample:
@@ -132,14 +134,8 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
         )
     inputs = _away_from_the_minimum(state, opts, inputs)
     sample = inputs.at(batch)
-    sequence = text_sequence(state.module, opts, sample) if wrapped else None
-    if (
-        sequence is not None
-        and sequence.longest
-        and sample["input_ids"].shape[1] > sequence.longest
-    ):
-        sequence = None  # an example longer than the config allows: the user's own choice
-    shapes: Any = dynamic_shapes(opts, sample, state.bounds, sequence)
+    axes = family_axes(state.module, opts, sample) if wrapped else []
+    shapes: Any = dynamic_shapes(opts, sample, state.bounds, axes)
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] | None = sample
     if names is not None:  # forward(x, …): export positionally, as users will call it
@@ -176,16 +172,22 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
                 )
                 attempts = [(s, True) for s in modes]
                 continue
-            if sequence is not None and not attempts:
-                # the sequence was made dynamic by default, not asked for: the model fixes it
-                # (a size it asserts, a fixed-length buffer); exported at the example's length
+            if axes and not attempts:
+                # the family's axes were made dynamic by default, not asked for: the model
+                # fixes one (a size it asserts, a position table); exported at the example's
+                # size on that axis (the one the error names, else the last)
+                fixed = _fixed_axes(axes, " ".join(errors))
                 state.notes.append(
-                    f"the sequence length could not be dynamic ({'; '.join(errors)[:300]}): "
-                    f"exported at the example's length {sample['input_ids'].shape[1]} "
-                    "(--static-sequence says so up front)"
+                    f"{' and '.join(a.name for a in fixed)} could not be dynamic "
+                    f"({'; '.join(errors)[:300]}): exported at the example's "
+                    + ", ".join(
+                        f"{n} dim {d} = {sample[n].shape[d]}" for a in fixed for n, d in a.dims
+                    )
+                    + " (--static-sequence says so up front)"
                 )
-                sequence, errors, where = None, [], None
-                shapes = dynamic_shapes(opts, sample, state.bounds)
+                axes = [a for a in axes if a not in fixed]
+                errors, where = [], None
+                shapes = dynamic_shapes(opts, sample, state.bounds, axes)
                 if names is not None and shapes is not None:
                     shapes = tuple(shapes[n] for n in names)
                 attempts = [(s, cloned) for s in modes]
@@ -193,12 +195,11 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
         if errors and strict and not cloned:
             state.notes.append(f"non-strict export failed, strict export succeeded ({errors[0]})")
         _refuse_below_two(ep, state.bounds)
-        if sequence is not None:
+        if axes:
             state.notes.append(
-                "dynamic sequence with --dynamic-batch (optimum's convention): "
-                + sequence.words()
-                + (" from the config" if sequence.longest else "")
-                + "; --static-sequence keeps the example's length"
+                "dynamic with --dynamic-batch (optimum's names): "
+                + "; ".join(a.words() for a in axes)
+                + "; --static-sequence keeps the example's sizes"
             )
         state.dynamic_range = dynamic_range_words(ep)
         return ep
@@ -297,6 +298,18 @@ def _draft_report(module: Any, args: Any, kwargs: Any, shapes: Any) -> str | Non
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(report))  # drop terminal colours
     lines = [ln.strip() for ln in text.splitlines() if ln.strip().strip("#")]
     return " | ".join(lines[:6])[:600]
+
+
+def _fixed_axes(axes: list[Axis], error: str) -> list[Axis]:
+    """The axes an export error blames: those whose inputs it names (``L['pixel_values']``),
+    else the last one tried (the order of ``model_axes``: the least usual first to go)."""
+    named = [a for a in axes if any(f"'{n}'" in error for n, _ in a.dims)]
+    # height and width go together: an image model that fixes one fixes both
+    if any(a.name in ("height", "width") for a in named):
+        named += [a for a in axes if a.name in ("height", "width") and a not in named]
+    return named or [axes[-1]] + [
+        a for a in axes[:-1] if {axes[-1].name, a.name} == {"height", "width"}
+    ]
 
 
 def _first_line(exc: BaseException) -> str:

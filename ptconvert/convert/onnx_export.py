@@ -1,11 +1,12 @@
 """The exported → onnx edge: torch.onnx's dynamo exporter from the ExportedProgram.
 
-Dynamic dims become named symbolic dims (``batch`` for a dynamic batch, ``sequence_length``
-for a text model's sequence as optimum names it, ``<input>_<axis>`` otherwise, in place of
-torch's ``s77``); ``--opset N`` picks the opset; weights go to external
-data (``NAME.onnx.data``) on request or when the model is over 2 GB, which one protobuf cannot
-hold; ``onnx.checker`` runs on the result; ``--onnx-optimize`` runs onnxscript's optimizer. The
-files are written in a staging folder beside the output and put in place together.
+Dynamic dims become named symbolic dims as optimum names them (``batch_size``, and a Hugging
+Face family's ``sequence_length``, ``decoder_sequence_length``, ``height``/``width``),
+``<input>_<axis>`` otherwise, in place of torch's ``s77``); ``--opset N`` picks the opset;
+weights go to external data (``NAME.onnx.data``) on request or when the model is over 2 GB,
+which one protobuf cannot hold; ``onnx.checker`` runs on the result; ``--onnx-optimize`` runs
+onnxscript's optimizer. The files are written in a staging folder beside the output and put in
+place together.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ _SYMBOL = re.compile(r"\bs\d+\b")
 
 
 def symbol_names(ep: Any) -> dict[str, str]:
-    """torch's symbol (``s77``) → the name the ONNX dims get."""
-    from ptconvert.model.inputs import SEQUENCE_INPUTS
+    """torch's symbol (``s77``) → the name the ONNX dims get: optimum's (``batch_size``, a
+    transformers input's ``AXIS_NAMES``: ``sequence_length``, ``height``, …),
+    ``<input>_<axis>`` otherwise."""
+    from ptconvert.model.axes import AXIS_NAMES
     from ptconvert.verify.ranges import dynamic_dims
 
     names: dict[str, str] = {}
@@ -39,13 +42,8 @@ def symbol_names(ep: Any) -> dict[str, str]:
         if d.symbol is None or d.symbol in names:
             continue
         batch = d.axis == 0 and all(a == 0 for _, a in d.shared)
-        sequence = (
-            d.axis == 1
-            and d.input in SEQUENCE_INPUTS
-            and all(n in SEQUENCE_INPUTS and a == 1 for n, a in d.shared)
-        )
         names[d.symbol] = (
-            "batch" if batch else "sequence_length" if sequence else f"{d.input}_{d.axis}"
+            "batch_size" if batch else AXIS_NAMES.get((d.input, d.axis), f"{d.input}_{d.axis}")
         )
     return names
 

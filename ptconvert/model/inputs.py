@@ -513,38 +513,6 @@ def from_hf_model(
     return ExampleInputs(make, batch, f"{type(model).__name__}.forward and its config")
 
 
-# the text inputs whose dim 1 is the sequence (optimum's ``sequence_length``)
-SEQUENCE_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
-
-
-def longest_sequence(config: Any) -> int | None:
-    """The longest token sequence a text model's config allows (``max_position_embeddings``,
-    GPT-2's ``n_positions``, …, in its text sub-config first); None when it sets none (relative
-    positions: T5)."""
-    longest = _first(config, _TEXT_LENGTHS, _TEXT)
-    return longest if isinstance(longest, int) and not isinstance(longest, bool) else None
-
-
-def sequence_axes(model: Any, sample: dict[str, Any]) -> tuple[list[str], int | None]:
-    """The inputs of a transformers text model whose dim 1 is its token sequence: those of
-    SEQUENCE_INPUTS that ``sample`` has as 2-D integer tensors as long as ``input_ids``; and the
-    longest sequence its config allows. No inputs for a model without ``input_ids`` (images,
-    speech) or another kind of model."""
-    config = getattr(model, "config", None)
-    ids: Any = sample.get("input_ids")
-    if config is None or _dims(ids) != 2 or ids.dtype.is_floating_point:
-        return [], None
-    length = ids.shape[1]
-    names = [
-        n
-        for n in SEQUENCE_INPUTS
-        if _dims(sample.get(n)) == 2
-        and not sample[n].dtype.is_floating_point
-        and sample[n].shape[1] == length
-    ]
-    return names, longest_sequence(config)
-
-
 def from_file(path: Path) -> ExampleInputs:
     """Inputs saved in a safetensors file (or a weights-only torch file): used as they are."""
     from ptconvert.scan.guard import guard

@@ -82,7 +82,7 @@ def test_a_checkpoint_converts_to_onnx_with_a_named_dynamic_batch(samples, tmp_p
     onnx.checker.check_model(str(out), full_check=True)
     model = onnx.load(str(out))
     dims = [d.dim_param or d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
-    assert dims == ["batch", 8]  # torch's s77 renamed
+    assert dims == ["batch_size", 8]  # torch's s77 renamed
     assert [p.name for p in tmp_path.iterdir()] == ["mlp.onnx"]  # no temporary file left
     assert_matches_eager("onnx", out)
 
@@ -320,7 +320,7 @@ def test_torchscript_and_pt2_sources_reach_onnx_under_their_input_names(samples,
         assert [i.name for i in model.graph.input] == ["x"]
         assert [o.name for o in model.graph.output] == ["output"]
         dims = [d.dim_param or d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
-        assert dims == ["batch", 8]  # the specialised 8 is a size, not a symbol named "8"
+        assert dims == ["batch_size", 8]  # the specialised 8 is a size, not a symbol named "8"
         assert_matches_eager("onnx", out)
 
 

@@ -113,10 +113,10 @@ def test_dynamic_batch_makes_the_sequence_dynamic_up_to_the_config(
     assert words["attention_mask dim 1"] == words["input_ids dim 1"]
     assert any("sequence_length, 1–64" in n for n in report.notes), report.notes
     result = _check_fresh(out, directory, head)
-    if to == "onnx":  # named as optimum names them (ptconvert's batch keeps its name)
+    if to == "onnx":  # named as optimum names them (batch_size, sequence_length)
         dims = result["dims"]
         assert isinstance(dims, dict)
-        assert dims["input_ids"] == dims["attention_mask"] == ["batch", "sequence_length"]
+        assert dims["input_ids"] == dims["attention_mask"] == ["batch_size", "sequence_length"]
 
 
 def test_static_sequence_keeps_the_examples_length(
