@@ -27,3 +27,16 @@ def test_unknown_and_generation_tasks_outside_their_export_are_usage_errors(
         module_from_hf(tiny["gpt2"], "text-generation-with-cake", {})
     with pytest.raises(UsageError, match="is a generation export"):
         module_from_hf(tiny["gpt2"], "text-generation-with-past", {})
+
+
+def test_tasks_not_written_yet_are_said(tmp_path: Path) -> None:
+    import transformers as t
+
+    import ptconvert
+
+    t5 = tmp_path / "t5"
+    t.T5ForConditionalGeneration(
+        t.T5Config(vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=1, num_heads=4)
+    ).save_pretrained(t5)
+    with pytest.raises(UsageError, match="writes no target yet"):
+        ptconvert.convert(t5, "pt2", tmp_path / "t5.pt2", task="text2text-generation-with-past")
