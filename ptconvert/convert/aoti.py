@@ -48,6 +48,7 @@ def aoti_compile(state: RunState, opts: Options) -> None:
     assert state.exported is not None and state.output is not None
     require_device(opts.device)
     ep: Any = state.exported
+    _refuse_baked_scalars(ep, state)
     ones = accepted_at_one(ep, state.bounds)
     if opts.device != "cpu":
         from torch.export.passes import move_to_device_pass
@@ -85,6 +86,38 @@ def aoti_compile(state: RunState, opts: Options) -> None:
         "the package checks every call's input dtypes, shapes and strides itself, "
         "AOTI_RUNTIME_CHECK_INPUTS set or not: a size outside what was verified raises"
     )
+
+
+def baked_scalars(ep: Any) -> dict[str, Any]:
+    """The user inputs torch.export took as constants (a Python int, float, bool or string;
+    None is structure, not a value), by forward's names."""
+    specs = [s for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    signature = ep.module_call_graph[0].signature if ep.module_call_graph else None
+    names = list(getattr(signature, "forward_arg_names", None) or [])
+    if len(names) != len(specs):
+        names = [s.arg.name for s in specs]
+    return {
+        name: spec.arg.value
+        for name, spec in zip(names, specs, strict=True)
+        if type(spec.arg).__name__ == "ConstantArgument" and spec.arg.value is not None
+    }
+
+
+def _refuse_baked_scalars(ep: Any, state: RunState) -> None:
+    """A package's runner (``aoti_load_package``) passes tensors only to the compiled code and
+    drops every other argument: a scalar input is the example's value in the package, and a
+    call with another value returns the example's numbers without a word. A ``.pt2`` guards it."""
+    scalars = baked_scalars(ep)
+    if scalars:
+        given = ", ".join(f"{n}={v!r}" for n, v in scalars.items())
+        raise UnsupportedConversionError(
+            f"the model takes non-tensor inputs ({given}): an AOTInductor package computes with "
+            "the example's values and its runner drops the arguments it is called with, so a "
+            "call with another value would return wrong numbers",
+            path=state.src,
+            hint="convert to pt2 (its guard refuses another value) or torchscript (takes any), "
+            "or make the input a tensor (--input NAME::DTYPE → a 0-d tensor in the factory)",
+        )
 
 
 def accepted_at_one(ep: Any, bounds: Bounds) -> frozenset[tuple[int, int]]:

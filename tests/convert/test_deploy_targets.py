@@ -541,6 +541,30 @@ def test_the_written_file_is_run_in_a_fresh_process_scalars_included(tmp_path, c
     assert not (tmp_path / "bad.ts").exists()
 
 
+def test_a_scalar_input_is_never_baked_silently_into_an_aoti_package(tmp_path, capsys, monkeypatch):
+    """aoti_load_package's runner drops every non-tensor argument: a package of forward(x, sr)
+    returned the example's numbers at any other sr. Refused (exit 4) before compiling; the .pt2
+    of the same model refuses another sr by its guard."""
+    (tmp_path / "rate.py").write_text(RATE_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import rate  # type: ignore[import-not-found]
+
+    torch.save(rate.make().state_dict(), tmp_path / "w.pt")
+    args = [str(tmp_path / "w.pt"), "--model", "rate:make", "--no-cache"]
+    args += ["--input", "x:2x8:float32", "--input", "sr::int64=16000"]
+    code, report, _ = run_cli([*args, "--to", "aoti", "-o", str(tmp_path / "r.aoti.pt2")], capsys)
+    assert code == 4, report
+    assert "sr=16000" in report["error"]["message"], report
+    assert not (tmp_path / "r.aoti.pt2").exists()
+    code, report, _ = run_cli([*args, "--to", "pt2", "-o", str(tmp_path / "r.pt2")], capsys)
+    assert code == 0, report
+    program = torch.export.load(tmp_path / "r.pt2").module()
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(program(x, 16000), rate.make()(x, 16000))
+    with pytest.raises(Exception, match="16000"):
+        program(x, 8000)
+
+
 def test_the_memory_estimate_counts_the_weights_read_not_the_optimizer_state(samples, capsys):
     from ptconvert.memory import program_estimate
     from ptconvert.weights.read import read_weights
