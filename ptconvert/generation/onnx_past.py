@@ -203,7 +203,8 @@ class OnnxWithPast:
         for name in self.past_names:
             shape = self.inputs[name].shape
             heads, size = shape[1], shape[3]
-            self.past.append(np.zeros((rows, heads, 0, size), np.float32))
+            kind = np.float16 if "float16" in self.inputs[name].type else np.float32
+            self.past.append(np.zeros((rows, heads, 0, size), kind))
         self.length = 0
         return self._run(input_ids)
 
