@@ -31,19 +31,18 @@ from typing import Any
 
 from ptconvert import progress
 from ptconvert.convert.state import Bounds, RunState
-from ptconvert.errors import ModelRaisedError, PtconvertError, VerificationError
+from ptconvert.errors import PtconvertError, VerificationError
 from ptconvert.formats import FORMATS_BY_NAME
 from ptconvert.memory import FP64_BUDGET_BYTES
 from ptconvert.options import DYNAMIC_SPEC, Options
+from ptconvert.verify.judging import judge_program, stateful_sides
 from ptconvert.verify.parity import (
     STATEFUL_CALLS,
     VARIED_BATCHES,
-    Determinism,
     EagerRuns,
     ParityReport,
     compare,
     fresh_each_call,
-    summarised,
     watched_call,
 )
 
@@ -265,46 +264,40 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
                 "(sizes are chosen by the model's call time; --batch-sizes chooses them)"
             )
     changed = state.changes
-    if changed and program.module is not None and program.call_of is not None:
-        # the model updates its own state on every call: both sides start from the saved state
-        # and make the same calls in a row, every call's outputs compared
-        reference = fresh_each_call(reference, lambda m: m, STATEFUL_CALLS)
-        candidate = fresh_each_call(program.module, program.call_of, STATEFUL_CALLS)
+    if changed:
+        reference, candidate, reset = stateful_sides(
+            reference, lambda m: m, candidate, program.module, program.call_of
+        )
         state.notes.append(
             f"stateful model: a call changes its {', '.join(changed)}; the program and the eager "
             f"model were each run {STATEFUL_CALLS} times in a row from their saved state and "
             "every call compared"
+            if reset
+            else f"stateful model: a call changes its {', '.join(changed)}; the {to} runtime "
+            "runs in another process and cannot be reset: each size compared on its first call"
         )
-    elif changed:
-        reference = fresh_each_call(reference, lambda m: m, 1)
-        state.notes.append(
-            f"stateful model: a call changes its {', '.join(changed)}; the {to} runtime runs in "
-            "another process and cannot be reset: each size compared on its first call"
-        )
-    if changed:  # eager's outputs so far came from another call than these: not reused
-        runs = EagerRuns(made_by=state.inputs)
+        runs = EagerRuns(made_by=state.inputs)  # eager's outputs so far came from other calls
     ranged = program.exported or (state.exported if exported else None)
-    dynamic = ranged is not None and any_dynamic
-    report: ParityReport | None = None
+    inputs = state.inputs
+    example = max(inputs.batch, 2) if batch_dynamic else inputs.batch
     with progress.step(f"comparing the {to} program with eager at batch sizes {batches}"):
-        try:
-            report = compare(
-                reference, candidate, state.inputs.at, batches, determinism="once", eager=runs
-            )
-        except ModelRaisedError:
-            if not dynamic:
-                raise
-            # eager itself fails at one of the sizes: the range check says which hold first
-    if dynamic:
-        held = _check_dynamic_dims(
-            state, to, ranged, reference, candidate, runs, batches, report, opts
+        judged = judge_program(
+            reference,
+            candidate,
+            inputs.at,
+            batches,
+            ranged if any_dynamic else None,
+            lambda: inputs.at(example),
+            eager=runs,
+            budget=probe_budget(state.example_seconds),
         )
-        report = _at_sizes(report, held, reference, candidate, state, runs)
-        dropped = [b for b in batches if b not in held]
-        if opts.batch_sizes and dropped:
-            state.notes.append(
-                f"--batch-sizes {dropped} left out: outside the range the program runs for"
-            )
+    report = judged.parity
+    if judged.ranges is not None and judged.ranges.dims:
+        _judge_ranges(state, to, judged.ranges, opts)
+    if opts.batch_sizes and judged.dropped:
+        state.notes.append(
+            f"--batch-sizes {judged.dropped} left out: outside the range the program runs for"
+        )
     assert report is not None
     if not report.fp64_reference:
         from ptconvert.verify.parity import fp64_bytes
@@ -330,29 +323,6 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
     return report
 
 
-def _at_sizes(
-    report: ParityReport | None,
-    held: list[int],
-    reference: Any,
-    candidate: Any,
-    state: RunState,
-    runs: EagerRuns,
-) -> ParityReport:
-    """The comparison at the sizes inside the range that holds: those compared already, the
-    others (the range's minimum when none was inside) compared now."""
-    assert state.inputs is not None
-    done = {s.batch: s for s in report.sizes} if report is not None else {}
-    missing = [b for b in held if b not in done]
-    if missing:
-        more = compare(
-            reference, candidate, state.inputs.at, missing, determinism="once", eager=runs
-        )
-        done.update({s.batch: s for s in more.sizes})
-        report = report or more
-    assert report is not None  # held is never empty: compared now when nothing was before
-    return summarised([done[b] for b in held], report.fp64_reference, report.tolerance)
-
-
 def _hint_for(status: str, to: str, opts: Options, exported: bool) -> str:
     if status == "eager_nondeterministic":
         return "the eager model gives different outputs on the same inputs: eval mode, no dropout"
@@ -363,48 +333,11 @@ def _hint_for(status: str, to: str, opts: Options, exported: bool) -> str:
     return "a trace may have frozen a branch or a shape: try --method script, or export"
 
 
-def _check_dynamic_dims(
-    state: RunState,
-    to: str,
-    ep: Any,
-    reference: Any,
-    candidate: Any,
-    runs: EagerRuns,
-    batches: list[int],
-    compared: ParityReport | None,
-    opts: Options,
-) -> list[int]:
-    """Run every dynamic dim at its ends and between (``verify.ranges``); record the range that
-    holds, in words. Returns the sizes of ``batches`` inside the batch dim's range.
-
-    The sizes ``compared`` ran at are judged already, unless one of them computed something
-    else than eager (then its shape is probed on the example's own rows: a value a trace froze
-    is not a size the program rejects); None: eager failed at one of them, nothing is known."""
-    from functools import partial
-
+def _judge_ranges(state: RunState, to: str, ranges: Any, opts: Options) -> None:
+    """What the dynamic dims' probes mean for a conversion: the range that holds, in words;
+    no size right is a refusal; sizes where the program runs wrong are ``_runs_wrong``."""
     from ptconvert.convert.exporting import dims_hint
-    from ptconvert.verify.ranges import (
-        batch_sizes_that_hold,
-        check_program,
-        shapes_of,
-        verdict,
-    )
 
-    assert state.inputs is not None
-    example = state.inputs.at(
-        max(state.inputs.batch, 2) if dynamism(state)[1] else state.inputs.batch
-    )
-    known = None
-    if compared is not None and all(s.status in ("pass", "fail_to_run") for s in compared.sizes):
-        known = {shapes_of(runs.inputs[s.batch]): verdict(s) for s in compared.sizes}
-    budget = probe_budget(state.example_seconds)
-    with progress.step("checking every dynamic dimension at its ends"):
-        # probes are keyed by their index: each judgement starts its own eager outputs
-        determinism: Determinism = "done" if runs.deterministic else "once"
-        judge = partial(compare, reference, candidate, determinism=determinism)
-        ranges = check_program(ep, example, judge, budget=budget, known=known)
-    if not ranges.dims:
-        return batches
     state.dynamic_range = {r.dim.where: r.text for r in ranges.dims}
     if ranges.status == "fail":
         raise VerificationError(
@@ -419,7 +352,6 @@ def _check_dynamic_dims(
             "the program does not run on the whole range torch reports; it runs for: "
             + "; ".join(ranges.texts)
         )
-    return batch_sizes_that_hold(ranges, batches)
 
 
 def _runs_wrong(state: RunState, to: str, dims: list[Any]) -> VerificationError:

@@ -71,6 +71,19 @@ def longest_sequence(config: Any) -> int | None:
     return _limit(_first(config, _TEXT_LENGTHS, _TEXT))
 
 
+def _position_offset(model: Any) -> int:
+    """Positions a text model's table reserves before the first token: RoBERTa and its kin
+    number tokens from ``padding_idx + 1`` (a table of 514 holds 512 tokens), which their
+    position embedding says by its ``padding_idx``."""
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] != "position_embeddings":
+            continue
+        padding = getattr(module, "padding_idx", None)
+        if isinstance(padding, int) and getattr(module, "num_embeddings", 0) > padding >= 0:
+            return padding + 1
+    return 0
+
+
 def _dims(value: Any) -> int:
     dim = getattr(value, "dim", None)
     return int(dim()) if callable(dim) else 0
@@ -105,9 +118,10 @@ def model_axes(model: Any, sample: dict[str, Any]) -> list[Axis]:
     axes: list[Axis] = []
     if _int_2d(sample.get("input_ids")):
         names = _shared(sample, SEQUENCE_INPUTS, "input_ids")
-        axes.append(
-            Axis("sequence_length", tuple((n, 1) for n in names), 1, longest_sequence(config))
-        )
+        longest = longest_sequence(config)
+        if longest:
+            longest -= _position_offset(model)
+        axes.append(Axis("sequence_length", tuple((n, 1) for n in names), 1, longest))
     if _int_2d(sample.get("decoder_input_ids")):
         names = _shared(sample, DECODER_INPUTS, "decoder_input_ids")
         longest = _limit(_first(config, _DECODER_LENGTHS, _DECODER))

@@ -33,12 +33,11 @@ from ptconvert.model.inputs import pinned
 from ptconvert.options import Options
 from ptconvert.report import Report
 from ptconvert.scan.guard import refuse_unsafe
+from ptconvert.verify.judging import judge_program, stateful_sides
 from ptconvert.verify.parity import (
     STATEFUL_CALLS,
     VARIED_BATCHES,
     ParityReport,
-    compare,
-    fresh_each_call,
     state_changes,
 )
 from ptconvert.verify.runtime import Runtime, Signature, open_runtime
@@ -401,24 +400,18 @@ def _verify(
     if state is not None and state.reference:
         # one call changes the model: compare every call from the same (saved) state
         assert ref.module is not None and ref.call_of is not None
-        resettable = cand.module is not None and cand.call_of is not None
-        calls = STATEFUL_CALLS if resettable else 1
-        reference_call = fresh_each_call(ref.module, ref.call_of, calls)
-        how = "every call ran on a fresh copy of the reference"
-        if resettable:
-            assert cand.module is not None and cand.call_of is not None
-            fresh = fresh_each_call(cand.module, cand.call_of, calls)
-            candidate_runtime = dataclasses.replace(cand, call=fresh)
-            how = (
-                f"both were run {calls} times in a row from their initial (saved) state, on "
-                "fresh copies, and every call's outputs compared (a wrong state update shows "
-                "in the later calls)"
-            )
-        else:
-            how += (
-                f"; the candidate ({cand.format}) runs in another process and cannot be reset: "
-                "it was called as it is"
-            )
+        reference_call, fresh, resettable = stateful_sides(
+            ref.module, ref.call_of, cand.call, cand.module, cand.call_of
+        )
+        candidate_runtime = dataclasses.replace(cand, call=fresh)
+        how = (
+            f"both were run {STATEFUL_CALLS} times in a row from their initial (saved) state, "
+            "on fresh copies, and every call's outputs compared (a wrong state update shows "
+            "in the later calls)"
+            if resettable
+            else "every call ran on a fresh copy of the reference; the candidate "
+            f"({cand.format}) runs in another process and cannot be reset: it was called as it is"
+        )
         state.compared = how
         notes.append(
             f"stateful model: one call changes the reference's {state.reference}"
@@ -430,21 +423,24 @@ def _verify(
     elif state is not None:
         state.compared = "called as they are: a call changes no state of the reference"
     candidate_call = binding.for_candidate(on_device(candidate_runtime, device))
-    ranges = None
-    if cand.exported is not None and not batch_sizes and ref.dynamic:
-        # every dynamic dim at its ends and between; the batch sizes are those that hold
-        from functools import partial
-
-        from ptconvert.verify.ranges import batch_sizes_that_hold, check_program
-
-        judge = partial(compare, reference_call, candidate_call, atol=atol, rtol=rtol)
-        rename = {c: e for e, _, c in binding.fed}
-        ranges = check_program(cand.exported, make(inputs.batch), judge, rename)
-        batches = batch_sizes_that_hold(ranges, batches)
-        if ranges.status == "narrowed":
-            notes.append("the program runs on part of the range torch reports: see ranges")
-    # an eager module as reference also gives the fp64 ground truth (programs cannot be cast)
-    parity = compare(reference_call, candidate_call, make, batches, atol=atol, rtol=rtol)
+    # every dynamic dim at its ends and between; the batch sizes are those that hold
+    ranged = cand.exported if not batch_sizes and ref.dynamic else None
+    judged = judge_program(
+        reference_call,
+        candidate_call,
+        make,
+        batches,
+        ranged,
+        lambda: make(inputs.batch),
+        rename={c: e for e, _, c in binding.fed},
+        # eager twice at every size: a foreign reference's nondeterminism is never compared
+        determinism="each",
+        atol=atol,
+        rtol=rtol,
+    )
+    parity, ranges, batches = judged.parity, judged.ranges, [s.batch for s in judged.parity.sizes]
+    if ranges is not None and ranges.status == "narrowed":
+        notes.append("the program runs on part of the range torch reports: see ranges")
     if parity.compared == 0:
         notes.append("nothing was compared: " + _nothing_compared(parity))
     report = VerifyReport(
@@ -462,7 +458,7 @@ def _verify(
         notes=notes,
         ranges={r.dim.where: r.text for r in ranges.dims} if ranges is not None else {},
     )
-    wrong = [r for r in ranges.dims if r.wrong] if ranges is not None else []
+    wrong = judged.wrong
     if wrong and parity.status == "pass":
         report.status = "fail_accuracy"  # it takes those sizes and computes something else
         if not warn_only:

@@ -97,6 +97,13 @@ def _save(kind: str, directory: Path) -> Path:
             ),
             t.SegformerForSemanticSegmentation,
         ),
+        "roberta": (
+            t.RobertaConfig(
+                vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=37, max_position_embeddings=66, pad_token_id=1,
+            ),
+            t.RobertaModel,
+        ),
         "vit": (
             t.ViTConfig(
                 image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
@@ -137,6 +144,27 @@ def test_each_family_names_the_axes_it_varies(tmp_path: Path) -> None:
         ("height", (("pixel_values", 2),)),
         ("width", (("pixel_values", 3),)),
     ]
+
+
+def test_a_position_table_offset_by_the_padding_index_bounds_the_sequence_below_its_size(
+    tmp_path: Path,
+) -> None:
+    """RoBERTa numbers positions from padding_idx + 1: a table of 66 holds 64 tokens. The .pt2
+    was written for 1–66 and 65 and 66 reached an index error inside (an AOTI package aborted
+    the process there); now the program's own range refuses them."""
+    axes = _axes("roberta", tmp_path)
+    assert axes == [("sequence_length", (("input_ids", 1), ("attention_mask", 1)))]
+    directory = tmp_path / "roberta"
+    out = tmp_path / "r.pt2"
+    report = convert_program(directory, "pt2", out, Options(dynamic_batch=True, cache=False))
+    assert report.dynamic_range["input_ids dim 1"].startswith("sequence length 2–64"), report
+    grid = [
+        {"input_ids": [[b, n], "int"], "attention_mask": [[b, n], "ones"]}
+        for b, n in ((1, 64), (2, 65))
+    ]
+    result = _fresh(out, directory, "AutoModel", grid)
+    assert [r[0] for r in result["results"]] == ["match", "raises"], result
+    assert "<= 64" in result["results"][1][1], result
 
 
 def test_a_seq2seq_decoder_length_is_dynamic_and_named_as_optimum_names_it(

@@ -1,0 +1,160 @@
+"""The one program check: a candidate program against its reference, as a conversion judges
+what it wrote (``convert/program_check``) and ``ptconvert verify`` judges a foreign artifact
+(``verify/check``), in the same order and by the same rules:
+
+1. a stateful reference (a call changes its buffers): both sides compared from their saved
+   state, ``STATEFUL_CALLS`` calls in a row when the candidate can be reset (``stateful_sides``);
+2. the batch sizes compared, eager's outputs kept in one ``EagerRuns``;
+3. every dynamic dim of the program probed at its ends and between (``verify.ranges``), the
+   sizes compared already taken as judged;
+4. the sizes inside the range that holds compared (those missing run now), the others left out.
+
+What a failure means is the caller's: a conversion exports again with the range that holds or
+refuses; ``verify`` reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from ptconvert import progress
+from ptconvert.errors import ModelRaisedError
+from ptconvert.verify.parity import (
+    STATEFUL_CALLS,
+    Determinism,
+    EagerRuns,
+    ParityReport,
+    compare,
+    fresh_each_call,
+    summarised,
+)
+
+
+@dataclass
+class Judgement:
+    """What a program check found: the comparison at the sizes that hold, and the dynamic
+    dims' ranges (None: the program has none)."""
+
+    parity: ParityReport
+    ranges: Any = None  # verify.ranges.RangeReport
+    dropped: list[int] = field(default_factory=list)  # sizes asked for, outside the range
+
+    @property
+    def wrong(self) -> list[Any]:
+        """The dims the program runs at sizes where it computes something else."""
+        return [r for r in self.ranges.dims if r.wrong] if self.ranges is not None else []
+
+
+def stateful_sides(
+    reference: Any,
+    reference_call_of: Callable[[Any], Callable[..., Any]],
+    candidate: Callable[..., Any],
+    candidate_module: Any,
+    candidate_call_of: Callable[[Any], Callable[..., Any]] | None,
+) -> tuple[Any, Callable[..., Any], bool]:
+    """The calls to compare when one call changes the reference's state: each from the saved
+    state, ``STATEFUL_CALLS`` in a row on both sides when the candidate can be copied and so
+    reset (every call's outputs compared: a wrong state update shows in the later ones), else
+    each size on the reference's first call and the candidate called as it is. The third value
+    says whether the candidate was reset."""
+    if candidate_module is not None and candidate_call_of is not None:
+        return (
+            fresh_each_call(reference, reference_call_of, STATEFUL_CALLS),
+            fresh_each_call(candidate_module, candidate_call_of, STATEFUL_CALLS),
+            True,
+        )
+    return fresh_each_call(reference, reference_call_of, 1), candidate, False
+
+
+def judge_program(
+    reference: Any,
+    candidate: Callable[..., Any],
+    make: Callable[[int], dict[str, Any]],
+    batches: list[int],
+    ranged: Any,
+    example: Callable[[], dict[str, Any]],
+    *,
+    eager: EagerRuns | None = None,
+    determinism: Determinism = "once",
+    budget: int | None = None,
+    rename: dict[str, str] | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+) -> Judgement:
+    """Compare ``candidate`` with ``reference`` at ``batches`` and, when ``ranged`` (the
+    candidate's ExportedProgram) has dynamic dims, probe each of them on ``example()``; the
+    sizes outside the batch range that holds are dropped, those inside compared."""
+    from ptconvert.verify.ranges import (
+        DEFAULT_BUDGET,
+        batch_sizes_that_hold,
+        check_program,
+        dynamic_dims,
+        shapes_of,
+        verdict,
+    )
+
+    runs = eager if eager is not None else EagerRuns(made_by=make)
+    dynamic = ranged is not None and bool(dynamic_dims(ranged))
+    report: ParityReport | None = None
+    try:
+        report = compare(
+            reference,
+            candidate,
+            make,
+            batches,
+            determinism=determinism,
+            eager=runs,
+            atol=atol,
+            rtol=rtol,
+        )
+    except ModelRaisedError:
+        if not dynamic:
+            raise
+        # eager itself fails at one of the sizes: the range check says which hold first
+    if not dynamic:
+        assert report is not None
+        return Judgement(report)
+    # the sizes compared are judged already, unless one computed something else than eager
+    # (then its shape is probed on the example's own rows: a value a trace froze is not a size
+    # the program rejects); None: eager failed at one of them, nothing is known
+    known = None
+    if report is not None and all(s.status in ("pass", "fail_to_run") for s in report.sizes):
+        known = {shapes_of(runs.inputs[s.batch]): verdict(s) for s in report.sizes}
+    with progress.step("checking every dynamic dimension at its ends"):
+        # probes are keyed by their index: each judgement starts its own eager outputs
+        judge = partial(
+            compare,
+            reference,
+            candidate,
+            determinism="done" if runs.deterministic else "once",
+            atol=atol,
+            rtol=rtol,
+        )
+        ranges = check_program(
+            ranged, example(), judge, rename, budget=budget or DEFAULT_BUDGET, known=known
+        )
+    if not ranges.dims:
+        assert report is not None
+        return Judgement(report, ranges)
+    held = batch_sizes_that_hold(ranges, batches)
+    done = {s.batch: s for s in report.sizes} if report is not None else {}
+    missing = [b for b in held if b not in done]
+    if missing:  # the range's minimum when none of ``batches`` was inside
+        more = compare(
+            reference,
+            candidate,
+            make,
+            missing,
+            determinism=determinism,
+            eager=runs,
+            atol=atol,
+            rtol=rtol,
+        )
+        done.update({s.batch: s for s in more.sizes})
+        report = report or more
+    assert report is not None
+    parity = summarised([done[b] for b in held], report.fp64_reference, report.tolerance)
+    return Judgement(parity, ranges, [b for b in batches if b not in held])
