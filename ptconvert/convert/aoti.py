@@ -45,6 +45,8 @@ def compiler() -> str | None:
 def aoti_compile(state: RunState, opts: Options) -> None:
     from torch._inductor import aoti_compile_and_package
 
+    from ptconvert.verify.ranges import user_inputs
+
     assert state.exported is not None and state.output is not None
     require_device(opts.device)
     ep: Any = state.exported
@@ -61,7 +63,7 @@ def aoti_compile(state: RunState, opts: Options) -> None:
     package = folder / (final if final.endswith(".pt2") else f"{final}.pt2")
     started = time.perf_counter()
     try:
-        with quiet_torch(), checked_inputs(ones):
+        with quiet_torch(), checked_inputs(ones, [n for n, _ in user_inputs(ep)]):
             aoti_compile_and_package(
                 ep, package_path=str(package), inductor_configs=dict(opts.aoti_options)
             )
@@ -131,18 +133,25 @@ def accepted_at_one(ep: Any, bounds: Bounds) -> frozenset[tuple[int, int]]:
 
 
 @contextmanager
-def checked_inputs(accept_one: frozenset[tuple[int, int]] = frozenset()) -> Iterator[None]:
+def checked_inputs(
+    accept_one: frozenset[tuple[int, int]] = frozenset(), names: list[str] | None = None
+) -> Iterator[None]:
     """While it lasts, Inductor's AOT input checks run on every call of the packages it
     compiles (not only under ``AOTI_RUNTIME_CHECK_INPUTS``); the dims ``accept_one`` (input
-    index, axis) have a lower bound of 1 in them instead of torch's 2."""
+    index, axis) have a lower bound of 1 in them instead of torch's 2; and inputs that share a
+    size (``input_ids`` and ``attention_mask``: one batch, one length) must agree on it, which
+    Inductor checks nowhere (a mask of another length was read as if it fit)."""
     from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
     original = CppWrapperCpu.generate_input_output_runtime_checks
 
     def generate(self: Any) -> None:
+        from torch._inductor.virtualized import V
+
         with _floor_of_one(accept_one):
             original(self)
         _ungate(self.prefix._lines)
+        _check_shared_dims(self.prefix._lines, list(V.graph.graph_inputs.values()), names)
 
     CppWrapperCpu.generate_input_output_runtime_checks = generate  # type: ignore[method-assign]
     try:
@@ -163,6 +172,43 @@ def _ungate(lines: list[Any]) -> None:
         )
     at = starts[0]
     lines[at : at + 3] = ["// ptconvert: the inputs are checked on every call"]
+
+
+def _check_shared_dims(lines: list[Any], inputs: list[Any], names: list[str] | None) -> None:
+    """Append to ``__check_inputs_outputs`` (the last block written) a check that the dims of
+    the inputs whose size is one symbolic expression are equal; ``names`` are forward's."""
+    import sympy
+
+    seen: dict[Any, tuple[int, int]] = {}
+    checks: list[str] = []
+
+    def label(i: int) -> str:
+        return names[i] if names and i < len(names) else f"input {i}"
+
+    for i, tensor in enumerate(inputs):
+        get_size = getattr(tensor, "get_size", None)
+        if get_size is None:
+            continue
+        for axis, size in enumerate(get_size()):
+            if isinstance(size, int | sympy.Integer):
+                continue
+            if size not in seen:
+                seen[size] = (i, axis)
+                continue
+            j, other = seen[size]
+            checks.append(
+                f"if (ConstantHandle(input_handles[{i}]).sizes()[{axis}] != "
+                f"ConstantHandle(input_handles[{j}]).sizes()[{other}]) {{ std::stringstream ss; "
+                f'ss << "{label(i)} dim {axis} is " << ConstantHandle(input_handles[{i}])'
+                f'.sizes()[{axis}] << " but must equal {label(j)} dim {other}, which is " << '
+                f'ConstantHandle(input_handles[{j}]).sizes()[{other}] << "\\n"; '
+                "throw std::runtime_error(std::move(ss).str()); }"
+            )
+    if not checks:
+        return
+    text = [line.strip() if isinstance(line, str) else None for line in lines]
+    end = max(i for i, t in enumerate(text) if t == "}")
+    lines[end:end] = ["// ptconvert: inputs that share a size agree on it", *checks]
 
 
 @contextmanager

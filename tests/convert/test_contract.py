@@ -142,6 +142,48 @@ def test_an_aoti_package_checks_its_inputs_without_the_environment_variable(
         runtime.close()
 
 
+_CALL_TWO = """
+import sys, torch
+runner = torch._inductor.aoti_load_package(sys.argv[1])
+x = torch.randn(int(sys.argv[2]), int(sys.argv[3]), 8)
+mask = torch.ones(int(sys.argv[4]), int(sys.argv[5]), dtype=torch.int64)
+try:
+    print("out", tuple(runner(x, mask).shape))
+except Exception as exc:
+    print("raised", exc)
+"""
+
+
+@pytest.mark.slow
+def test_an_aoti_package_refuses_inputs_that_disagree_on_a_shared_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """x [b, s, 8] and mask [b, s] share b and s: the package checked each dim's range, not that
+    the two agree, and returned numbers for a mask of another length or batch (the .pt2 and
+    eager raise)."""
+    from fixtures.models import MaskedMean
+
+    out = tmp_path / "m.aoti.pt2"
+    args = ["--model", "fixtures.models:MaskedMean", "--input", "x:2x6x8:float32"]
+    args += ["--input", "mask:2x6:int64:=1", "--dynamic-batch", "--dynamic", "x:1:1:32"]
+    args += ["--dynamic", "mask:1:1:32", "-o", str(out)]
+    code, report, _ = run_cli(
+        [str(_checkpoint(tmp_path, seeded(MaskedMean()))), "--to", "aoti", *args], capsys
+    )
+    assert code == 0, report
+    env = {k: v for k, v in os.environ.items() if k != "AOTI_RUNTIME_CHECK_INPUTS"}
+
+    def call(*sizes: int) -> str:
+        argv = [sys.executable, "-c", _CALL_TWO, str(out), *map(str, sizes)]
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.strip().splitlines()[-1]
+
+    assert call(3, 7, 3, 7) == "out (3, 4)"
+    assert "mask dim 1 is 9 but must equal x dim 1, which is 7" in call(3, 7, 3, 9)
+    assert "mask dim 0 is 2 but must equal x dim 0, which is 3" in call(3, 7, 2, 7)
+
+
 def test_the_check_gate_of_the_generated_code_is_removed_or_the_compile_fails() -> None:
     from ptconvert.convert.aoti import _ungate
 
@@ -156,6 +198,30 @@ def test_the_check_gate_of_the_generated_code_is_removed_or_the_compile_fails() 
     assert not any("return;" in line for line in lines) and lines[-1].startswith("check_input_0")
     with pytest.raises(RuntimeError, match="writes its input checks differently"):
         _ungate(lines)  # nothing left to remove: this torch's code is not the one expected
+
+
+def test_inputs_sharing_a_symbolic_size_get_a_check_that_they_agree() -> None:
+    import sympy
+
+    from ptconvert.convert.aoti import _check_shared_dims
+
+    class Box:
+        def __init__(self, *size: object) -> None:
+            self.size = list(size)
+
+        def get_size(self) -> list[object]:
+            return self.size
+
+    b, s = sympy.Symbol("s0"), sympy.Symbol("s1")
+    lines: list[Any] = ["static void __check_inputs_outputs(", "check_input_0(h);", "}"]
+    _check_shared_dims(lines, [Box(b, s, 8), Box(b, s), Box(4)], ["x", "mask", "w"])
+    assert lines[0] == "static void __check_inputs_outputs(" and lines[-1] == "}"
+    checks = [line for line in lines if line.startswith("if (")]
+    assert len(checks) == 2  # mask's dims 0 and 1 against x's; w shares nothing
+    assert (
+        "input_handles[1]).sizes()[0] != ConstantHandle(input_handles[0]).sizes()[0]" in checks[0]
+    )
+    assert "mask dim 1 is" in checks[1] and "must equal x dim 1" in checks[1]
 
 
 @pytest.fixture
