@@ -325,11 +325,13 @@ def _run_route(
         node, queue = d.format, list(current.edges)
         taken: list[Edge] = []
         rejected: list[str] = []  # programs written but refused by the parity check
+        # where each step's notes start: a route refused by the check takes its notes with it
+        notes_at: dict[Edge, int] = {}
         while True:
             while queue:
                 edge = queue.pop(0)
                 t0 = time.perf_counter()
-                notes_before = len(state.notes)
+                notes_before = notes_at[edge] = len(state.notes)
                 state.writing = not queue
                 try:
                     with progress.step(f"{edge.src} → {edge.dst} ({edge.label or edge.step})"):
@@ -369,6 +371,8 @@ def _run_route(
                 # by export or trace): try the routes that remain from the module
                 capture = next((e for e in taken if e.step in CAPTURING_STEPS), None)
                 cut = route.index(f"{capture.src} → {capture.dst}") if capture else 0
+                if capture is not None:  # the refused program's notes go with it
+                    del state.notes[notes_at.get(capture, len(state.notes)) :]
                 if _narrows(exc, capture, state):
                     # wrong only outside the range that holds: the same route again, with that
                     # range exported, and the file refuses the sizes outside it

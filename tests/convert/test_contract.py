@@ -102,14 +102,18 @@ def test_a_branch_on_the_batch_size_is_never_wrong_where_the_artifact_runs(
             refused.append(b)
             continue
         torch.testing.assert_close(torch.tensor(got["out"]), model(X[:b]), rtol=1e-4, atol=1e-5)
+    notes = report["notes"]
     if to == "onnx":
         assert 2 not in refused  # the example's batch runs
+        # the refused program's notes went with it (a batch dim named in a file not written)
+        assert not any("dynamic dims named" in n for n in notes), notes
     else:
         assert refused == [1]
         assert any("x dim 0 bounded to 2 or more" in n for n in report["notes"]), report["notes"]
         (accepts,) = report["interface"]["accepts"]
         assert accepts.startswith("x dim 0: batch 2 or more") and "not at 1" in accepts
         assert "fail_accuracy" not in accepts  # refused there now, not wrong
+        assert sum("AOTInductor compiled" in n for n in notes) == (to == "aoti"), notes
 
 
 @pytest.mark.slow
