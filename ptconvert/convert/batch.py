@@ -386,12 +386,15 @@ class _Processes:
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         from concurrent.futures.process import BrokenProcessPool
 
-        try:
-            return self.pool.submit(fn, *args)
-        except BrokenProcessPool:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-            self.pool = self._start()
-            return self.pool.submit(fn, *args)
+        from ptconvert.spawn import without_main
+
+        with without_main():  # workers start on a submit: never with the caller's script
+            try:
+                return self.pool.submit(fn, *args)
+            except BrokenProcessPool:
+                self.pool.shutdown(wait=False, cancel_futures=True)
+                self.pool = self._start()
+                return self.pool.submit(fn, *args)
 
     def close(self) -> None:
         self.pool.shutdown()

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from ptconvert.errors import RuntimeDiedError
+from ptconvert.spawn import without_main
 
 _TIMEOUT_S = 600  # a call that runs this long without answering is given up
 _POLL_S = 0.5
@@ -127,7 +128,8 @@ class IsolatedRuntime:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(kind, path, device, child), daemon=True)
-        self._proc.start()
+        with without_main():  # the child runs ptconvert's code, never the caller's script
+            self._proc.start()
         child.close()  # only the child holds its end: its death is an end of file here
         try:
             accepted, _where = self._expect("loading")

@@ -1,0 +1,37 @@
+"""Processes ptconvert spawns (isolated runtimes, ``-j`` workers) never re-run the caller's
+script.
+
+multiprocessing's spawn starts the child by importing the parent's ``__main__`` again (by its
+module name or its file): a pipeline written as a plain script, without an ``if __name__ ==
+"__main__":`` guard, ran its whole pipeline once more in every runtime ptconvert started and the
+child died. What ptconvert runs in a child is its own code, so the child is started as if the
+parent had no main module.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_MISSING = object()
+
+
+@contextmanager
+def without_main() -> Iterator[None]:
+    """While it lasts, processes spawned (``Process.start``, a pool's first ``submit``) do not
+    import the parent's ``__main__``."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {k: getattr(main, k, _MISSING) for k in ("__spec__", "__file__")}
+    main.__spec__ = None
+    if saved["__file__"] is not _MISSING:
+        del main.__file__
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is not _MISSING:
+                setattr(main, key, value)
