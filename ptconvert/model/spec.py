@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import inspect
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -86,7 +87,6 @@ def module_from_factory(
     """Call the factory (under ``torch.device(device)`` when given); also return the inputs
     its module defines, if any. The factory's module is imported as usual, never under the
     device: its module-level tensors (constants, default arguments) stay real tensors."""
-    import inspect
     from contextlib import nullcontext
 
     import torch
@@ -119,8 +119,50 @@ def module_from_factory(
     inputs = None
     make = getattr(module, "example_inputs", None)
     if callable(make):
-        inputs = ExampleInputs(lambda b: dict(make(b)), 2, f"{spec.factory} example_inputs")
+        where = f"{spec.factory.rsplit(':', 1)[0]}:example_inputs"
+        inputs = ExampleInputs(
+            lambda b: named_example(make(b), model, where), 2, f"{spec.factory} example_inputs"
+        )
     return model.eval(), inputs
+
+
+def named_example(value: Any, model: Any, where: str) -> dict[str, Any]:
+    """What a module's ``example_inputs(batch_size)`` returned, by forward's names: a dict as
+    it is; a tuple or list (torch.export's habit: positional) or a lone tensor named after
+    forward's leading parameters. Anything else is a UsageError that names types and shapes,
+    never a tensor's values."""
+    if isinstance(value, dict):
+        return dict(value)
+    items = list(value) if isinstance(value, tuple | list) else [value]
+    forward = getattr(model, "forward", model)
+    try:
+        params = [
+            p.name
+            for p in inspect.signature(forward).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"
+        ]
+    except (TypeError, ValueError):
+        params = []
+    if not hasattr(value, "shape") and not isinstance(value, tuple | list):
+        raise UsageError(
+            f"{where} returned a {type(value).__name__}: expected a dict of named inputs, or a "
+            "tuple of positional ones"
+        )
+    if len(items) > len(params):
+        shown = ", ".join(_shape_of(v) for v in items)
+        raise UsageError(
+            f"{where} returned {len(items)} positional inputs ({shown}) and forward takes "
+            f"{len(params)} ({', '.join(params) or 'none by position'})",
+            hint="return a dict of forward's parameter names to inputs",
+        )
+    return dict(zip(params, items, strict=False))
+
+
+def _shape_of(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return type(value).__name__
+    return f"{str(getattr(value, 'dtype', '')).removeprefix('torch.')}{list(shape)}"
 
 
 @dataclass

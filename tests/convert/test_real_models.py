@@ -303,6 +303,56 @@ def test_a_factory_files_module_tensors_are_real_tensors(tmp_path: Path) -> None
     assert any("meta device" in n for n in report.notes), report.notes
 
 
+TUPLE_EXAMPLES = """
+import torch
+
+
+class Pair(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+
+    def forward(self, x, y):
+        return self.lin(x) + y
+
+
+def make():
+    torch.manual_seed(0)
+    return Pair()
+
+
+def example_inputs(batch_size):
+    return (torch.randn(batch_size, 8), torch.randn(batch_size, 4))  # torch.export's habit
+"""
+
+
+def test_example_inputs_may_be_a_tuple_and_errors_never_print_tensors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A module's example_inputs returning a tuple failed with an error printing a whole
+    tensor; it is positional now, named after forward's parameters."""
+    factory = tmp_path / "pair.py"
+    factory.write_text(TUPLE_EXAMPLES)
+    linear = torch.nn.Linear(8, 4).state_dict()
+    torch.save({f"lin.{k}": v for k, v in linear.items()}, tmp_path / "w.pt")
+    out = tmp_path / "p.pt2"
+    args = [str(tmp_path / "w.pt"), "--to", "pt2", "--model", f"{factory}:make", "-o", str(out)]
+    code, report, _ = run_cli([*args, "--no-cache"], capsys)
+    assert code == 0, report
+    program = torch.export.load(out).module()
+    assert program(torch.randn(2, 8), torch.randn(2, 4)).shape == (2, 4)
+    factory.write_text(
+        TUPLE_EXAMPLES.replace(
+            "torch.randn(batch_size, 4))", "torch.randn(batch_size, 4), torch.ones(3, 3))"
+        )
+    )
+    code, report, _ = run_cli([*args, "--no-cache", "--force"], capsys)
+    assert code == 2, report
+    message = report["error"]["message"]
+    assert "returned 3 positional inputs (float32[2, 8], float32[2, 4], float32[3, 3])" in message
+    assert "tensor(" not in message
+
+
 def test_a_missing_scalar_input_is_named_with_its_input_line(
     user_models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
