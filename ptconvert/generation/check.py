@@ -26,7 +26,7 @@ class RunResult(Report):
     batch: int
     prompt_length: int
     new_tokens: int
-    status: str  # pass | tie | fail_tokens | fail_logits
+    status: str  # pass | noise (within eager's fp64 error) | tie | fail_tokens | fail_logits
     max_abs_error: float = 0.0
     distinct_tokens: int = 0
     detail: str = ""
@@ -46,6 +46,7 @@ def reference_generate(model: Any, input_ids: Any, new_tokens: int, **inputs: An
     import torch
     from transformers import GenerationConfig
 
+    start = getattr(model.generation_config, "decoder_start_token_id", None)
     config = GenerationConfig(
         do_sample=False,
         num_beams=1,
@@ -53,12 +54,20 @@ def reference_generate(model: Any, input_ids: Any, new_tokens: int, **inputs: An
         min_new_tokens=None,
         eos_token_id=None,
         pad_token_id=0,
-        decoder_start_token_id=getattr(model.generation_config, "decoder_start_token_id", None),
+        decoder_start_token_id=start,
         output_logits=True,
         return_dict_in_generate=True,
     )
-    with torch.no_grad():
-        return model.generate(input_ids, generation_config=config, **inputs)
+    # generate fills what the passed config leaves unset (None) from the model's own: BART's
+    # forced_eos_token_id would force its end token at the last step. The model's config is
+    # swapped for a bare one while it runs.
+    saved = model.generation_config
+    model.generation_config = GenerationConfig(decoder_start_token_id=start)
+    try:
+        with torch.no_grad():
+            return model.generate(input_ids, generation_config=config, **inputs)
+    finally:
+        model.generation_config = saved
 
 
 def prompts(vocab: int, batch: int, length: int, seed: int) -> Any:
@@ -69,11 +78,54 @@ def prompts(vocab: int, batch: int, length: int, seed: int) -> Any:
     return torch.randint(low, vocab, (batch, length), generator=generator)
 
 
-def compare_run(
-    mine: Any, reference: Any, prompt_length: int, batch: int, tolerance: float
-) -> RunResult:
-    """One greedy run against transformers': tokens row by row, logits step by step."""
+def gold_logits(model: Any, input_ids: Any, reference: Any, **inputs: Any) -> list[Any] | None:
+    """Each step's logits of the model's float64 copy (``parity.fp64_model``), fed the
+    reference's tokens (no cache): the ground truth that tells precision noise from a broken
+    export. None where no float64 copy can be made."""
     import torch
+
+    from ptconvert.verify.parity import fp64_model
+
+    gold = fp64_model(model)
+    if gold is None:
+        return None
+    steps = len(reference.logits)
+    sequences = reference.sequences
+    with torch.no_grad():
+        if getattr(model.config, "is_encoder_decoder", False):
+            out = gold(input_ids=input_ids, decoder_input_ids=sequences[:, :-1],
+                       use_cache=False, **inputs)  # fmt: skip
+        else:
+            out = gold(input_ids=sequences[:, :-1], use_cache=False)
+    logits = out.logits[:, -steps:]
+    return [logits[:, k] for k in range(steps)]
+
+
+def _noise(ours: Any, theirs: Any, gold: Any, tolerance: float) -> bool:
+    """Outside allclose but no further from the float64 truth than eager is (parity's rule:
+    RMSE against fp64 at most 2× eager's, 3× for fewer than 1000 values, plus tol/10)."""
+
+    def rmse(x: Any) -> float:
+        return float(((x.double() - gold.double()) ** 2).mean().sqrt())
+
+    multiplier = 3.0 if ours.numel() < 1000 else 2.0
+    return rmse(ours) <= multiplier * rmse(theirs) + tolerance / 10
+
+
+def compare_run(
+    mine: Any,
+    reference: Any,
+    prompt_length: int,
+    batch: int,
+    tolerance: float,
+    gold: Any = None,
+) -> RunResult:
+    """One greedy run against transformers': tokens row by row, logits step by step. A step's
+    logits outside allclose pass when ``gold()`` (the float64 logits per step, or None) says
+    they are as close to the truth as eager's."""
+    import torch
+
+    truth: list[Any] | None = None
 
     got = mine.sequences[:, -len(mine.logits) :]  # the new tokens of each
     want = reference.sequences[:, -len(reference.logits) :]
@@ -85,6 +137,11 @@ def compare_run(
             error = float((ours - theirs).abs().max())
             worst = max(worst, error)
             if not torch.allclose(ours, theirs, atol=tolerance, rtol=tolerance):
+                if truth is None and gold is not None:
+                    truth = gold() or []
+                if truth and _noise(ours, theirs, truth[k][row], tolerance):
+                    status = "noise" if status == "pass" else status
+                    continue
                 return RunResult(
                     batch, prompt_length, steps, "fail_logits", worst, _distinct(got),
                     f"row {row}, new token {k}: logits differ by up to {error:.3g} "
@@ -134,7 +191,11 @@ def check_generation(
             ids, keywords = make_inputs(batch, length)
             reference = reference_generate(model, ids, new_tokens, **keywords)
             mine = greedy(stepper, ids, new_tokens)
-            runs.append(compare_run(mine, reference, length, batch, tolerance))
+
+            def gold(ids: Any = ids, reference: Any = reference, keywords: Any = keywords) -> Any:
+                return gold_logits(model, ids, reference, **keywords)
+
+            runs.append(compare_run(mine, reference, length, batch, tolerance, gold))
     check = GenerationCheck("pass", tolerance, runs)
     failed = [r for r in runs if r.status.startswith("fail")]
     if failed:
@@ -150,4 +211,9 @@ def check_generation(
             "the model gives one token over and over: the check rests on each step's logits"
         )
     check.notes.extend(r.detail for r in runs if r.status == "tie")
+    if any(r.status == "noise" for r in runs):
+        check.notes.append(
+            "some steps' logits are outside allclose but as close to the model's float64 "
+            "logits as eager's (parity's fp64 rule): precision noise, passed"
+        )
     return check

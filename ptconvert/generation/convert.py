@@ -60,12 +60,23 @@ def plan(src: str | Path, to: str, opts: Options) -> GenerationPlan:
         f"static cache, batch {batch}, length {length}"
         if to == "pt2"
         else "past_key_values.N.key|value in, present.N.key|value out"
+        if kind == "decoder"
+        else "past_key_values.N.decoder|encoder.key|value in, present.N.… out"
     )
-    steps = [
-        "load the directory with transformers (cache on)",
-        f"export with its cache ({cache})",
-        f"write {to}",
-    ]
+    if kind == "seq2seq":
+        files = "encoder.pt2, decoder.pt2" if to == "pt2" else (
+            "encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx")  # fmt: skip
+        steps = [
+            "load the directory with transformers (cache on)",
+            f"export the encoder, and the decoder with its cache ({cache})",
+            f"write a folder: {files}, config.json, generation_config.json",
+        ]
+    else:
+        steps = [
+            "load the directory with transformers (cache on)",
+            f"export with its cache ({cache})",
+            f"write {to}",
+        ]
     if opts.verify:
         steps.append(
             f"generate {NEW_TOKENS} greedy tokens at batch "
@@ -88,13 +99,18 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
     started = time.perf_counter()
     src = Path(src)
     refuse_unsafe(src)
-    out = Path(output) if output else default_output(src, to)
+    folder = GENERATION_TASKS[opts.task] == "seq2seq"  # an encoder and a decoder: a folder
+    out = (
+        Path(output) if output else (folder_output(src, to) if folder else default_output(src, to))
+    )
     check_output(out, [src], opts.force)
     with progress.step(f"loading {src.name} for {opts.task}"):
         loaded = load_model(src, opts.task, to, opts)
     model, notes = loaded.model, list(loaded.notes)
-    with atomic_path(out, replace=opts.force) as tmp:
-        if to == "pt2":
+    with atomic_path(out, directory=folder, replace=opts.force) as tmp:
+        if folder:
+            cache, interface = _seq2seq(model, tmp, to, opts, notes)
+        elif to == "pt2":
             cache, interface = _pt2_decoder(model, tmp, opts, notes)
         else:
             cache, interface = _onnx_decoder(model, tmp, opts, notes)
@@ -114,6 +130,87 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
         checked,
         notes,
     )
+
+
+def folder_output(src: Path, to: str) -> Path:
+    """Where a seq2seq export goes without ``-o``: a folder ``NAME-pt2`` / ``NAME-onnx`` beside
+    the source directory."""
+    return src.with_name(f"{src.name.split('.')[0]}-{to}")
+
+
+def _seq2seq(
+    model: Any, tmp: Path, to: str, opts: Options, notes: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The encoder and the decoder into the folder ``tmp``, with the model's configs."""
+    from ptconvert.generation import seq2seq
+
+    start = seq2seq.start_token(model)
+    if to == "pt2":
+        from ptconvert.generation.static_cache import cache_length
+
+        batch = max(opts.batch_sizes or BATCHES)
+        length = cache_length(model, opts.cache_length)
+        meta = {
+            "task": opts.task,
+            "cache": "static",
+            "batch_size": batch,
+            "cache_length": length,
+            "model_class": type(model).__name__,
+            "decoder_start_token_id": start,
+            "eos_token_id": model.generation_config.eos_token_id,
+        }
+        with progress.step(
+            f"exporting the encoder and the decoder with a static cache (batch {batch}, "
+            f"{length} positions)"
+        ):
+            seq2seq.export_pt2(model, tmp, batch, length, meta)
+        notes.append(
+            f"decoder's static cache of {batch} row(s) × {length} positions inside "
+            f"{seq2seq.DECODER_PT2} (mutated buffers; the cross-attention keys and values are "
+            "computed from the encoder's states in every call); a smaller batch runs padded "
+            "with copies of its last row (ptconvert.generate does it)"
+        )
+        cache = {"kind": "static", "batch_size": batch, "length": length}
+        interface = {
+            "call": f"{seq2seq.ENCODER_PT2}(input_ids, attention_mask) → last_hidden_state h "
+            f"once; {seq2seq.DECODER_PT2}(decoder_input_ids=ids[batch, n], "
+            "encoder_hidden_states=h, encoder_attention_mask, cache_position=arange(pos, pos + "
+            f"n)) → logits, from decoder_start_token_id {start}",
+            "files": [seq2seq.ENCODER_PT2, seq2seq.DECODER_PT2, *seq2seq.CONFIGS],
+            "decoder_start_token_id": start,
+        }
+    else:
+        from ptconvert.generation.seq2seq_onnx import (
+            DECODER_ONNX,
+            ENCODER_ONNX,
+            PAST,
+            PRESENT,
+            WITH_PAST_ONNX,
+            export_seq2seq_onnx,
+        )
+
+        with progress.step("exporting the encoder and the decoders to ONNX"):
+            notes.extend(export_seq2seq_onnx(model, tmp, opts))
+        import onnx
+
+        graphs: dict[str, Any] = {}
+        for name in (ENCODER_ONNX, DECODER_ONNX, WITH_PAST_ONNX):
+            graph = onnx.load(str(tmp / name), load_external_data=False).graph
+            graphs[name] = {"inputs": [i.name for i in graph.input],
+                            "outputs": [o.name for o in graph.output]}  # fmt: skip
+        layers = sum(1 for n in graphs[WITH_PAST_ONNX]["inputs"] if n.startswith("past")) // 4
+        interface = {
+            "call": f"{ENCODER_ONNX} once, {DECODER_ONNX} on decoder_start_token_id {start}, "
+            f"{WITH_PAST_ONNX} a token a step (its present.N.decoder fed back as past, the "
+            "first step's present.N.encoder as they are)",
+            "files": {**graphs, **{name: {} for name in seq2seq.CONFIGS}},
+            "decoder_start_token_id": start,
+        }
+        cache = {"kind": "inputs", "layers": layers,
+                 "past": PAST.format("N", "decoder|encoder", "key|value"),
+                 "present": PRESENT.format("N", "decoder|encoder", "key|value")}  # fmt: skip
+    seq2seq.write_configs(model, tmp)
+    return cache, interface
 
 
 def _pt2_decoder(

@@ -32,6 +32,13 @@ class Stepper(Protocol):
     def step(self, tokens: Any) -> Any: ...
 
 
+def _prefix(stepper: Stepper, input_ids: Any) -> Any:
+    """What the new tokens follow in the result: the prompt (a decoder-only LM), or the
+    decoder's start token (a seq2seq stepper's ``prefix``, as ``generate`` returns it)."""
+    prefix = getattr(stepper, "prefix", None)
+    return prefix(input_ids) if prefix is not None else input_ids
+
+
 def greedy(
     stepper: Stepper, input_ids: Any, max_new_tokens: int, eos_token_id: int | None = None
 ) -> Generated:
@@ -59,7 +66,9 @@ def greedy(
             chosen.append(token)
     took = time.perf_counter() - began
     per_token = (took - first) / max(len(chosen) - 1, 1)
-    sequences = torch.cat([input_ids, torch.stack(chosen, 1).to(input_ids.dtype)], 1)
+    sequences = torch.cat(
+        [_prefix(stepper, input_ids), torch.stack(chosen, 1).to(input_ids.dtype)], 1
+    )
     return Generated(sequences, steps, first, per_token)
 
 
@@ -122,6 +131,17 @@ def open_stepper(artifact: str | Path) -> Stepper:
     from ptconvert.generation.static_cache import read_meta
 
     path = Path(artifact)
+    from ptconvert.generation.seq2seq import layout
+
+    folder = layout(path)
+    if folder == "pt2":
+        from ptconvert.generation.seq2seq import StaticSeq2Seq
+
+        return StaticSeq2Seq(path)
+    if folder == "onnx":
+        from ptconvert.generation.seq2seq_onnx import OnnxSeq2Seq
+
+        return OnnxSeq2Seq(path)
     fmt = detect(path).format
     if fmt == "pt2":
         meta = read_meta(path)
@@ -132,10 +152,10 @@ def open_stepper(artifact: str | Path) -> Stepper:
 
         return OnnxWithPast(path)
     raise UnsupportedConversionError(
-        f"{fmt} file without a generation layout (a pt2 with a static cache, an ONNX decoder "
-        "with past_key_values inputs)",
+        f"{fmt} without a generation layout (a pt2 with a static cache, an ONNX decoder "
+        "with past_key_values inputs, a seq2seq export's folder)",
         path=path,
-        hint="convert with --task text-generation-with-past",
+        hint="convert with --task text-generation-with-past or text2text-generation-with-past",
     )
 
 
@@ -147,7 +167,9 @@ def generate(
     eos_token_id: int | None = None,
 ) -> Generated:
     """Greedy generation with a generation export: ``max_new_tokens`` tokens after each row of
-    ``input_ids`` (batch × prompt length, a tensor or nested lists), no padding."""
+    ``input_ids`` (batch × prompt length, a tensor or nested lists), no padding. A seq2seq
+    export's folder takes ``input_ids`` as the encoder's; its sequences are the decoder's (the
+    start token, then the new ones), as transformers' ``generate`` returns them."""
     import torch
 
     ids = input_ids if isinstance(input_ids, torch.Tensor) else torch.tensor(input_ids)

@@ -10,7 +10,7 @@ from ptconvert.options import GENERATION_TASKS
 # the targets each generation task writes so far
 TARGETS: dict[str, tuple[str, ...]] = {
     "decoder": ("pt2", "onnx"),
-    "seq2seq": (),
+    "seq2seq": ("pt2", "onnx"),  # a folder: the encoder, the decoder, the configs
     "speech-seq2seq": (),
 }
 

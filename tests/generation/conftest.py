@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 DECODERS = ("llama", "gpt2", "qwen2")
+SEQ2SEQ = ("t5", "bart", "marian")
 
 
 def build(name: str, out: Path) -> Path:
@@ -48,6 +49,52 @@ def build(name: str, out: Path) -> Path:
             ),
             t.Qwen2ForCausalLM,
         ),
+        # initializer_factor 4 / init_std 0.5 and 1: greedy decoding picks several tokens, not one
+        "t5": (
+            t.T5Config(
+                vocab_size=99,
+                d_model=32,
+                d_kv=8,
+                d_ff=37,
+                num_layers=2,
+                num_heads=4,
+                initializer_factor=4.0,
+                decoder_start_token_id=0,
+            ),
+            t.T5ForConditionalGeneration,
+        ),
+        "bart": (
+            t.BartConfig(
+                vocab_size=99,
+                d_model=32,
+                encoder_layers=2,
+                decoder_layers=2,
+                encoder_attention_heads=4,
+                decoder_attention_heads=4,
+                encoder_ffn_dim=37,
+                decoder_ffn_dim=37,
+                max_position_embeddings=64,
+                init_std=0.5,
+            ),
+            t.BartForConditionalGeneration,
+        ),
+        "marian": (
+            t.MarianConfig(
+                vocab_size=99,
+                d_model=32,
+                encoder_layers=2,
+                decoder_layers=2,
+                encoder_attention_heads=4,
+                decoder_attention_heads=4,
+                encoder_ffn_dim=37,
+                decoder_ffn_dim=37,
+                max_position_embeddings=64,
+                init_std=1.0,
+                decoder_start_token_id=98,
+                pad_token_id=98,
+            ),
+            t.MarianMTModel,
+        ),
         "bert": (
             t.BertConfig(
                 vocab_size=99,
@@ -70,6 +117,12 @@ def build(name: str, out: Path) -> Path:
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("generation")
     return {name: build(name, out) for name in (*DECODERS, "bert")}
+
+
+@pytest.fixture(scope="session")
+def tiny_seq2seq(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("seq2seq")
+    return {name: build(name, out) for name in SEQ2SEQ}
 
 
 def eager(directory: Path):  # type: ignore[no-untyped-def]

@@ -34,9 +34,15 @@ def test_tasks_not_written_yet_are_said(tmp_path: Path) -> None:
 
     import ptconvert
 
-    t5 = tmp_path / "t5"
-    t.T5ForConditionalGeneration(
-        t.T5Config(vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=1, num_heads=4)
-    ).save_pretrained(t5)
+    whisper = tmp_path / "whisper"
+    config = t.WhisperConfig(
+        vocab_size=99, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, num_mel_bins=8,
+        max_source_positions=8, max_target_positions=16, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, decoder_start_token_id=3,
+    )  # fmt: skip
+    t.WhisperForConditionalGeneration(config).save_pretrained(whisper)
     with pytest.raises(UsageError, match="writes no target yet"):
-        ptconvert.convert(t5, "pt2", tmp_path / "t5.pt2", task="text2text-generation-with-past")
+        ptconvert.convert(
+            whisper, "pt2", tmp_path / "w", task="automatic-speech-recognition-with-past"
+        )

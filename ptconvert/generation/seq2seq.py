@@ -1,0 +1,305 @@
+"""Seq2seq LMs (T5, BART, Marian) as an encoder and a decoder driven by a generation loop,
+written as a FOLDER (what ``ptconvert.generate`` and ``bench`` take):
+
+- pt2: ``encoder.pt2`` (``input_ids``, ``attention_mask`` → ``last_hidden_state``; batch and
+  length dynamic) and ``decoder.pt2`` with a static self-attention cache (``decoder_input_ids``
+  of a fixed batch × 1 to N new tokens, ``encoder_hidden_states``, ``encoder_attention_mask``,
+  ``cache_position`` → ``logits``; the cross-attention keys and values are computed from the
+  encoder's states in every call), its ``generation.json`` holding the cache's batch and length;
+- ONNX (``seq2seq_onnx``): optimum's ``encoder_model.onnx``, ``decoder_model.onnx`` and
+  ``decoder_with_past_model.onnx``;
+- both: the model's ``config.json`` and ``generation_config.json``.
+
+The decoder is the model's own ``forward`` given ``encoder_outputs``: its final logits are
+computed as the model computes them (T5 scales the decoder's output by ``d_model**-0.5`` before
+its tied head, BART adds ``final_logits_bias``), which transformers' own exportable decoder
+(``Seq2SeqLMDecoderExportableModuleWithStaticCache``: ``lm_head`` on the decoder's output)
+does not do.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ptconvert.errors import UnsupportedConversionError, UsageError
+from ptconvert.generation.loading import cache_keyword, cache_layers, returned_cache
+
+ENCODER_PT2, DECODER_PT2 = "encoder.pt2", "decoder.pt2"
+CONFIGS = ("config.json", "generation_config.json")
+
+
+def layout(path: Path) -> str | None:
+    """``pt2`` or ``onnx`` for a folder written by a seq2seq generation export, else None
+    (read from the names of the files it holds)."""
+    from ptconvert.generation.seq2seq_onnx import DECODER_ONNX, ENCODER_ONNX, WITH_PAST_ONNX
+
+    if not path.is_dir():
+        return None
+    if (path / ENCODER_PT2).is_file() and (path / DECODER_PT2).is_file():
+        return "pt2"
+    if all((path / n).is_file() for n in (ENCODER_ONNX, DECODER_ONNX, WITH_PAST_ONNX)):
+        return "onnx"
+    return None
+
+
+def start_token(model: Any) -> int:
+    """The decoder's first token, as ``generate`` picks it."""
+    start = model.generation_config.decoder_start_token_id
+    if start is None:
+        start = model.config.decoder_start_token_id
+    if start is None:
+        raise UnsupportedConversionError(
+            f"{type(model).__name__} has no decoder_start_token_id (generation_config.json or "
+            "config.json): the decoder cannot be started"
+        )
+    return int(start)
+
+
+def write_configs(model: Any, folder: Path) -> None:
+    """``config.json`` and ``generation_config.json`` as transformers writes them."""
+    model.config.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+
+
+def read_start_token(folder: Path) -> int:
+    """The decoder's first token from a written folder's configs."""
+    for name in ("generation_config.json", "config.json"):
+        try:
+            raw = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(raw, dict) and isinstance(raw.get("decoder_start_token_id"), int):
+            return int(raw["decoder_start_token_id"])
+    raise UsageError(
+        "the folder's generation_config.json and config.json give no decoder_start_token_id",
+        path=folder,
+    )
+
+
+def cross_and_self_shapes(model: Any) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """Each decoder layer's self-attention and cross-attention key/value shapes (batch 1, one
+    decoder token, one encoder position), from an eager call."""
+    import torch
+
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.zeros((1, 1), dtype=torch.long),
+            decoder_input_ids=torch.zeros((1, 1), dtype=torch.long),
+            use_cache=True,
+        )
+    cache = returned_cache(out)
+    own = [tuple(t.shape) for pair in cache_layers(cache.self_attention_cache) for t in pair]
+    cross = [tuple(t.shape) for pair in cache_layers(cache.cross_attention_cache) for t in pair]
+    return own, cross
+
+
+def encoder_module(model: Any) -> Any:
+    """The model's encoder: ``input_ids``, ``attention_mask`` → its last hidden state."""
+    import torch
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = model.get_encoder()
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            return self.encoder(input_ids=input_ids, attention_mask=attention_mask)[0]
+
+    return Encoder().eval()
+
+
+def decoder_logits(model: Any, ids: Any, states: Any, mask: Any, cache: Any) -> Any:
+    """The model's forward from the encoder's states: the decoder, then the model's own final
+    logits computation."""
+    out = model(
+        encoder_outputs=(states,),
+        attention_mask=mask,
+        decoder_input_ids=ids,
+        use_cache=True,
+        **{cache_keyword(model): cache},
+    )
+    return out
+
+
+def static_decoder(model: Any, batch: int, length: int) -> Any:
+    """The decoder with a static self-attention cache of ``batch`` × ``length`` positions kept
+    in buffers the program mutates; the cross-attention cache is made anew in each call."""
+    import torch
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
+
+    own, _ = cross_and_self_shapes(model)
+    heads = {s[1] for s in own}
+    sizes = {s[3] for s in own}
+    if len(heads) != 1 or len(sizes) != 1:
+        raise UnsupportedConversionError(
+            "decoder layers of different head counts or sizes: the static cache has one shape"
+        )
+    dtype = next(model.parameters()).dtype
+    device = next(model.parameters()).device
+
+    class Decoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            self.static = StaticCache(config=model.config, max_cache_len=length)
+            if len(self.static.layers) != len(own) // 2:
+                raise UnsupportedConversionError(
+                    f"the static cache has {len(self.static.layers)} layers, the decoder "
+                    f"{len(own) // 2}"
+                )
+            self.static.early_initialization(batch, heads.pop(), sizes.pop(), dtype, device)
+            self.layers: list[Any] = list(self.static.layers)
+            for i, layer in enumerate(self.layers):
+                self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
+                self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
+                self.register_buffer(f"length_{i}", layer.cumulative_length, persistent=False)
+
+        def forward(
+            self,
+            decoder_input_ids: Any,
+            encoder_hidden_states: Any,
+            encoder_attention_mask: Any,
+            cache_position: Any,
+        ) -> Any:
+            # the positions written so far: the caller's, so that one program serves any
+            # number of generations (the cache is never reset between them)
+            for layer in self.layers:
+                layer.cumulative_length.copy_(cache_position[0])
+            cache = EncoderDecoderCache(self.static, DynamicCache())
+            return decoder_logits(
+                self.model, decoder_input_ids, encoder_hidden_states, encoder_attention_mask, cache
+            ).logits
+
+    return Decoder().eval()
+
+
+def export_pt2(model: Any, folder: Path, batch: int, length: int, meta: dict[str, Any]) -> None:
+    """``encoder.pt2`` and ``decoder.pt2`` (static cache) into ``folder``."""
+    import torch
+
+    from ptconvert.generation.static_cache import save_program
+    from ptconvert.quiet import quiet_torch
+
+    positions = _encoder_positions(model, length)
+    rows = torch.export.Dim("batch_size", min=1, max=1024)
+    source = torch.export.Dim("encoder_sequence_length", min=1, max=positions)
+    new = torch.export.Dim("decoder_sequence_length", min=1, max=length)
+    example_source, example_new = min(6, positions), min(3, length)
+    ids = torch.zeros((batch, example_source), dtype=torch.long)
+    with torch.no_grad(), quiet_torch():
+        encoder = torch.export.export(
+            encoder_module(model),
+            (),
+            {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+            dynamic_shapes={
+                "input_ids": {0: rows, 1: source},
+                "attention_mask": {0: rows, 1: source},
+            },
+            strict=False,
+        )
+        states = encoder.module()(input_ids=ids, attention_mask=torch.ones_like(ids))
+        decoder = torch.export.export(
+            static_decoder(model, batch, length),
+            (),
+            {
+                "decoder_input_ids": torch.zeros((batch, example_new), dtype=torch.long),
+                "encoder_hidden_states": states,
+                "encoder_attention_mask": torch.ones_like(ids),
+                "cache_position": torch.arange(example_new),
+            },
+            dynamic_shapes={
+                "decoder_input_ids": {1: new},
+                "encoder_hidden_states": {1: source},
+                "encoder_attention_mask": {1: source},
+                "cache_position": {0: new},
+            },
+            strict=False,
+        )
+    save_program(encoder, folder / ENCODER_PT2, {**meta, "part": "encoder"})
+    save_program(decoder, folder / DECODER_PT2, {**meta, "part": "decoder"})
+
+
+def _encoder_positions(model: Any, length: int) -> int:
+    """The longest prompt the encoder program takes: the model's positions where it has a
+    table of them, else the cache's length (T5's relative positions have no limit)."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    return int(positions) if positions else max(length, 64)
+
+
+class StaticSeq2Seq:
+    """A folder of ``encoder.pt2`` and ``decoder.pt2``: the encoder once on the prompt, then
+    the decoder from the start token, one token a step, its static cache at the positions fed
+    so far; a batch smaller than the cache's is padded with copies of its last row."""
+
+    def __init__(self, folder: Path) -> None:
+        from ptconvert.formats.pt2 import load_exported
+        from ptconvert.generation.static_cache import read_meta
+        from ptconvert.scan.guard import guard
+
+        meta = read_meta(folder / DECODER_PT2) or {}
+        if meta.get("cache") != "static":
+            raise UsageError(f"{DECODER_PT2} has no static cache (generation.json)", path=folder)
+        for name in (ENCODER_PT2, DECODER_PT2):
+            guard(folder / name)  # every load of a pickle goes through the scanner first
+        self.encoder = load_exported(folder / ENCODER_PT2).module()
+        self.decoder = load_exported(folder / DECODER_PT2).module()
+        self.batch = int(meta["batch_size"])
+        self.length = int(meta["cache_length"])
+        start = meta.get("decoder_start_token_id")
+        self.start_id = int(start) if isinstance(start, int) else read_start_token(folder)
+        self.path = folder
+        self.rows = self.position = 0
+        self.states: Any = None
+        self.mask: Any = None
+
+    def prefix(self, input_ids: Any) -> Any:
+        import torch
+
+        return torch.full((input_ids.shape[0], 1), self.start_id, dtype=input_ids.dtype)
+
+    def _padded(self, ids: Any) -> Any:
+        import torch
+
+        missing = self.batch - ids.shape[0]
+        return torch.cat([ids, ids[-1:].expand(missing, *ids.shape[1:])]) if missing else ids
+
+    def _decode(self, ids: Any) -> Any:
+        import torch
+
+        count = ids.shape[1]
+        logits = self.decoder(
+            decoder_input_ids=self._padded(ids),
+            encoder_hidden_states=self.states,
+            encoder_attention_mask=self.mask,
+            cache_position=torch.arange(self.position, self.position + count),
+        )
+        self.position += count
+        return logits[: self.rows, -1]
+
+    def start(self, input_ids: Any, max_new_tokens: int) -> Any:
+        import torch
+
+        rows = input_ids.shape[0]
+        if rows > self.batch:
+            raise UsageError(
+                f"the decoder's static cache holds {self.batch} row(s), the prompt has {rows}",
+                path=self.path,
+                hint="export with --batch-sizes up to the batch you generate at",
+            )
+        if max_new_tokens > self.length:
+            raise UsageError(
+                f"{max_new_tokens} new tokens do not fit the decoder's static cache of "
+                f"{self.length} positions",
+                path=self.path,
+                hint="export with a longer --cache-length",
+            )
+        ids = self._padded(input_ids.long())
+        self.mask = torch.ones_like(ids)
+        self.states = self.encoder(input_ids=ids, attention_mask=self.mask)
+        self.rows, self.position = rows, 0
+        return self._decode(self.prefix(input_ids).long())
+
+    def step(self, tokens: Any) -> Any:
+        return self._decode(tokens.long())

@@ -1,0 +1,281 @@
+"""Seq2seq LMs to ONNX as optimum lays them out (``--no-post-process``: the decoder in two
+files, not merged):
+
+- ``encoder_model.onnx``: ``input_ids``, ``attention_mask`` → ``last_hidden_state``;
+- ``decoder_model.onnx`` (the first step): ``input_ids``, ``encoder_attention_mask``,
+  ``encoder_hidden_states`` → ``logits``, ``present.N.decoder.key|value``,
+  ``present.N.encoder.key|value``;
+- ``decoder_with_past_model.onnx`` (every later step): ``input_ids``,
+  ``encoder_attention_mask``, ``past_key_values.N.decoder.key|value``,
+  ``past_key_values.N.encoder.key|value`` → ``logits``, ``present.N.decoder.key|value`` (the
+  encoder's keys and values do not change: they are fed back as they came from the first step).
+
+Dims are named ``batch_size``, ``encoder_sequence_length``, ``decoder_sequence_length``,
+``past_decoder_sequence_length``. The decoders are the model's own forward given the encoder's
+states (``seq2seq.decoder_logits``), exported by torch.export and the project's ONNX step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ptconvert.errors import UnsupportedConversionError
+from ptconvert.generation.loading import cache_layers, returned_cache
+from ptconvert.generation.seq2seq import (
+    cross_and_self_shapes,
+    decoder_logits,
+    encoder_module,
+    read_start_token,
+)
+from ptconvert.options import Options
+
+ENCODER_ONNX = "encoder_model.onnx"
+DECODER_ONNX = "decoder_model.onnx"
+WITH_PAST_ONNX = "decoder_with_past_model.onnx"
+PAST = "past_key_values.{}.{}.{}"
+PRESENT = "present.{}.{}.{}"
+PAST_LENGTH = "past_decoder_sequence_length + decoder_sequence_length"
+
+
+def _names(template: str, layers: int, parts: tuple[str, ...]) -> list[str]:
+    return [
+        template.format(i, p, k) for i in range(layers) for p in parts for k in ("key", "value")
+    ]
+
+
+def _first_step(model: Any) -> Any:
+    import torch
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    class Decoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, encoder_attention_mask: Any, states: Any) -> Any:
+            cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+            out = decoder_logits(self.model, input_ids, states, encoder_attention_mask, cache)
+            made = returned_cache(out)
+            own = cache_layers(made.self_attention_cache)
+            cross = cache_layers(made.cross_attention_cache)
+            present = [t for a, b in zip(own, cross, strict=True) for t in (*a, *b)]
+            return (out.logits, *present)
+
+    return Decoder().eval()
+
+
+def _later_step(model: Any, layers: int) -> Any:
+    import torch
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    width = model.get_input_embeddings().embedding_dim
+
+    class DecoderWithPast(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, encoder_attention_mask: Any, *past: Any) -> Any:
+            own = [(past[4 * i], past[4 * i + 1]) for i in range(layers)]
+            cross = [(past[4 * i + 2], past[4 * i + 3]) for i in range(layers)]
+            # the cross-attention keys and values come from the past: the encoder's states are
+            # not read, only their shape (zeros of it)
+            states = past[2].new_zeros((*encoder_attention_mask.shape, width))
+            cache = EncoderDecoderCache(DynamicCache(own), DynamicCache(cross))
+            out = decoder_logits(self.model, input_ids, states, encoder_attention_mask, cache)
+            present = [t for pair in cache_layers(returned_cache(out).self_attention_cache)
+                       for t in pair]  # fmt: skip
+            return (out.logits, *present)
+
+    return DecoderWithPast().eval()
+
+
+def export_seq2seq_onnx(model: Any, folder: Path, opts: Options) -> list[str]:
+    """The three graphs into ``folder``, each checked with onnx.checker; notes for the report."""
+    import torch
+
+    from ptconvert.deps import require
+
+    require("onnx")
+    require("onnxscript")
+    if opts.external_data:
+        raise UnsupportedConversionError(
+            "--external-data is not there yet for generation exports", path=folder
+        )
+    own, cross = cross_and_self_shapes(model)
+    layers = len(own) // 2
+    batch, source, new, seen = 2, 7, 3, 5
+    dyn = torch.export.Dim.DYNAMIC
+    ids = torch.zeros((batch, source), dtype=torch.long)
+    mask = torch.ones_like(ids)
+    encoder = encoder_module(model)
+    with torch.no_grad():
+        states = encoder(ids, mask)
+    new_ids = torch.zeros((batch, new), dtype=torch.long)
+    past: list[Any] = []
+    for i in range(layers):
+        # one tensor each: inputs that alias one another export as one
+        past += [torch.randn((batch, own[2 * i + k][1], seen, own[2 * i + k][3])) for k in (0, 1)]
+        past += [torch.randn((batch, cross[2 * i + k][1], source, cross[2 * i + k][3]))
+                 for k in (0, 1)]  # fmt: skip
+    both = {0: dyn, 1: dyn}
+    axes = {
+        "attention_mask": "encoder_sequence_length",
+        "last_hidden_state": "encoder_sequence_length",
+        "encoder_attention_mask": "encoder_sequence_length",
+        "encoder_hidden_states": "encoder_sequence_length",
+        "logits": "decoder_sequence_length",
+    }
+    presents = _names(PRESENT, layers, ("decoder", "encoder"))
+    pasts = _names(PAST, layers, ("decoder", "encoder"))
+    later = _names(PRESENT, layers, ("decoder",))
+    for name in presents:
+        axes[name] = "decoder_sequence_length" if ".decoder." in name else "encoder_sequence_length"
+    for name in pasts:
+        axes[name] = "past_decoder_sequence_length" if ".decoder." in name else (
+            "encoder_sequence_length")  # fmt: skip
+    source_ids = {**axes, "input_ids": "encoder_sequence_length"}
+    target_ids = {**axes, "input_ids": "decoder_sequence_length"}
+    graphs = [
+        (ENCODER_ONNX, encoder, (ids, mask), (both, both),
+         ["input_ids", "attention_mask"], ["last_hidden_state"], source_ids),
+        (DECODER_ONNX, _first_step(model), (new_ids, mask, states), (both, both, both),
+         ["input_ids", "encoder_attention_mask", "encoder_hidden_states"], ["logits", *presents],
+         target_ids),
+        (WITH_PAST_ONNX, _later_step(model, layers), (new_ids, mask, *past),
+         (both, both, tuple({0: dyn, 2: dyn} for _ in past)),
+         ["input_ids", "encoder_attention_mask", *pasts], ["logits", *later],
+         {**target_ids, **dict.fromkeys(later, PAST_LENGTH)}),
+    ]  # fmt: skip
+    notes: list[str] = []
+    try:
+        opset = _export_all(graphs, folder, opts)
+    except UnsupportedConversionError:
+        # the exporter's decomposition of SDPA followed by a reshape fails on T5: again with
+        # the model's eager attention (what convert/onnx_export does for the cache-free graph)
+        if getattr(model.config, "_attn_implementation", "eager") == "eager":
+            raise
+        model.set_attn_implementation("eager")
+        opset = _export_all(graphs, folder, opts)
+        notes.append("exported with eager attention (SDPA does not export to ONNX here)")
+    return [
+        *notes,
+        f"ONNX opset {opset}, checked with onnx.checker; {ENCODER_ONNX}, {DECODER_ONNX} (the "
+        f"first step) and {WITH_PAST_ONNX} (every later one), {layers} decoder layers of "
+        "past_key_values.N.decoder|encoder.key|value (optimum's names and files)",
+    ]
+
+
+def _export_all(graphs: list[Any], folder: Path, opts: Options) -> Any:
+    opset = None
+    for name, module, args, dims, inputs, outputs, named in graphs:
+        opset = _export_one(module, args, dims, (inputs, outputs, named), folder / name, opts)
+    return opset
+
+
+def _export_one(
+    module: Any,
+    args: tuple[Any, ...],
+    dims: Any,
+    names: tuple[list[str], list[str], dict[str, str]],
+    path: Path,
+    opts: Options,
+) -> Any:
+    """One graph exported, its inputs and outputs named ``names`` (inputs, outputs, the name of
+    each one's second dim, or third for keys and values), written to ``path`` and checked."""
+    import onnx
+    import torch
+
+    from ptconvert.convert.onnx_export import _export, _reason, _rename_dims
+    from ptconvert.generation.onnx_past import _with_dim
+    from ptconvert.quiet import quiet_torch
+
+    try:
+        with torch.no_grad(), quiet_torch():
+            ep = torch.export.export(module, args, dynamic_shapes=dims, strict=False)
+        program = _export(ep, opts)
+    except Exception as exc:
+        raise UnsupportedConversionError(
+            f"{path.name} does not export to ONNX: {_reason(exc)}", path=path
+        ) from None
+    graph = program.model.graph
+    inputs, outputs, axes = names
+    symbols: dict[str, str] = {}
+    for value, name in zip([*graph.inputs, *graph.outputs], [*inputs, *outputs], strict=True):
+        value.name = name
+        labels = ("batch_size", axes[name]) if name[:2] not in ("pa", "pr") else (
+            "batch_size", "", axes[name])  # fmt: skip
+        for dim, label in zip(value.shape or (), labels, strict=False):
+            text = getattr(dim, "value", None)
+            if label and isinstance(text, str) and text.isidentifier():
+                symbols.setdefault(text, label)
+    _rename_dims(program.model, symbols)
+    for value in graph.outputs:
+        if axes[value.name] == PAST_LENGTH:  # one spelling: past + new positions
+            value.shape = _with_dim(value.shape, 2, PAST_LENGTH)
+    program.save(path, external_data=False)
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as exc:
+        raise UnsupportedConversionError(
+            f"{path.name} fails onnx.checker: {str(exc)[:300]}", path=path
+        ) from None
+    return program.model.opset_imports.get("")
+
+
+class OnnxSeq2Seq:
+    """A folder of the three graphs, run by onnxruntime: the encoder once, ``decoder_model``
+    on the start token, then ``decoder_with_past_model`` one token a step (its decoder
+    presents fed back, the first step's encoder presents fed as they are)."""
+
+    def __init__(self, folder: Path) -> None:
+        from ptconvert.deps import require
+
+        ort = require("onnxruntime")
+
+        def session(name: str) -> Any:
+            return ort.InferenceSession(str(folder / name), providers=["CPUExecutionProvider"])
+
+        self.encoder = session(ENCODER_ONNX)
+        self.first = session(DECODER_ONNX)
+        self.later = session(WITH_PAST_ONNX)
+        self.past_names = [i.name for i in self.later.get_inputs() if i.name.startswith("past")]
+        self.start_id = read_start_token(folder)
+        self.mask: Any = None
+        self.past: dict[str, Any] = {}
+
+    def prefix(self, input_ids: Any) -> Any:
+        import torch
+
+        return torch.full((input_ids.shape[0], 1), self.start_id, dtype=input_ids.dtype)
+
+    def _run(self, session: Any, feed: dict[str, Any]) -> Any:
+        import torch
+
+        names = [o.name for o in session.get_outputs()]
+        results = dict(zip(names, session.run(names, feed), strict=True))
+        for name in self.past_names:
+            present = name.replace("past_key_values.", "present.")
+            if present in results:
+                self.past[name] = results[present]
+        return torch.from_numpy(results["logits"][:, -1].copy())
+
+    def start(self, input_ids: Any, max_new_tokens: int) -> Any:
+        import numpy as np
+
+        ids = input_ids.numpy().astype(np.int64)
+        self.mask = np.ones_like(ids)
+        (states,) = self.encoder.run(
+            ["last_hidden_state"], {"input_ids": ids, "attention_mask": self.mask}
+        )
+        self.past = {}
+        start = self.prefix(input_ids).numpy().astype(np.int64)
+        feed = {"input_ids": start, "encoder_attention_mask": self.mask}
+        return self._run(self.first, {**feed, "encoder_hidden_states": states})
+
+    def step(self, tokens: Any) -> Any:
+        import numpy as np
+
+        feed = {"input_ids": tokens.numpy().astype(np.int64), "encoder_attention_mask": self.mask}
+        return self._run(self.later, {**feed, **self.past})
