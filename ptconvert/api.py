@@ -79,7 +79,7 @@ def options(base: Options | None = None, **overrides: Any) -> Options:
 
 @_named_errors
 def convert(
-    src: str | Path,
+    src: str | Path | None,
     to: str,
     output: str | Path | None = None,
     opts: Options | None = None,
@@ -88,6 +88,7 @@ def convert(
     """Convert ``src`` to the format ``to``, scanned first and checked after: weights bitwise
     against an independent reading of the source, programs by running them against the eager
     model (``result.check`` says which check ran). The output is written atomically.
+    ``src=None`` with ``model=`` converts a model from code alone (its factory's own weights).
     A generation task (``task="text-generation-with-past"``) exports the model with its cache
     and checks it by generating (``check == "generation"``).
 
@@ -100,7 +101,7 @@ def convert(
 
     load_plugins()
     checked = options(opts, **overrides)
-    if checked.task in GENERATION_TASKS:  # exported with its cache, checked by generating
+    if checked.task in GENERATION_TASKS and src is not None:  # with its cache, by generating
         from ptconvert.generation.convert import convert as export_for_generation
 
         return export_for_generation(src, to, output, checked)
@@ -374,8 +375,10 @@ def generate(
     eos_token_id: int | None = None,
 ) -> Generated:
     """Greedy generation with a generation export (``--task text-generation-with-past``): a pt2
-    with a static cache or an ONNX decoder with past inputs. ``input_ids`` is batch × prompt
-    length (no padding); the result holds the sequences, each step's logits and the timings.
+    with a static cache or an ONNX decoder with past inputs; or the folder of a seq2seq one
+    (``--task text2text-generation-with-past``), whose sequences are the decoder's (the start
+    token, then the new ones). ``input_ids`` is batch × prompt length (no padding); the result
+    holds the sequences, each step's logits and the timings.
     The check after such a conversion runs this loop.
 
     >>> out = ptconvert.generate("llama.pt2", [[5, 17, 42]], max_new_tokens=16)
