@@ -12,7 +12,18 @@ PACKAGE = Path(__file__).parent.parent / "ptconvert"
 # lower layers first: a part may import its own layer and the layers before it
 LAYERS: list[set[str]] = [
     # core
-    {"errors", "report", "deps", "quiet", "progress", "atomic", "archive", "options", "memory"},
+    {
+        "errors",
+        "report",
+        "deps",
+        "quiet",
+        "progress",
+        "atomic",
+        "archive",
+        "options",
+        "memory",
+        "spawn",
+    },
     {"scan", "formats"},  # reading files without running them
     {"weights"},  # weight sets: any source read into entries, and the writers
     {"model"},  # models in memory: example inputs, model specs, wrappers, eager modules
