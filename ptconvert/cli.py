@@ -238,6 +238,11 @@ _CONVERSION_OPTIONS = (
         "--onnx-optimize", is_flag=True, help="--to onnx: run onnxscript's graph optimizer."
     ),
     click.option(
+        "--keep-debug-info",
+        is_flag=True,
+        help="pt2, aoti, onnx: keep each node's stack trace (source paths of this machine).",
+    ),
+    click.option(
         "--force-memory",
         is_flag=True,
         help="Convert a program although the memory estimate exceeds what is free.",
@@ -440,6 +445,7 @@ def _options(options: dict[str, Any]) -> Any:
         opset=options["opset"],
         external_data=options["external_data"],
         onnx_optimize=options["onnx_optimize"],
+        keep_debug_info=options["keep_debug_info"],
         force_memory=options["force_memory"],
         cache=not options["no_cache"],
         batch_sizes=_batch_sizes(options["batch_sizes"]),

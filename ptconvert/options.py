@@ -72,6 +72,8 @@ class Options:
     opset: int | None = None  # onnx targets: the ai.onnx opset (None: the exporter's default)
     external_data: bool = False  # onnx targets: weights in NAME.onnx.data (always over 2 GB)
     onnx_optimize: bool = False  # onnx targets: onnxscript's graph optimizer on the result
+    # pt2/aoti/onnx: keep stack traces and source paths (of this machine) in the file
+    keep_debug_info: bool = False
     force_memory: bool = False  # convert a program although the estimate exceeds free memory
     cache: bool = True  # programs: reuse a verified artifact of the same inputs (convert/cache.py)
     # the batch sizes a dynamic-batch program is compared at (None: 1, 2, 3 and more when cheap)

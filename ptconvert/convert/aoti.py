@@ -65,7 +65,7 @@ def aoti_compile(state: RunState, opts: Options) -> None:
     try:
         with quiet_torch(), checked_inputs(ones, [n for n, _ in user_inputs(ep)]):
             aoti_compile_and_package(
-                ep, package_path=str(package), inductor_configs=dict(opts.aoti_options)
+                ep, package_path=str(package), inductor_configs=inductor_configs(opts)
             )
         os.replace(package, state.output)
     except OSError as exc:  # the filesystem (no space, read-only …): said as such, exit 9
@@ -88,6 +88,22 @@ def aoti_compile(state: RunState, opts: Options) -> None:
         "the package checks every call's input dtypes, shapes and strides itself, "
         "AOTI_RUNTIME_CHECK_INPUTS set or not: a size outside what was verified raises"
     )
+
+
+# g++ -g1: the library's DWARF line tables, which name every source and header by the absolute
+# path it was compiled from (this machine's venv and Inductor cache); two thirds of a small
+# package's bytes. Left out unless --keep-debug-info (or --aoti-option sets it). What stays:
+# the generated .cpp files end with the compile command as a comment, and the library holds
+# the headers' __FILE__ names: paths still, a few dozen (docs: README, "Outputs").
+LINE_TABLES = "aot_inductor.enable_line_tables"
+
+
+def inductor_configs(opts: Options) -> dict[str, Any]:
+    """Inductor's configs for the compile: ``--aoti-option`` values, line tables off by default."""
+    configs = dict(opts.aoti_options)
+    if not opts.keep_debug_info:
+        configs.setdefault(LINE_TABLES, False)
+    return configs
 
 
 def baked_scalars(ep: Any) -> dict[str, Any]:

@@ -6,7 +6,9 @@ Face family's ``sequence_length``, ``decoder_sequence_length``, ``height``/``wid
 weights go to external data (``NAME.onnx.data``) on request or when the model is over 2 GB,
 which one protobuf cannot hold; ``onnx.checker`` runs on the result; ``--onnx-optimize`` runs
 onnxscript's optimizer. The files are written in a staging folder beside the output and put in
-place together.
+place together. The exporter's debug metadata (each node's stack trace, module namespace and FX
+node, the program's signature: absolute paths of the converting machine, most of a small
+model's bytes) is left out unless ``--keep-debug-info``.
 """
 
 from __future__ import annotations
@@ -96,6 +98,36 @@ def _name_values(model: Any, state: RunState) -> None:
     if len(names) == len(outputs) and len(set(names)) == len(names) and not taken & set(names):
         for value, name in zip(outputs, names, strict=True):
             value.name = name
+
+
+# metadata_props keys torch.onnx writes for debugging: stack traces (paths of this machine),
+# module namespaces and class hierarchies, FX node texts, the ExportedProgram's signature
+DEBUG_PREFIXES = ("pkg.torch.", "namespace")
+
+
+def strip_debug_info(model: Any) -> int:
+    """Remove the exporter's debug metadata (``DEBUG_PREFIXES``) from every node, value and
+    graph of an onnx-ir model, subgraphs and functions included; returns how many entries went."""
+    removed = 0
+
+    def strip(props: dict[str, str]) -> None:
+        nonlocal removed
+        for key in [k for k in props if k.startswith(DEBUG_PREFIXES)]:
+            del props[key]
+            removed += 1
+
+    graphs = [*model.graphs(), *model.functions.values()]
+    for graph in graphs:
+        strip(graph.metadata_props)
+        values = [*graph.inputs, *graph.outputs]
+        values += graph.initializers.values() if hasattr(graph, "initializers") else []
+        for node in graph:  # each subgraph is one of ``graphs``
+            strip(node.metadata_props)
+            values += node.outputs
+        for value in values:
+            strip(value.metadata_props)
+    strip(model.metadata_props)
+    return removed
 
 
 def _export(ep: Any, opts: Options) -> Any:
@@ -194,6 +226,13 @@ def onnx_export(state: RunState, opts: Options) -> None:
             "dynamic dims named in the ONNX graph: "
             + ", ".join(f"{d.input}[{d.axis}] → {names[d.symbol]}" for d in _named(ep, names))
         )
+    if opts.keep_debug_info:
+        state.notes.append(
+            "debug info kept (--keep-debug-info): each node's stack trace names source files "
+            "of this machine"
+        )
+    else:
+        strip_debug_info(program.model)
     size = _weight_bytes(ep)
     external = opts.external_data or size > PROTOBUF_LIMIT
     destination = state.destination or state.output

@@ -183,8 +183,15 @@ def load_pt2(state: RunState, opts: Options) -> None:
 def save_pt2(state: RunState, opts: Options) -> None:
     import torch
 
+    from ptconvert.formats.pt2 import without_stack_traces
+
     assert state.exported is not None and state.output is not None
-    with guarded_file(state.output) as fh:  # a failed write must not abort the process
+    # no path of this machine in the file unless --keep-debug-info; a failed write must not
+    # abort the process (guarded_file)
+    with (
+        without_stack_traces(state.exported, opts.keep_debug_info),
+        guarded_file(state.output) as fh,
+    ):
         torch.export.save(state.exported, fh)
 
 

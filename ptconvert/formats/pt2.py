@@ -12,7 +12,7 @@ import contextlib
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -308,6 +308,25 @@ def _io(arg: dict[str, Any], values: dict[str, Any]) -> IOSpec:
     value = arg.get(kind)
     label = value.get("name", kind) if isinstance(value, dict) else kind
     return IOSpec(str(label), kind, None)
+
+
+@contextlib.contextmanager
+def without_stack_traces(ep: Any, keep: bool = False) -> Iterator[None]:
+    """``ep``'s nodes without their stack traces while the block runs (``--keep-debug-info``:
+    ``keep``, left as they are). ``torch.export.save`` writes each node's trace into the
+    archive: the absolute path of every source file on the way (the converting machine's home,
+    project and venv), most of a small program's JSON. They are put back after: the program
+    in memory is the same one."""
+    taken: list[tuple[Any, Any]] = []
+    if not keep:
+        for module in ep.graph_module.modules():  # subgraphs (torch.cond branches) included
+            nodes = getattr(getattr(module, "graph", None), "nodes", ())
+            taken += [(n, n.meta.pop("stack_trace")) for n in nodes if "stack_trace" in n.meta]
+    try:
+        yield
+    finally:
+        for node, trace in taken:
+            node.meta["stack_trace"] = trace
 
 
 def open_exported(path: Path) -> Program:
