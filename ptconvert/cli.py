@@ -32,8 +32,13 @@ _COMMANDS = (
 class _ConvertByDefault(click.Group):
     """Route ``ptconvert SRC …`` to ``convert`` when SRC is not a subcommand name."""
 
+    # the group's own options (flags): what comes after them is a command, or a conversion
+    _OWN = frozenset({"--debug", "-q", "--quiet", "-v", "--verbose", "-h", "--help"})
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        first = next((i for i, a in enumerate(args) if not a.startswith("-")), None)
+        # the first argument that is not the group's: a command, else a conversion's SRC or
+        # option (``ptconvert --model nets:make --to pt2 -o net.pt2``: code alone, no SRC)
+        first = next((i for i, a in enumerate(args) if a not in self._OWN), None)
         if first is not None and args[first] not in self.commands:
             args = [*args[:first], "convert", *args[first:]]
         return super().parse_args(ctx, args)
@@ -275,7 +280,7 @@ def conversion_options(fn: Any) -> Any:
         "ptconvert model.bin --to all -o every/ --model mypkg.nets:make --input x:2x8:float32",
     )
 )
-@click.argument("src", type=click.Path(path_type=str))
+@click.argument("src", type=click.Path(path_type=str), required=False)
 @click.option(
     "--to",
     "to",
@@ -299,33 +304,36 @@ def conversion_options(fn: Any) -> Any:
 @click.option("--ray-address", help="--executor ray: the cluster (default: RAY_ADDRESS, or local).")
 @conversion_options
 @model_options
-def convert(src: str, to: str | None, optimize: bool, as_json: bool, **options: Any) -> None:
+def convert(src: str | None, to: str | None, optimize: bool, as_json: bool, **options: Any) -> None:
     """Convert SRC to the format named by --to (or, with --optimize, to the fastest one).
 
     SRC may be a folder of models: each is converted into -o OUT_DIR at the same relative
-    place (-j N at once), a summary table follows, and a re-run skips what is complete."""
+    place (-j N at once), a summary table follows, and a re-run skips what is complete.
+    Without SRC, --model's factory builds the model from code alone (its own weights)."""
     progress.set_quiet(as_json)
     from ptconvert.api import convert as run_convert
     from ptconvert.convert.batch import is_batch
     from ptconvert.convert.engine import ConversionReport
 
     batch = {k: options.pop(k) for k in ("jobs", "keep_going", "executor", "ray_address")}
-    if optimize:
+    if src is None and (optimize or to == "all" or options["bench"]):
+        raise UsageError("--optimize, --to all and --bench take a SRC (a checkpoint or folder)")
+    if optimize and src is not None:
         _optimize(src, to, as_json, options)
         return
     if to is None:
         raise UsageError("say the target: --to FORMAT (see `ptconvert formats`), or --optimize")
-    if to == "all":
+    if to == "all" and src is not None:
         _convert_every(src, as_json, options)
         return
-    if is_batch(src):
+    if src is not None and is_batch(src):
         _convert_many(src, to, as_json, options, batch)
         return
     report = run_convert(src, to, options["output"], _options(options))
     if not isinstance(report, ConversionReport) and hasattr(report, "generation"):
         _show_generation(report, as_json)  # --task …-with-past
         return
-    if isinstance(report, ConversionReport) and options["bench"]:
+    if isinstance(report, ConversionReport) and options["bench"] and src is not None:
         _bench_result(report, src, options)
     if as_json:
         _emit_json(report.to_dict())

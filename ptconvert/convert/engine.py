@@ -218,7 +218,10 @@ def _check_memory(route: Plan, opts: Options, src: Path) -> None:
 
 
 def convert(
-    src: str | Path, to: str, output: str | Path | None = None, opts: Options | None = None
+    src: str | Path | None,
+    to: str,
+    output: str | Path | None = None,
+    opts: Options | None = None,
 ) -> ConversionReport | WeightsReport:
     """The one conversion entry: weights to weights by byte copies checked bitwise
     (``convert_weights``), anything else through the converter graph, checked by the target's
@@ -226,6 +229,8 @@ def convert(
     from ptconvert.convert.weights import convert_weights
 
     opts = (opts or Options()).validate()
+    if src is None:  # code alone: --model's factory builds the model
+        return convert_program(None, to, output, opts)
     refuse_unsafe(src)  # before detection: an unrecognised file may still be a payload
     if byte_copy(detect(src).format, to):
         return convert_weights(
@@ -252,11 +257,17 @@ def convert(
 
 
 def convert_program(
-    src: str | Path, to: str, output: str | Path | None = None, opts: Options | None = None
+    src: str | Path | None,
+    to: str,
+    output: str | Path | None = None,
+    opts: Options | None = None,
 ) -> ConversionReport:
-    """Convert ``src`` to ``to`` through the converter graph (``convert`` picks this path)."""
+    """Convert ``src`` to ``to`` through the converter graph (``convert`` picks this path);
+    ``src`` None: the model ``--model``'s factory builds, from code alone."""
     opts = opts or Options()
     started = time.perf_counter()
+    if src is None:
+        return _convert_code(to, output, opts, started)
     src = Path(src)
     refuse_unsafe(src)
     d = detect(src)
@@ -273,28 +284,60 @@ def convert_program(
         raise
     _estimate_memory(current, d, opts)
     _check_memory(current, opts, src)
-    if not current.runnable:
-        from ptconvert.errors import MissingRequirementError, NeedsTrustError
-
-        need, hint = next(iter(current.missing.items()))
-        # a file that needs code to load is refused as the scanner's gate refuses it (exit 11)
-        error = NeedsTrustError if need == "trust" else MissingRequirementError
-        raise error(
-            f"{' → '.join([current.src, *[e.dst for e in current.edges]])} needs {need}",
-            path=src,
-            hint=hint,
-        )
+    _refuse_unrunnable(current, src)
     out = Path(output) if output else default_output(src, to)
-    check_output(out, [src], opts.force)
-    target = FORMATS_BY_NAME.get(to)
-    for companion in target.companions(out) if target else []:
-        check_output(companion, [src], opts.force)
+    _check_outputs(out, to, [src], opts)
     _check_before_work(to, opts)
     _check_space(current, out)
     with cache_slot(d, to, out, opts) as slot:
         if slot.hit is not None:
             return slot.report(src, started)
         return slot.store(_run_route(src, d, to, out, opts, current, banned, started))
+
+
+def _refuse_unrunnable(current: Plan, src: Path) -> None:
+    if current.runnable:
+        return
+    from ptconvert.errors import MissingRequirementError, NeedsTrustError
+
+    need, hint = next(iter(current.missing.items()))
+    # a file that needs code to load is refused as the scanner's gate refuses it (exit 11)
+    error = NeedsTrustError if need == "trust" else MissingRequirementError
+    raise error(
+        f"{' → '.join([current.src, *[e.dst for e in current.edges]])} needs {need}",
+        path=src,
+        hint=hint,
+    )
+
+
+def _check_outputs(out: Path, to: str, inputs: list[Path], opts: Options) -> None:
+    check_output(out, inputs, opts.force)
+    target = FORMATS_BY_NAME.get(to)
+    for companion in target.companions(out) if target else []:
+        check_output(companion, inputs, opts.force)
+
+
+def _convert_code(
+    to: str, output: str | Path | None, opts: Options, started: float
+) -> ConversionReport:
+    """A model from code alone: ``--model``'s factory builds it (its own initialisation, or the
+    weights it loads itself), and the route runs from there. Nothing is read, so nothing is
+    scanned; nothing to key a cache entry on but code, so none is kept."""
+    if not opts.model:
+        raise UsageError(
+            "say what to convert: a checkpoint, a folder, or a model from code alone with "
+            "--model pkg.module:factory"
+        )
+    if output is None:
+        raise UsageError("a model from code alone has no file to write beside: pass -o OUTPUT")
+    src = Path(opts.model)  # names the source in messages and the report
+    d = Detection(src, "code", "model factory")
+    current = plan("code", to, available_needs("code", opts))
+    _refuse_unrunnable(current, src)
+    out = Path(output)
+    _check_outputs(out, to, [], opts)
+    _check_before_work(to, opts)
+    return _run_route(src, d, to, out, opts, current, set(), started)
 
 
 def _run_route(

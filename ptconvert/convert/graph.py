@@ -47,6 +47,8 @@ EDGES: list[Edge] = [
     Edge("weights", "safetensors", "write_safetensors", 1, label="write safetensors"),
     Edge("weights", "pt", "write_pt", 1, label="write a torch zip checkpoint"),
     Edge("weights", "module", "build_module", 2, ("model_spec",), "build the model, load strictly"),
+    # a source that is code alone: no file, the model as --model's factory builds it
+    Edge("code", "module", "build_from_code", 2, ("model_spec",), "build the model from its code"),
     Edge(
         "pt",
         "module",

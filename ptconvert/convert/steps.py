@@ -13,6 +13,7 @@ from ptconvert.errors import (
     UnsupportedConversionError,
 )
 from ptconvert.model.build import (
+    eager_from_code,
     eager_from_pickle,
     eager_from_weights,
     program_sample_inputs,
@@ -45,6 +46,12 @@ def write_pt(state: RunState, opts: Options) -> None:
 def build_module(state: RunState, opts: Options) -> None:
     assert state.weights is not None
     eager = eager_from_weights(state.src, state.src_format, state.weights, opts)
+    state.module, state.reference, state.inputs = eager.module, eager.reference, eager.inputs
+    state.notes += eager.notes
+
+
+def build_from_code(state: RunState, opts: Options) -> None:
+    eager = eager_from_code(opts)
     state.module, state.reference, state.inputs = eager.module, eager.reference, eager.inputs
     state.notes += eager.notes
 
@@ -212,6 +219,7 @@ STEPS = {
     "write_safetensors": write_safetensors,
     "write_pt": write_pt,
     "build_module": build_module,
+    "build_from_code": build_from_code,
     "unpickle_module": unpickle_module,
     "export": export,
     "script": script,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptconvert.errors import MissingRequirementError, UsageError
+from ptconvert.errors import MissingRequirementError, NoWeightsError, UsageError
 from ptconvert.formats import FORMATS_BY_NAME
 from ptconvert.model.inputs import ExampleInputs, from_file, from_hf_model, from_specs, parse_input
 from ptconvert.model.spec import (
@@ -56,16 +56,43 @@ def user_inputs(opts: Options) -> ExampleInputs | None:
 
 
 def source_weights(src: Path, opts: Options) -> WeightSet:
-    """The weights of ``src``, after the scan (trust as the options say)."""
+    """The weights of ``src``, after the scan (trust as the options say). A file without
+    tensors is no weights with ``--model`` (the factory's model as it builds it), an error
+    otherwise."""
     guard(src, trust=opts.trust, allow=opts.allow)
-    return read_weights(
-        src, key=opts.key, keep_prefix=opts.keep_prefix, skip_unsupported=opts.skip_unsupported
-    )
+    try:
+        return read_weights(
+            src, key=opts.key, keep_prefix=opts.keep_prefix, skip_unsupported=opts.skip_unsupported
+        )
+    except NoWeightsError:
+        if not opts.model or opts.skip_unsupported:
+            raise
+        return WeightSet([], "fast", origin=src)
+
+
+CODE_ONLY_NOTE = (
+    "no weights were loaded: the model is what its factory built (its own initialisation, or "
+    "weights the factory loads itself)"
+)
+
+
+def eager_from_code(opts: Options) -> Eager:
+    """The model ``--model`` names, as its factory builds it: a source that is code alone (no
+    checkpoint, or one without tensors)."""
+    if not opts.model:
+        raise MissingRequirementError(
+            "a model from code alone needs its factory", hint="pass --model pkg.module:factory"
+        )
+    model, own_inputs = module_from_factory(ModelSpec(opts.model, opts.model_args))
+    return Eager(model, model, user_inputs(opts) or own_inputs, [CODE_ONLY_NOTE])
 
 
 def eager_from_weights(src: Path, src_format: str, weights: WeightSet, opts: Options) -> Eager:
     """The model the options name (``--model``, or the directory's transformers class) with
-    ``weights`` loaded into the object they fit."""
+    ``weights`` loaded into the object they fit; a checkpoint without tensors (an empty state
+    dict) with ``--model`` gives the model as its factory builds it."""
+    if opts.model and not weights.entries:
+        return eager_from_code(opts)
     if opts.model:
         spec, tensors = ModelSpec(opts.model, opts.model_args), as_tensors(weights)
         assigned = _assigned_on_meta(spec, tensors, src, opts)
