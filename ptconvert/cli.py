@@ -44,10 +44,12 @@ class _ConvertByDefault(click.Group):
         return super().parse_args(ctx, args)
 
     def shell_complete(self, ctx: click.Context, incomplete: str) -> list[Any]:
-        """The commands, and files: ``ptconvert SRC`` converts."""
+        """Files (``ptconvert SRC`` converts), then the commands: click's bash script clears
+        what came before a file item and lets bash list files only when nothing follows it,
+        so ``ptconvert ver<TAB>`` gives ``verify``, and files where no command fits."""
         from click.shell_completion import CompletionItem
 
-        return [*super().shell_complete(ctx, incomplete), CompletionItem(incomplete, type="file")]
+        return [CompletionItem(incomplete, type="file"), *super().shell_complete(ctx, incomplete)]
 
 
 def _examples(*lines: str) -> str:
@@ -63,13 +65,20 @@ def _format_names(prefix: str, *extra: str) -> list[str]:
 
 
 def _exit_code_table() -> str:
-    return "\n".join(f"  {code:>3}  {text}" for code, text in sorted(EXIT_CODES.items()))
+    """One line a code (click's ``\\b``: kept as written), wrapped to fit 80 columns."""
+    import textwrap
+
+    lines = ["\b"]
+    for code, text in sorted(EXIT_CODES.items()):
+        wrapped = textwrap.wrap(text, 73)  # click indents the epilog by 2, the code takes 5
+        lines += [f"{code:>3}  {wrapped[0]}", *(f"     {line}" for line in wrapped[1:])]
+    return "\n".join(lines)
 
 
 @click.group(
     cls=_ConvertByDefault,
     context_settings={"help_option_names": ["-h", "--help"]},
-    epilog="Exit codes:\n\n" + _exit_code_table().replace("\n", "\n\n"),
+    epilog="Exit codes:\n\n" + _exit_code_table(),
 )
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.option(
@@ -85,7 +94,7 @@ def cli(debug: bool, quiet: bool, verbose: bool) -> None:
     \b
       ptconvert SRC --to FMT [options]   convert (see `ptconvert convert --help`)
       ptconvert DIR --to FMT -o OUT -j N every model in a folder, N at once
-      ptconvert SRC --to all -o OUT      every format the graph reaches, verified, timed
+      ptconvert SRC --to all -o OUT      every format reached, verified, timed
       ptconvert info PATH                describe a model file without running it
       ptconvert scan PATH                find code a pickle would run when loaded
       ptconvert formats                  list the formats ptconvert knows
@@ -275,9 +284,9 @@ def conversion_options(fn: Any) -> Any:
     epilog=_examples(
         "ptconvert model.safetensors --to pt --force",
         "ptconvert hf-model/ --to pt2 --dynamic-batch",
-        "ptconvert model.bin --to onnx --model mypkg.nets:make --input x:1x3x224x224:float32",
+        "ptconvert model.pt --to onnx --model nets:make --input x:1x3x224x224:float32",
         "ptconvert zoo/ --to safetensors -o out/ -j 4 --keep-going",
-        "ptconvert model.bin --to all -o every/ --model mypkg.nets:make --input x:2x8:float32",
+        "ptconvert model.bin --to all -o all/ --model nets:make --input x:2x8:float32",
     )
 )
 @click.argument("src", type=click.Path(path_type=str), required=False)
@@ -807,7 +816,7 @@ def main(argv: list[str] | None = None) -> int:
     as_json, debug = "--json" in args, "--debug" in args
     # -q/-v anywhere on the line (click would take them only before the command)
     quiet, verbose = _take(args, "-q", "--quiet"), _take(args, "-v", "--verbose")
-    from ptconvert.quiet import set_verbose
+    from ptconvert.quiet import quiet_libraries, set_verbose
 
     set_verbose(verbose)
     if sys.stderr.isatty() and not as_json and not quiet:
@@ -819,7 +828,10 @@ def main(argv: list[str] | None = None) -> int:
         import io
 
         silent = quiet and not as_json  # --json still prints its JSON
-        with contextlib.redirect_stdout(io.StringIO()) if silent else contextlib.nullcontext():
+        with (
+            quiet_libraries(),  # their warnings, logs and bars (-v shows them)
+            contextlib.redirect_stdout(io.StringIO()) if silent else contextlib.nullcontext(),
+        ):
             code = cli.main(args, prog_name="ptconvert", standalone_mode=False)
         if isinstance(code, int):  # a command's own exit code (click.exceptions.Exit)
             return code

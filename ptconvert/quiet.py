@@ -1,10 +1,12 @@
-"""Keep torch's own logging and warnings off the terminal while a converter tries a route.
+"""Keep third-party chatter off the terminal: torch's logging while a converter tries a route,
+and the warnings, logs and progress bars of the libraries ptconvert drives (-v shows them all).
 
 A failing torch.export attempt logs whole graphs; ptconvert reports the failure itself (the
 first line of the error and the user's source line, in the step record) and moves on to the
 next route. File descriptor 2 itself is silenced: torch configures handlers on loggers it
 creates while exporting, and draft_export collects its report from those log records, so muting
-loggers would either miss some or empty the report. Progress on the terminal pauses meanwhile.
+loggers would either miss some or empty the report. Only fd 2 is: the progress display writes
+to a descriptor of its own (``render.TerminalProgress``), so it keeps ticking meanwhile.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 _verbose = False
 
@@ -46,3 +49,57 @@ def quiet_torch() -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+
+
+# read by transformers (and huggingface_hub) when first imported, and by the processes
+# ptconvert spawns (the isolated runtimes, a folder's workers); a value the user set is kept
+_QUIET_ENV = {
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "PYTHONWARNINGS": "ignore",
+}
+
+
+@contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """The CLI's whole run without the libraries' own warnings (FutureWarnings, torch's
+    UserWarnings), transformers' logs (load reports, config advice) and progress bars: what
+    reaches the terminal is ptconvert's. Everything as it was after; nothing changed with -v."""
+    if _verbose:
+        yield
+        return
+    env = {k: os.environ.get(k) for k in _QUIET_ENV}
+    for key, value in _QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    hf_logging = _transformers_logging()  # imported already: its level is set, not read
+    level = hf_logging.get_verbosity() if hf_logging is not None else None
+    if hf_logging is not None:
+        hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for key, old in env.items():
+            if old is None:
+                os.environ.pop(key, None)
+        hf_logging = _transformers_logging()
+        if hf_logging is not None:  # as it was, or as its environment says (imported since)
+            default = getattr(hf_logging, "_get_default_logging_level", lambda: 30)
+            hf_logging.set_verbosity(level if level is not None else default())
+
+
+def _transformers_logging() -> Any:
+    """``transformers.utils.logging`` when transformers is imported (never imported here)."""
+    transformers: Any = sys.modules.get("transformers")
+    logging = getattr(getattr(transformers, "utils", None), "logging", None)
+    return logging if hasattr(logging, "set_verbosity_error") else None
+
+
+def onnxruntime_quiet(options: Any) -> Any:
+    """``options`` (an onnxruntime ``SessionOptions``) set to log errors only, unless -v: the
+    session's warnings ("Could not find a CPU kernel …", in colour) are not the user's."""
+    if not _verbose:
+        options.log_severity_level = 3
+    return options

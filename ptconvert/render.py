@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console, ConsoleDimensions, ConsoleOptions
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:  # the format registry is not needed to render a scan
     from ptconvert.formats.base import FileInfo, IOSpec
@@ -23,6 +28,107 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+def _num(value: float) -> str:
+    """A measured error in three significant digits (``6.01e-05``, ``0.0120``, ``0``)."""
+    return f"{value:#.3g}" if value else "0"
+
+
+_KEY_PART = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(\d+)\]|\.(\w+)")
+
+
+def _leaf(path: str) -> str:
+    """An output's pytree path as a name: ``['past'][0]`` → ``past.0``, ``[1]`` → ``1``."""
+    parts, at = [], 0
+    for m in _KEY_PART.finditer(path):
+        if m.start() != at:
+            return path
+        parts.append(next(g for g in m.groups() if g is not None))
+        at = m.end()
+    return ".".join(parts) if parts and at == len(path) else path
+
+
+class _Grid:
+    """A table laid out for the width it is printed at, whose numbers are never cut: one table
+    when its columns fit; else its text columns wrapped (a word longer than the column folds,
+    nothing is left out); else stacked: the other columns in groups, one table under another,
+    each with the first ``keys`` columns again, whole. ``fixed`` columns (numbers, statuses,
+    dates) are never wrapped; their headers wrap at spaces when that makes the table fit."""
+
+    _TEXT_MIN = 12  # a text column is not wrapped narrower than this (or its longest header word)
+
+    def __init__(self, *headers: str, fixed: tuple[int, ...] = (), keys: int = 1) -> None:
+        self.headers, self.fixed, self.keys = list(headers), set(fixed), keys
+        self.rows: list[list[Text]] = []
+
+    def add_row(self, *cells: str) -> None:
+        """Cells in rich markup (data escaped by the caller)."""
+        self.rows.append([Text.from_markup(c) for c in cells])
+
+    def _widths(self, i: int) -> tuple[int, int]:
+        """Column ``i``'s narrowest and natural widths (cell text, without padding): a key
+        column's is its natural one."""
+        header = self.headers[i]
+        lines = [line for row in self.rows for line in row[i].plain.splitlines()] or [""]
+        widest = max(cell_len(line) for line in lines)
+        natural = max(widest, cell_len(header))
+        word = max(cell_len(w) for w in header.split() or [""])
+        if i < self.keys:
+            return natural, natural
+        if i in self.fixed:
+            return max(widest, word), natural
+        return max(word, min(natural, self._TEXT_MIN)), natural
+
+    @staticmethod
+    def _outer(columns: int) -> int:
+        return max(2 * columns - 2, 0)  # two spaces between columns, none around
+
+    def _layout(self, columns: list[int], width: int) -> list[int] | None:
+        """Widths of ``columns`` in one table at most ``width`` wide, or None."""
+        ranges = {i: self._widths(i) for i in columns}
+        widths = {i: ranges[i][0] for i in columns}
+        room = width - self._outer(len(columns)) - sum(widths.values())
+        if room < 0:
+            return None
+        # what is left widens the text columns first, then unwraps fixed columns' headers
+        for group in ([i for i in columns if i not in self.fixed], columns):
+            while room > 0:
+                short = [i for i in group if widths[i] < ranges[i][1]]
+                if not short:
+                    break
+                for i in short[:room]:
+                    widths[i] += 1
+                room -= min(len(short), room)
+        return [widths[i] for i in columns]
+
+    def _table(self, columns: list[int], widths: list[int]) -> Table:
+        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+        for i, w in zip(columns, widths, strict=True):
+            t.add_column(self.headers[i], width=w, overflow="fold")  # fixed: as wide as cells
+        for row in self.rows:
+            t.add_row(*(row[i] for i in columns))
+        return t
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Any]:
+        width = options.max_width
+        every = list(range(len(self.headers)))
+        widths = self._layout(every, width)
+        if widths is not None:
+            yield self._table(every, widths)
+            return
+        keys = every[: self.keys]
+        groups: list[list[int]] = [[]]  # stacked: as many columns a table as fit
+        for i in every[self.keys :]:
+            if groups[-1] and self._layout([*keys, *groups[-1], i], width) is None:
+                groups.append([])
+            groups[-1].append(i)
+        for n, group in enumerate(groups):  # a column too wide alone: at its narrowest
+            if n:
+                yield Text("")
+            columns = [*keys, *group]
+            narrowest = [self._widths(i)[0] for i in columns]
+            yield self._table(columns, self._layout(columns, width) or narrowest)
+
+
 def _spec(s: IOSpec) -> str:
     shape = "[" + ", ".join(str(d) for d in s.shape) + "]" if s.shape is not None else ""
     return f"{s.name}: {s.dtype or '?'}{shape}"
@@ -32,7 +138,7 @@ def render_info(info: FileInfo, console: Console | None = None) -> None:
     console = console or Console()
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
-    t.add_column()
+    t.add_column(overflow="fold")  # a long path folds, never cut
     add_row = t.add_row
 
     def row(key: str, value: str) -> None:  # values are data, never rich markup
@@ -89,7 +195,7 @@ def _short(value: Any) -> str:
 
 def render_formats(rows: list[dict[str, Any]], console: Console | None = None) -> None:
     console = console or Console()
-    t = Table("format", "suffixes", "holds")
+    t = _Grid("format", "suffixes", "holds")
     for r in rows:
         t.add_row(r["name"], " ".join(r["suffixes"]) or "(directory)", r["holds"])
     console.print(t)
@@ -103,7 +209,7 @@ def render_batch(report: Any, console: Console | None = None) -> None:
     from pathlib import Path
 
     console = console or Console()
-    t = Table("model", "status", "check", "size", "seconds", "output")
+    t = _Grid("model", "status", "check", "size", "seconds", "output", fixed=(1, 3, 4))
     for item in report.items:
         style = _BATCH_STYLE[item.status]
         out = Path(item.output)
@@ -145,7 +251,7 @@ def render_every(report: Any, console: Console | None = None) -> None:
     console = console or Console()
     sizes = report.batch_sizes
     label = f"ms @ {'/'.join(str(b) for b in sizes)}" if sizes else "ms"
-    t = Table("format", "size", "check", label, "× eager", "× compile")
+    t = _Grid("format", "size", "check", label, "× eager", "× compile", fixed=(1, 3, 4, 5))
 
     def ms(medians: dict[Any, float]) -> str:
         return " / ".join(f"{medians[b]:.3f}" if b in medians else "-" for b in sizes) or "-"
@@ -184,7 +290,7 @@ def render_weights(report: Any, console: Console | None = None) -> None:
     console = console or Console()
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
-    t.add_column()
+    t.add_column(overflow="fold")  # a long path folds, never cut
     rows = [
         ("from", f"{report.source} ({report.source_format})"),
         ("to", f"{report.output} ({report.target_format})"),
@@ -233,7 +339,7 @@ _VERDICT_STYLE = {
 def render_scan(report: Any, console: Console | None = None) -> None:
     """One row per file, then one row per finding of the files that are not clean."""
     console = console or Console()
-    t = Table("file", "verdict", "pickles", "findings")
+    t = _Grid("file", "verdict", "pickles", "findings", fixed=(1, 2, 3))
     for f in report.files:
         style = _VERDICT_STYLE[f.verdict]
         t.add_row(
@@ -242,7 +348,7 @@ def render_scan(report: Any, console: Console | None = None) -> None:
     console.print(t)
     details = [(f, x) for f in report.files for x in f.findings]
     if details:
-        d = Table("severity", "global", "opcode @ offset", "where", "why")
+        d = _Grid("severity", "global", "opcode @ offset", "where", "why", fixed=(0, 2))
         for _, x in details[:200]:
             d.add_row(
                 x.severity,
@@ -263,7 +369,7 @@ def render_conversion(report: Any, console: Console | None = None) -> None:
         f"[bold]{escape(report.source)}[/bold] ({report.source_format}) → "
         f"[bold]{escape(report.output)}[/bold] ({report.target_format}) in {report.seconds:.1f} s"
     )
-    t = Table("step", "route", "status", "seconds", "notes")
+    t = _Grid("step", "route", "status", "seconds", "notes", fixed=(2, 3))
     for s in report.steps:
         notes = "\n".join([*(s.notes or []), *([s.error] if s.error else [])])
         t.add_row(s.step, s.route, s.status, f"{s.seconds:.2f}", escape(notes))
@@ -288,7 +394,7 @@ def render_conversion(report: Any, console: Console | None = None) -> None:
 
 def render_plan(payload: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
-    t = Table("#", "from", "to", "step", "needs")
+    t = _Grid("#", "from", "to", "step", "needs", fixed=(0, 1, 2))
     for i, s in enumerate(payload["steps"], 1):
         t.add_row(
             str(i), s["from"], s["to"], escape(s["what"] or s["step"]), ", ".join(s["needs"]) or "-"
@@ -310,7 +416,7 @@ def render_plan(payload: dict[str, Any], console: Console | None = None) -> None
 
 def render_edges(edges: list[dict[str, Any]], console: Console | None = None) -> None:
     console = console or Console()
-    t = Table("from", "to", "converter", "cost", "needs")
+    t = _Grid("from", "to", "converter", "cost", "needs", fixed=(0, 1, 3))
     for e in edges:
         t.add_row(e["from"], e["to"], e["step"], str(e["cost"]), ", ".join(e["needs"]) or "-")
     console.print(t)
@@ -327,7 +433,7 @@ def render_cache(info: Any, console: Console | None = None) -> None:
     if info.problem:
         console.print(f"[bold red]unusable[/bold red]: {escape(info.problem)}")
     if info.entries:
-        t = Table("key", "target", "source", "size", "created (UTC)")
+        t = _Grid("key", "target", "source", "size", "created (UTC)", fixed=(0, 1, 3, 4))
         for e in info.entries:
             t.add_row(e.key[:12], e.target, escape(e.source), _size(e.bytes), e.created)
         console.print(t)
@@ -365,7 +471,9 @@ def render_verify(report: Any, console: Console | None = None) -> None:
 def render_bench(report: Any, console: Console | None = None) -> None:
     """Latency per runtime and batch size (median, p25–p75, first call), then the speedups."""
     console = console or Console()
-    t = Table("batch", "runtime", "median ms", "p25–p75 ms", "first call s")
+    t = _Grid(
+        "batch", "runtime", "median ms", "p25–p75 ms", "first call s", fixed=(0, 2, 3, 4), keys=2
+    )
     for x in report.timings:
         t.add_row(
             str(x.batch),
@@ -389,23 +497,33 @@ def render_bench(report: Any, console: Console | None = None) -> None:
     )
 
 
-def parity_table(parity: Any) -> Table:
-    """One row per batch size and output: errors against eager and against the fp64 run."""
-    t = Table(
-        "batch", "output", "status", "max abs", "max rel", "RMSE vs fp64", "eager RMSE", "outside"
+def parity_table(parity: Any) -> _Grid:
+    """One row per batch size and output: errors against eager and against the fp64 run (the
+    output named by its path, ``past.0``; "outside" also holds a size's detail)."""
+    t = _Grid(
+        "batch",
+        "output",
+        "status",
+        "max abs",
+        "max rel",
+        "RMSE vs fp64",
+        "eager RMSE",
+        "outside",
+        fixed=(0, 2, 3, 4, 5, 6),
+        keys=2,
     )
     for s in parity.sizes:
         if not s.outputs:
             t.add_row(str(s.batch), "-", s.status, "", "", "", "", escape(s.detail))
         for o in s.outputs:
-            rm = "-" if o.rmse_vs_fp64 is None else f"{o.rmse_vs_fp64:.2e}"
-            em = "-" if o.eager_rmse_vs_fp64 is None else f"{o.eager_rmse_vs_fp64:.2e}"
+            rm = "-" if o.rmse_vs_fp64 is None else _num(o.rmse_vs_fp64)
+            em = "-" if o.eager_rmse_vs_fp64 is None else _num(o.eager_rmse_vs_fp64)
             t.add_row(
                 str(s.batch),
-                escape(o.name),
+                escape(_leaf(o.name)),
                 o.status,
-                f"{o.max_abs_error:.2e}",
-                f"{o.max_rel_error:.2e}",
+                _num(o.max_abs_error),
+                _num(o.max_rel_error),
                 rm,
                 em,
                 f"{o.outside_tolerance:.1%}",
@@ -425,13 +543,15 @@ def render_optimize(report: Any, console: Console | None = None) -> None:
         )
         + f" in {report.seconds:.1f} s ({report.device})"
     )
-    t = Table(
+    sizes = report.batch_sizes
+    t = _Grid(
         "runtime",
         "outcome",
         "check",
-        *[f"batch {b} ms" for b in report.batch_sizes],
+        *[f"batch {b} ms" for b in sizes],
         "× eager",
         "why",
+        fixed=(1, *range(3, len(sizes) + 4)),
     )
     for c in report.candidates:
         t.add_row(
@@ -445,14 +565,42 @@ def render_optimize(report: Any, console: Console | None = None) -> None:
     console.print(t)
 
 
+class _OwnConsole(Console):
+    """A console on a descriptor of its own: sized by its own terminal, also while fd 2 (which
+    rich asks otherwise, with stdin and stdout) is silenced or stdout is a pipe."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        if self._width is None:
+            try:
+                width, height = os.get_terminal_size(self.file.fileno())
+            except (AttributeError, ValueError, OSError):  # not a terminal: as rich says
+                pass
+            else:
+                if width:
+                    return ConsoleDimensions(width, height or 25)
+        return super().size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._width, self._height = new_size
+
+
 class TerminalProgress:
     """The CLI's progress reporter on stderr (stdout is the report's): one rich display whose
     lines are the steps running now, each with its name and elapsed time, and a bar where the
     work has a size (tensors written, batch sizes compared). Steps nest (a conversion's step,
-    the comparison inside it): each is a line of the same display."""
+    the comparison inside it): each is a line of the same display.
 
-    def __init__(self) -> None:
-        self._console = Console(stderr=True)
+    The display writes to a duplicate of fd 2 taken when the reporter is made, and rich's
+    refresh thread redraws it ten times a second: while ``quiet.quiet_torch`` points fd 2 at
+    /dev/null (torch.export, the AOTInductor compile) third-party output is silenced and the
+    spinner and the elapsed time keep moving. Nothing else is redirected through the display:
+    what others write to sys.stdout/sys.stderr goes where it would go without it."""
+
+    def __init__(self, fd: int = 2) -> None:
+        self._file = os.fdopen(os.dup(fd), "w", encoding="utf-8", errors="replace")
+        self._console: Console = _OwnConsole(file=self._file)
         self._live: Any = None
         self._depth = 0
 
@@ -495,6 +643,10 @@ class TerminalProgress:
                 Left(),
                 transient=True,
                 console=self._console,
+                # others' output goes where it would without the display: a logging handler
+                # made meanwhile keeps sys.stderr (fd 2: silenced by quiet_torch), not ours
+                redirect_stdout=False,
+                redirect_stderr=False,
             )
             self._live.start()
         self._depth += 1

@@ -31,7 +31,10 @@ def _onnx_runner(path: str, device: str) -> tuple[Any, list[str], list[str]]:
                 "build; install onnxruntime-gpu for --device cuda)"
             )
         providers.insert(0, "CUDAExecutionProvider")
-    session = ort.InferenceSession(path, providers=providers)
+    from ptconvert.quiet import onnxruntime_quiet
+
+    options = onnxruntime_quiet(ort.SessionOptions())  # its warnings would join an error
+    session = ort.InferenceSession(path, sess_options=options, providers=providers)
     names = [i.name for i in session.get_inputs()]
 
     def run(feeds: dict[str, Any]) -> list[Any]:

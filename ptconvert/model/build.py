@@ -139,13 +139,20 @@ def _assigned_on_meta(
     of the factory's own dtypes: a buffer the checkpoint lacks (computed in ``__init__``), a
     factory or a load that fails on meta, a weight of another dtype (the usual load converts
     it). The caller then builds the model as usual."""
+    import warnings
+
+    from ptconvert.quiet import is_verbose
+
     try:  # only the factory's call is on meta: its module is imported as usual
-        model, own_inputs = module_from_factory(spec, device="meta")
-        label, target = choose_target(model, list(tensors))
-        dtypes = {k: v.dtype for k, v in model.state_dict().items()}
-        tied, unexpected = load_strict(
-            target, tensors, src, non_strict=opts.non_strict, assign=True
-        )
+        with warnings.catch_warnings():
+            if not is_verbose():  # a factory loading weights of its own: a no-op per tensor
+                warnings.filterwarnings("ignore", message=".*to a meta parameter")
+            model, own_inputs = module_from_factory(spec, device="meta")
+            label, target = choose_target(model, list(tensors))
+            dtypes = {k: v.dtype for k, v in model.state_dict().items()}
+            tied, unexpected = load_strict(
+                target, tensors, src, non_strict=opts.non_strict, assign=True
+            )
     except Exception:  # the usual build says what is wrong, if anything
         return None
     if _holds_meta(model):
