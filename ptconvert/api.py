@@ -302,17 +302,49 @@ def bench(
     warmup: int = 5,
     threads: int | None = None,
     device: str | None = None,
+    prompt_length: int | None = None,
+    new_tokens: int | None = None,
     **overrides: Any,
 ) -> BenchReport:
     """Time ``artifact`` against eager (``reference``) and ``torch.compile`` on the same inputs.
 
     >>> r = ptconvert.bench("model.pt2", reference="model.bin", model="mypkg.nets:make")
     >>> [(t.runtime, t.batch, t.median_ms) for t in r.timings]
+
+    A generation export (``--task …-with-past``) is timed generating: time to the first token
+    and per token, against transformers' ``generate`` on ``reference`` (its Hugging Face
+    directory, required) eager and ``torch.compile``d, ``new_tokens`` greedy tokens after a
+    prompt of ``prompt_length`` (a ``GenerationBenchReport``: ``tokens``, ``ratios``).
+
+    >>> r = ptconvert.bench("llama.pt2", reference="llama-dir", new_tokens=32)
+    >>> [(t.runtime, t.batch, t.per_token_ms) for t in r.tokens]
     """
+    from ptconvert.generation.bench import bench_generation, generation_export
     from ptconvert.verify.bench import bench_artifact
 
     load_plugins()
     checked = options(opts, **overrides, **({"device": device} if device else {}))
+    export = generation_export(Path(artifact))
+    if export is not None:  # the verify layer cannot import generation/: dispatched here
+        return bench_generation(
+            str(artifact),
+            checked,
+            export=export,
+            reference=str(reference) if reference is not None else None,
+            batch_sizes=batch_sizes,
+            compile_mode=compile_mode,
+            repeats=repeats,
+            warmup=warmup,
+            threads=threads,
+            device=checked.device,
+            prompt_length=prompt_length,
+            new_tokens=new_tokens,
+        )
+    if prompt_length is not None or new_tokens is not None:
+        raise UsageError(
+            "--prompt-length and --new-tokens time a generation export (--task …-with-past)",
+            path=artifact,
+        )
     return bench_artifact(
         str(artifact),
         checked,

@@ -703,6 +703,7 @@ def verify(
     epilog=_examples(
         "ptconvert bench model.pt2 --reference model.bin --model mypkg.nets:make",
         "ptconvert bench model.pt2 --batch-sizes 1,8,32 --plot latency.png",
+        "ptconvert bench llama.pt2 --reference llama-dir --new-tokens 32",
     )
 )
 @click.argument("artifact", type=click.Path(path_type=str))
@@ -722,6 +723,12 @@ def verify(
 @click.option("--threads", type=int, help="torch threads for every contender.")
 @click.option("--plot", "plot_path", type=click.Path(), help="Draw the latencies to a PNG.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", help="Where to run.")
+@click.option(
+    "--new-tokens",
+    type=int,
+    help="A generation export: greedy tokens generated per call (default 32).",
+)
+@click.option("--prompt-length", type=int, help="A generation export: prompt tokens (default 16).")
 def bench(
     artifact: str,
     as_json: bool,
@@ -733,9 +740,16 @@ def bench(
     threads: int | None,
     plot_path: str | None,
     device: str,
+    new_tokens: int | None,
+    prompt_length: int | None,
     **options: Any,
 ) -> None:
-    """Time ARTIFACT against eager and torch.compile on the same inputs."""
+    """Time ARTIFACT against eager and torch.compile on the same inputs.
+
+    A generation export (--task …-with-past: a pt2 with a static cache, an ONNX decoder with
+    past inputs, a seq2seq folder) is timed generating: time to the first token and per token
+    against transformers' generate on --reference (its Hugging Face directory), eager and
+    torch.compile'd, at batch 1 and 8 (at most the static cache's rows)."""
     from ptconvert.api import bench as run_bench
 
     progress.set_quiet(as_json)
@@ -752,11 +766,16 @@ def bench(
             warmup=warmup,
             threads=threads,
             device=device,
+            prompt_length=prompt_length,
+            new_tokens=new_tokens,
         )
     if plot_path:
         from ptconvert.verify.bench import plot
 
         plot(report, plot_path)
+    if not as_json and hasattr(report, "text"):  # a generation export's: first token, per token
+        click.echo(report.text())
+        return
     _show(report, as_json, "render_bench")
 
 

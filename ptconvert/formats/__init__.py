@@ -27,7 +27,12 @@ from ptconvert.errors import (
 )
 from ptconvert.formats.base import FileInfo, Format, Probe
 from ptconvert.formats.checkpoint import CheckpointFormat
-from ptconvert.formats.hf import WEIGHT_NAMES, HuggingFaceFormat
+from ptconvert.formats.hf import (
+    WEIGHT_NAMES,
+    HuggingFaceFormat,
+    generation_layout,
+    read_config,
+)
 from ptconvert.formats.onnx import OnnxFormat
 from ptconvert.formats.pt2 import AotiPackageFormat, ExportedProgramFormat
 from ptconvert.formats.safetensors import SafetensorsFormat
@@ -102,6 +107,11 @@ def _missing(path: Path) -> NoReturn:
 
 def describe(path: str | Path) -> FileInfo:
     """``ptconvert info``: what a file or directory holds, without executing anything."""
+    folder = generation_layout(Path(path)) if Path(path).is_dir() else None
+    if folder is not None:  # a generation export's folder: described, never converted from
+        hf = FORMATS_BY_NAME["hf"]
+        assert isinstance(hf, HuggingFaceFormat)
+        return hf.generation_info(Path(path), folder, read_config(Path(path)))
     d = detect(path)
     info = d.handler.info(d.path, d.layout)
     info.notes += _past_scan_limit(d.path)
@@ -165,6 +175,14 @@ def _reject_non_models(probe: Probe) -> None:
 
 def _unknown(probe: Probe) -> InputError:
     tried = ", ".join(f.name for f in FORMATS)
+    if probe.is_dir and (folder := generation_layout(probe.path)) is not None:
+        return NoWeightsError(
+            f"a generation export's folder ({folder}: an encoder and a decoder beside "
+            "config.json, no weights file): `info`, `bench` and ptconvert.generate take it, "
+            "nothing converts from it",
+            path=probe.path,
+            hint="convert the Hugging Face directory it was exported from",
+        )
     if probe.is_dir:
         present = sorted(p.name for p in probe.path.iterdir())[:20]
         return NoWeightsError(

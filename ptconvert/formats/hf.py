@@ -26,6 +26,40 @@ def weights_file(directory: Path) -> Path | None:
     return None
 
 
+# A generation export's folder (``--task text2text-generation-with-past``): config.json, an
+# encoder and a decoder, no weights file; the layout named after what the parts are.
+GENERATION_PARTS = {
+    "seq2seq-pt2": (("encoder.pt2",), ("decoder.pt2",)),
+    # optimum's layouts: the decoder unmerged (decoder_model + decoder_with_past_model) or merged
+    "seq2seq-onnx": (
+        ("encoder_model.onnx",),
+        ("decoder_model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx"),
+    ),
+}
+
+
+def generation_layout(directory: Path) -> str | None:
+    """``seq2seq-pt2`` / ``seq2seq-onnx`` for a generation export's folder (config.json, no
+    weights file, an encoder and a decoder by their file names), else None."""
+    if not (directory / "config.json").is_file() or weights_file(directory):
+        return None
+    for name, (encoders, decoders) in GENERATION_PARTS.items():
+        if any((directory / e).is_file() for e in encoders) and any(
+            (directory / d).is_file() for d in decoders
+        ):
+            return name
+    return None
+
+
+def _names(names: list[str]) -> str:
+    """Input or output names, a cache's ``past_key_values.N.…`` / ``present.N.…`` as one."""
+    cache = [n for n in names if n.startswith(("past_key_values.", "present."))]
+    shown = [n for n in names if n not in cache]
+    if cache:
+        shown.append(f"{cache[0].split('.')[0]}.N.… ({len(cache)})")
+    return ", ".join(shown)
+
+
 def read_config(directory: Path) -> dict[str, Any]:
     """config.json as a dict: anything else defines no model (a ModelDefinitionError)."""
     path = directory / "config.json"
@@ -80,6 +114,8 @@ class HuggingFaceFormat(Format):
         from ptconvert.formats import describe  # the registry describes the weights
 
         config = read_config(path)
+        if layout in GENERATION_PARTS:
+            return self.generation_info(path, layout, config)
         weights = weights_file(path)
         assert weights is not None
         sub = describe(weights)
@@ -99,4 +135,43 @@ class HuggingFaceFormat(Format):
             info.metadata["remote_code"] = code
             info.needs_code = sorted({*info.needs_code, *code})
         info.merge_tensors(sub)
+        return info
+
+    def generation_info(self, path: Path, layout: str, config: dict[str, Any]) -> FileInfo:
+        """A generation export's folder (``describe`` takes it; ``detect`` does not: nothing
+        converts from it): its files, and each part (the encoder, the decoder) as the registry
+        describes it, format and call. The task and the cache are generation/tasks.py's lines
+        (``describe_task``)."""
+        from ptconvert.formats import describe
+
+        info = FileInfo(str(path), self.name, layout, 0)
+        info.files = [file_entry(p) for p in sorted(path.iterdir()) if p.is_file()]
+        info.size_bytes = sum(f["size_bytes"] for f in info.files)
+        parts: dict[str, str] = {}
+        encoders, decoders = GENERATION_PARTS[layout]
+        for name in (*encoders, *decoders):
+            if not (path / name).is_file():
+                continue
+            sub = describe(path / name)
+            inputs = _names([i.name for i in sub.inputs or []])
+            # a pt2's outputs are named after graph nodes: their count says enough
+            outputs = (
+                _names([o.name for o in sub.outputs or []])
+                if sub.format == "onnx"
+                else f"{len(sub.outputs or [])} output(s)"
+            )
+            parts[name] = f"{sub.format}: {inputs or '?'} → {outputs or '?'}"
+            info.globals = sorted({*info.globals, *sub.globals})
+            info.needs_code = sorted({*info.needs_code, *sub.needs_code})
+            info.native_code += sub.native_code
+        info.metadata = {
+            "model_type": config.get("model_type"),
+            "architectures": config.get("architectures"),
+            "dtype": config.get("dtype", config.get("torch_dtype")),
+            **parts,  # each part's file name: its format and call
+        }
+        info.notes.append(
+            "a generation export (an encoder and a decoder driven by a loop): "
+            "ptconvert.generate and ptconvert bench take the folder"
+        )
         return info

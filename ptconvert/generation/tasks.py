@@ -78,7 +78,9 @@ def describe_task(info: Any) -> None:
     from types import SimpleNamespace
 
     path = Path(info.path)
-    if info.format == "hf":
+    if info.format == "hf" and info.layout != "directory":  # a seq2seq export's folder
+        _describe_folder(info, path)
+    elif info.format == "hf":
         try:
             raw = json.loads((path / "config.json").read_text())
         except (OSError, ValueError):
@@ -99,3 +101,33 @@ def describe_task(info: Any) -> None:
         names = [i.name for i in info.inputs or []]
         if any(n.startswith("past_key_values.") for n in names):
             info.metadata["task"] = "text-generation-with-past"
+
+
+def _describe_folder(info: Any, path: Any) -> None:
+    """The task and the cache of a seq2seq export's folder (``formats/hf.py`` recognises it):
+    the decoder's ``generation.json`` (pt2), the decoders' past inputs (ONNX)."""
+    if info.layout == "seq2seq-pt2":
+        from ptconvert.generation.seq2seq import DECODER_PT2
+        from ptconvert.generation.static_cache import read_meta
+
+        meta = read_meta(path / DECODER_PT2) or {}
+        info.metadata["task"] = meta.get("task", "text2text-generation-with-past")
+        if meta.get("cache") == "static":
+            info.metadata["cache"] = (
+                f"static, batch {meta.get('batch_size')}, {meta.get('cache_length')} positions "
+                f"({DECODER_PT2}'s self-attention; cross-attention from the encoder's states)"
+            )
+    elif info.layout == "seq2seq-onnx":
+        import onnx
+
+        info.metadata["task"] = "text2text-generation-with-past"
+        for name in ("decoder_with_past_model.onnx", "decoder_model_merged.onnx"):
+            if (path / name).is_file():
+                graph = onnx.load(str(path / name), load_external_data=False).graph
+                past = [i.name for i in graph.input if i.name.startswith("past_key_values.")]
+                layers = len({n.split(".")[1] for n in past})
+                info.metadata["cache"] = (
+                    f"{layers} layers of past_key_values.N.decoder|encoder.key|value in, "
+                    f"present.N.… out ({name})"
+                )
+                break

@@ -157,6 +157,23 @@ def test_t5_pt2_folder_unchecked_generates_with_its_own_loop(
     pairs = zip(logits, want.logits, strict=True)
     worst = max(float((ours - theirs).abs().max()) for ours, theirs in pairs)
     assert worst < 1e-3  # logits of up to ~50 (T5's scaling before its tied head applied)
+    assert_info_describes_the_folder(out, "seq2seq-pt2", "static, batch 2, 32 positions")
+
+
+def assert_info_describes_the_folder(out: Path, layout: str, cache: str) -> None:
+    """``info`` on the folder: its task, parts and cache (it is no model directory: config.json
+    without weights); nothing converts from it, and the error says what it is."""
+    info = ptconvert.describe(out)
+    assert (info.format, info.layout) == ("hf", layout)
+    assert info.metadata["task"] == TASK and info.metadata["cache"].startswith(cache)
+    assert {Path(f["path"]).name for f in info.files} == {p.name for p in out.iterdir()}
+    encoder, decoder = ("encoder", "decoder") if layout.endswith("pt2") else (
+        "encoder_model", "decoder_model")  # fmt: skip
+    suffix = ".pt2" if layout.endswith("pt2") else ".onnx"
+    assert info.metadata[encoder + suffix].split(": ")[1].startswith("input_ids, attention_mask")
+    assert f"{decoder}{suffix}" in info.metadata
+    with pytest.raises(ptconvert.InputError, match="a generation export's folder"):
+        ptconvert.detect(out)
 
 
 @pytest.mark.slow
@@ -216,6 +233,8 @@ def test_bart_to_an_onnx_folder_under_optimums_names(
         "batch_size", 4, "past_decoder_sequence_length + decoder_sequence_length", 8
     ]  # fmt: skip
     assert "present.0.encoder.key" not in later and "encoder_hidden_states" not in later
+    assert_info_describes_the_folder(out, "seq2seq-onnx", "2 layers of past_key_values")
+    assert "present.N.… (8)" in ptconvert.describe(out).metadata["decoder_model.onnx"]
     assert_generates_as_transformers(tiny_seq2seq["bart"], out, onnx_loop)
     ids = torch.randint(3, 98, (2, 6), generator=torch.Generator().manual_seed(1))
     assert torch.equal(
