@@ -105,7 +105,61 @@ def convert(
         from ptconvert.generation.convert import convert as export_for_generation
 
         return export_for_generation(src, to, output, checked)
-    return run(src, to, output, checked)
+    if src is None:
+        return run(src, to, output, checked)
+    src, output, said = _output_name(src, to, output, checked)
+    report = run(src, to, output, checked)
+    report.notes[:0] = said
+    return report
+
+
+def _output_name(
+    src: str | Path, to: str, output: str | Path | None, opts: Options
+) -> tuple[Path, Path | None, list[str]]:
+    """Where ``-o`` puts the output (README, "Outputs and failures"): an existing folder or a
+    name ending in ``/`` takes the output under its default name (a file output; a folder
+    output, a Hugging Face directory's weights, is that folder); a program's file name without
+    a suffix of its format gets one (torch's loaders want ``.pt2``); a Hugging Face
+    directory's weights to a name with the target's suffix (``-o model.safetensors``) are that
+    one file, its weights file converted. Returns the source, the output and notes saying
+    what the rule did."""
+    import os
+
+    from ptconvert.convert.engine import byte_copy, output_for
+    from ptconvert.errors import PtconvertError
+    from ptconvert.formats import FORMATS_BY_NAME, detect
+    from ptconvert.formats.hf import weights_file
+
+    src = Path(src)
+    target = FORMATS_BY_NAME.get(to)
+    if output is None or target is None:
+        return src, Path(output) if output is not None else None, []
+    try:
+        fmt = detect(src).format
+    except PtconvertError:  # the conversion says what is wrong with it
+        return src, Path(output), []
+    out = Path(output)
+    named_folder = str(output).endswith(os.sep) or out.is_dir()
+    folder = byte_copy(fmt, to) and (fmt == "hf" or opts.max_shard_size is not None)
+    suffixes = target.suffixes or (target.suffix,)
+    if folder:
+        inner = weights_file(src) if fmt == "hf" else None
+        if named_folder or inner is None or opts.max_shard_size or not out.name.endswith(suffixes):
+            return src, out, []
+        return (
+            inner,
+            out,
+            [
+                f"-o {out.name} names one file: {src.name}'s weights ({inner.name}) written "
+                "alone, without config.json and the tokenizer (-o FOLDER/ for a directory)"
+            ],
+        )
+    if named_folder:
+        return src, out / output_for(src, to, opts).name, []
+    if target.kind != "program" or out.name.endswith(suffixes):  # weights: any name loads
+        return src, out, []
+    named = out.with_name(out.name + suffixes[0])
+    return src, named, [f"-o {out.name} lacks the {to} suffix {suffixes[0]}: written as {named}"]
 
 
 @_named_errors

@@ -128,3 +128,58 @@ def test_an_aoti_library_carries_no_debug_sections(bert, tmp_path):
     with zipfile.ZipFile(out) as z:
         libraries = [z.read(n) for n in z.namelist() if n.endswith(".so")]
     assert libraries and not any(b".debug_" in lib for lib in libraries)
+
+
+# -o: an existing folder or a trailing "/" takes the default name inside it, a program's missing
+# suffix is added (said in a note), a Hugging Face directory's weights to NAME.safetensors are
+# one file
+
+
+@pytest.fixture()
+def checkpoint(tmp_path: Path) -> Path:
+    import torch
+
+    from fixtures.models import MLP, seeded
+
+    path = tmp_path / "model.bin"
+    torch.save(seeded(MLP()).state_dict(), path)
+    return path
+
+
+def test_a_program_without_its_suffix_gets_it(checkpoint, tmp_path):
+    report = ptconvert.convert(checkpoint, "safetensors", tmp_path / "weights.st")
+    assert report.output == str(tmp_path / "weights.st")  # weights: the name given
+    spec = {"model": "fixtures.models:MLP", "inputs": ["x:2x8:float32"], "verify": False}
+    onnx_report = ptconvert.convert(checkpoint, "onnx", tmp_path / "opt.out", **spec)
+    assert onnx_report.output == str(tmp_path / "opt.out.onnx")
+    assert any("lacks the onnx suffix" in n for n in onnx_report.notes)
+    onnx.checker.check_model(str(tmp_path / "opt.out.onnx"))
+
+
+def test_an_output_folder_takes_the_default_name(checkpoint, tmp_path, capsys):
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    report = ptconvert.convert(checkpoint, "safetensors", existing)
+    assert report.output == str(existing / "model.safetensors")
+    code, out, _ = run_cli([str(checkpoint), "--to", "pt", "-o", f"{existing}/"], capsys)
+    assert code == 0 and out["output"] == str(existing / "model.pt")
+
+
+def test_a_hugging_face_directory_to_a_named_file_or_a_folder(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import BertModel
+
+    from fixtures.build import _tiny_bert_config
+
+    torch.manual_seed(0)
+    directory = tmp_path / "bert"
+    BertModel(_tiny_bert_config()).eval().save_pretrained(directory)
+    single = ptconvert.convert(directory, "safetensors", tmp_path / "weights.safetensors")
+    assert (tmp_path / "weights.safetensors").is_file()
+    assert any("written alone" in n for n in single.notes)
+    assert set(load_file(str(tmp_path / "weights.safetensors"))) == set(
+        load_file(str(directory / "model.safetensors"))
+    )
+    ptconvert.convert(directory, "safetensors", tmp_path / "copy")  # no suffix: the folder
+    assert (tmp_path / "copy" / "config.json").is_file()
