@@ -78,6 +78,9 @@ def dynamic_shapes(
         hint = _hint(family)
         for name, dim in family.dims:
             shapes[name] = {**(shapes[name] or {}), dim: hint}
+    tied = _tied_batch(opts, sample, axes, bounds or {})
+    for name in tied:
+        shapes[name] = {**(shapes[name] or {}), 0: tied[name]}
     for spec in opts.dynamic:
         m = DYNAMIC_SPEC.match(spec)
         if m is None or m["name"] not in sample:
@@ -103,9 +106,40 @@ def dynamic_shapes(
         dim = Dim.DYNAMIC(min=int(m["min"]), max=int(m["max"])) if m["min"] else Dim.DYNAMIC
         shapes[m["name"]] = {**(shapes[m["name"]] or {}), axis: dim}
     for (name, axis), (low, high) in (bounds or {}).items():
-        if name in shapes:
+        if name in shapes and not (axis == 0 and name in tied):
             shapes[name] = {**(shapes[name] or {}), axis: Dim.DYNAMIC(min=low, max=high)}
     return shapes
+
+
+def _where(axis: Axis) -> str:
+    name, dim = axis.dims[0]
+    return f"{name} dim {dim}"
+
+
+def _tied_batch(
+    opts: Options, sample: dict[str, Any], axes: Sequence[Axis], bounds: Bounds
+) -> dict[str, Any]:
+    """One ``batch_size`` for a transformers model's token inputs (encoder's and decoder's), as
+    optimum exports them: torch otherwise gives a mask its own batch symbol where the model
+    does not force it equal (Llama, T5), and an AOTInductor package then took a mask of one row
+    for two rows of ids and aborted the process inside its attention kernel."""
+    from torch.export import Dim
+
+    if not opts.dynamic_batch:
+        return {}
+    names = [
+        n
+        for a in axes
+        if a.name in ("sequence_length", "decoder_sequence_length")
+        for n, _ in a.dims
+        if getattr(sample.get(n), "dim", lambda: 0)() > 1
+    ]
+    if len(names) < 2:
+        return {}
+    known = [bounds[(n, 0)] for n in names if (n, 0) in bounds]
+    low, high = known[0] if known else (1, None)  # a named Dim's floor is 0 otherwise
+    batch = Dim("batch_size", min=low, max=high)  # one symbol: the program checks they agree
+    return dict.fromkeys(names, batch)
 
 
 def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
@@ -195,13 +229,13 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
         if errors and strict and not cloned:
             state.notes.append(f"non-strict export failed, strict export succeeded ({errors[0]})")
         _refuse_below_two(ep, state.bounds)
-        if axes:
+        state.dynamic_range = dynamic_range_words(ep)
+        if axes:  # the sizes the program takes, which torch may have narrowed from those asked
             state.notes.append(
                 "dynamic with --dynamic-batch (optimum's names): "
-                + "; ".join(a.words() for a in axes)
+                + "; ".join(a.words(state.dynamic_range.get(_where(a))) for a in axes)
                 + "; --static-sequence keeps the example's sizes"
             )
-        state.dynamic_range = dynamic_range_words(ep)
         return ep
     draft = _draft_report(module, args, kwargs, shapes)
     raise UnsupportedConversionError(

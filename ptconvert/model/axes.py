@@ -54,10 +54,11 @@ class Axis:
     low: int
     high: int | None
 
-    def words(self) -> str:
-        top = f"{self.low}–{self.high}" if self.high else f"{self.low} or more"
+    def words(self, held: str | None = None) -> str:
+        """In words; ``held``: the program's own range for it (torch may narrow the asked one)."""
+        top = held or (f"{self.low}–{self.high}" if self.high else f"{self.low} or more")
         inputs = ", ".join(n for n, _ in self.dims)
-        return f"dim {self.dims[0][1]} of {inputs} ({self.name}, {top})"
+        return f"dim {self.dims[0][1]} of {inputs} ({self.name}: {top})"
 
 
 def _limit(value: Any) -> int | None:

@@ -111,7 +111,7 @@ def test_dynamic_batch_makes_the_sequence_dynamic_up_to_the_config(
     # verification ran the sequence at 1, an odd length and the config's 64, against eager
     assert words["input_ids dim 1"] == "sequence length 2–64; also runs at 1", words
     assert words["attention_mask dim 1"] == words["input_ids dim 1"]
-    assert any("sequence_length, 1–64" in n for n in report.notes), report.notes
+    assert any("(sequence_length: sequence length 2–64)" in n for n in report.notes), report.notes
     result = _check_fresh(out, directory, head)
     if to == "onnx":  # named as optimum names them (batch_size, sequence_length)
         dims = result["dims"]
