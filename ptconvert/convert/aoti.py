@@ -43,12 +43,35 @@ def compiler() -> str | None:
 
 
 def aoti_compile(state: RunState, opts: Options) -> None:
+    assert state.exported is not None and state.output is not None
+    require_device(opts.device)
+    try:
+        _compile(state, opts)
+    except UnsupportedConversionError as exc:
+        if not state.family_axes or state.module is None or state.inputs is None:
+            raise
+        # axes made dynamic by default, not asked for (SegFormer's height and width: Inductor
+        # cannot lower its strided conv over them): the program again with them fixed
+        from dataclasses import replace
+
+        from ptconvert.convert.exporting import export_module
+
+        fixed = ", ".join(a.name for a in state.family_axes)
+        static = replace(opts, static_sequence=True)
+        state.exported = export_module(state, static, state.inputs)
+        _compile(state, opts)
+        state.notes.append(
+            f"{fixed} could not stay dynamic in the package ({exc.message[:200]}): exported "
+            "again at the example's sizes for them (the package refuses others)"
+        )
+
+
+def _compile(state: RunState, opts: Options) -> None:
     from torch._inductor import aoti_compile_and_package
 
     from ptconvert.verify.ranges import user_inputs
 
     assert state.exported is not None and state.output is not None
-    require_device(opts.device)
     ep: Any = state.exported
     _refuse_baked_scalars(ep, state)
     ones = accepted_at_one(ep, state.bounds)

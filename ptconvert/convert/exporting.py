@@ -230,6 +230,7 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
             state.notes.append(f"non-strict export failed, strict export succeeded ({errors[0]})")
         _refuse_below_two(ep, state.bounds)
         state.dynamic_range = dynamic_range_words(ep)
+        state.family_axes = list(axes)
         if axes:  # the sizes the program takes, which torch may have narrowed from those asked
             state.notes.append(
                 "dynamic with --dynamic-batch (optimum's names): "

@@ -42,6 +42,8 @@ class RunState:
     # outside it: exported again with it, the file refuses the sizes outside
     bounds: Bounds = field(default_factory=dict)
     positional: list[str] | None = None  # the program takes these inputs positionally
+    # model.axes.Axis made dynamic by default (not asked for): given up where a step cannot
+    family_axes: list[Any] = field(default_factory=list)
     # the step that writes the output is the route's last: it writes ``output``
     writing: bool = False
     # a target of several files (ONNX with external data) is written into a staging folder

@@ -262,3 +262,29 @@ def test_the_token_inputs_share_one_batch(tmp_path: Path) -> None:
     assert (
         program(input_ids=ids[:1].repeat(3, 1)[:, :5], attention_mask=ones)["logits"].shape[0] == 3
     )
+
+
+@pytest.mark.slow
+def test_an_aoti_package_fixes_the_image_size_inductor_cannot_keep_dynamic(
+    tmp_path: Path,
+) -> None:
+    """SegFormer's height and width are dynamic in its .pt2, but Inductor cannot lower its
+    strided conv over them ("Invalid ranges"): the AOTI conversion failed (exit 4). The package
+    now takes the example's size, says so, and refuses others."""
+    directory = _save("segformer", tmp_path / "s")
+    out = tmp_path / "s.aoti.pt2"
+    report = convert_program(directory, "aoti", out, Options(dynamic_batch=True, cache=False))
+    assert any("could not stay dynamic in the package" in n for n in report.notes), report.notes
+    runner = torch._inductor.aoti_load_package(str(out))
+    model = _reference("segformer", directory)
+    x = torch.randn(3, 3, 32, 32)
+    torch.testing.assert_close(runner(pixel_values=x)["logits"], model(pixel_values=x).logits)
+    with pytest.raises(Exception, match="unmatched dim value"):
+        runner(pixel_values=torch.randn(1, 3, 48, 48))
+
+
+def _reference(kind: str, directory: Path) -> torch.nn.Module:
+    import transformers
+
+    auto = {"segformer": transformers.AutoModelForSemanticSegmentation}[kind]
+    return auto.from_pretrained(directory).eval()
