@@ -491,6 +491,8 @@ def render_bench(report: Any, console: Console | None = None) -> None:
             console.print(f"batch {row['batch']}: artifact speedup vs " + ", ".join(parts))
     for name, why in report.skipped.items():
         console.print(f"not timed: {name} ({escape(why)})")
+    for note in getattr(report, "notes", []):
+        console.print(f"note: {escape(note)}")
     console.print(
         f"{report.threads} threads, {report.repeats} interleaved rounds, "
         f"peak RSS {report.peak_rss_mib:.0f} MiB"
@@ -563,6 +565,8 @@ def render_optimize(report: Any, console: Console | None = None) -> None:
             escape(c.reason),
         )
     console.print(t)
+    for note in getattr(report, "notes", []):
+        console.print(f"note: {escape(note)}")
 
 
 class _OwnConsole(Console):

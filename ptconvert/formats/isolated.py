@@ -20,6 +20,21 @@ _TIMEOUT_S = 600  # a call that runs this long without answering is given up
 _POLL_S = 0.5
 
 
+def session_options() -> Any:
+    """The isolated runtime's onnxruntime options: errors only in its log (its warnings would
+    join an error), and threads that sleep between calls instead of spinning: spinning, they
+    shared the cores with eager in the parent while both were timed (bench, --to all), and
+    eager came out far slower than measured alone."""
+    import onnxruntime as ort
+
+    from ptconvert.quiet import onnxruntime_quiet
+
+    options = onnxruntime_quiet(ort.SessionOptions())
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return options
+
+
 def _onnx_runner(path: str, device: str) -> tuple[Any, list[str], list[str]]:
     import onnxruntime as ort
 
@@ -31,10 +46,7 @@ def _onnx_runner(path: str, device: str) -> tuple[Any, list[str], list[str]]:
                 "build; install onnxruntime-gpu for --device cuda)"
             )
         providers.insert(0, "CUDAExecutionProvider")
-    from ptconvert.quiet import onnxruntime_quiet
-
-    options = onnxruntime_quiet(ort.SessionOptions())  # its warnings would join an error
-    session = ort.InferenceSession(path, sess_options=options, providers=providers)
+    session = ort.InferenceSession(path, sess_options=session_options(), providers=providers)
     names = [i.name for i in session.get_inputs()]
 
     def run(feeds: dict[str, Any]) -> list[Any]:

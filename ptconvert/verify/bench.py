@@ -42,6 +42,11 @@ class BenchReport(Report):
     speedups: list[dict[str, Any]] = field(default_factory=list)  # per batch: artifact vs others
     peak_rss_mib: float = 0.0
     skipped: dict[str, str] = field(default_factory=dict)  # runtime → why it was not timed
+    notes: list[str] = field(default_factory=list)  # timings too spread to be read as one number
+
+
+# p25–p75 wider than ±NOISE of the median: the machine was busy, not the runtime slow
+NOISE = 0.2
 
 
 def _sync(device: str) -> None:
@@ -113,6 +118,12 @@ def bench(
                     samples[name].append((time.perf_counter() - t) * 1000)
         for name, values in samples.items():
             med, p25, p75 = _quantiles(values)
+            if med > 0 and (p75 - p25) / 2 > NOISE * med:
+                report.notes.append(
+                    f"{name} at batch {b}: p25–p75 {p25:.3g}–{p75:.3g} ms around {med:.3g} ms "
+                    f"(±{(p75 - p25) / 2 / med:.0%}): noise, another load on the machine; "
+                    "more --repeats or a quieter machine"
+                )
             report.timings.append(
                 Timing(name, b, round(first[name], 4), med, p25, p75, len(values), peaks.get(name))
             )

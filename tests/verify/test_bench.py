@@ -96,3 +96,33 @@ def test_bench_on_cuda_without_a_gpu_says_so(samples: dict[str, Path], capsys) -
     args = ["bench", str(samples["mlp_pt2"]), "--reference", str(samples["mlp_zip"]), *MLP_ARGS]
     code, report, _ = run_cli([*args, "--device", "cuda"], capsys)
     assert code == 5 and "CUDA is not available" in report["error"]["message"]
+
+
+def test_a_spread_timing_is_said_as_noise_and_a_steady_one_is_not() -> None:
+    """p25–p75 beyond ±20 % of the median is said to be noise, not read as a number."""
+    import itertools
+    import time
+
+    from ptconvert.verify.bench import bench
+
+    delays = itertools.cycle([0.001, 0.008])  # every other call 8× longer: a busy machine
+
+    def jumpy(**_: object) -> None:
+        time.sleep(next(delays))
+
+    def steady(**_: object) -> None:
+        time.sleep(0.005)
+
+    report = bench("x", {"jumpy": jumpy, "steady": steady}, lambda b: {}, [1], repeats=12)
+    assert any(n.startswith("jumpy at batch 1: p25–p75") for n in report.notes), report.notes
+    assert not any(n.startswith("steady") for n in report.notes), report.notes
+
+
+def test_the_isolated_onnx_runtime_never_spins_its_threads() -> None:
+    """onnxruntime's threads spin between calls by default: beside eager timed in the parent,
+    they took its cores, and eager came out far slower in --to all than in bench."""
+    from ptconvert.formats.isolated import session_options
+
+    options = session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options.get_session_config_entry("session.inter_op.allow_spinning") == "0"
