@@ -98,6 +98,7 @@ def convert(
     ('parity', 'model.pt2')
     """
     from ptconvert.convert.engine import convert as run
+    from ptconvert.convert.engine import names_folder, program_suffixed
 
     load_plugins()
     checked = options(opts, **overrides)
@@ -105,8 +106,13 @@ def convert(
         from ptconvert.generation.convert import convert as export_for_generation
 
         return export_for_generation(src, to, output, checked)
-    if src is None:
-        return run(src, to, output, checked)
+    if src is None:  # code alone: no default name, but the suffix rule holds
+        said: list[str] = []
+        if output is not None and not names_folder(output):
+            output, said = program_suffixed(Path(output), to)
+        report = run(src, to, output, checked)
+        report.notes[:0] = said
+        return report
     src, output, said = _output_name(src, to, output, checked)
     report = run(src, to, output, checked)
     report.notes[:0] = said
@@ -123,9 +129,7 @@ def _output_name(
     directory's weights to a name with the target's suffix (``-o model.safetensors``) are that
     one file, its weights file converted. Returns the source, the output and notes saying
     what the rule did."""
-    import os
-
-    from ptconvert.convert.engine import byte_copy, output_for
+    from ptconvert.convert.engine import byte_copy, names_folder, output_for, program_suffixed
     from ptconvert.errors import PtconvertError
     from ptconvert.formats import FORMATS_BY_NAME, detect
     from ptconvert.formats.hf import weights_file
@@ -139,7 +143,7 @@ def _output_name(
     except PtconvertError:  # the conversion says what is wrong with it
         return src, Path(output), []
     out = Path(output)
-    named_folder = str(output).endswith(os.sep) or out.is_dir()
+    named_folder = names_folder(output)
     folder = byte_copy(fmt, to) and (fmt == "hf" or opts.max_shard_size is not None)
     suffixes = target.suffixes or (target.suffix,)
     if folder:
@@ -156,10 +160,8 @@ def _output_name(
         )
     if named_folder:
         return src, out / output_for(src, to, opts).name, []
-    if target.kind != "program" or out.name.endswith(suffixes):  # weights: any name loads
-        return src, out, []
-    named = out.with_name(out.name + suffixes[0])
-    return src, named, [f"-o {out.name} lacks the {to} suffix {suffixes[0]}: written as {named}"]
+    named, said = program_suffixed(out, to)  # weights: any name loads
+    return src, named, said
 
 
 @_named_errors

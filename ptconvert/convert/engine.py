@@ -106,6 +106,27 @@ def output_for(src: Path, to: str, opts: Options) -> Path:
     return default_output(src, to)
 
 
+def names_folder(output: str | Path) -> bool:
+    """``-o`` names a folder: one that exists, or a name ending in ``/`` (README, "Outputs and
+    failures": the output takes its default name inside it)."""
+    return str(output).endswith(os.sep) or Path(output).is_dir()
+
+
+def program_suffixed(out: Path, to: str) -> tuple[Path, list[str]]:
+    """``-o``'s rule for a program (README, "Outputs and failures"): a file name without a
+    suffix of the target format gets its first one (torch's loaders want ``.pt2``); weights, and
+    a name that has one, keep the name given. Returns the name and the note saying what the
+    rule did. ``api._output_name`` and ``--optimize`` (for the format it keeps) both apply it."""
+    target = FORMATS_BY_NAME.get(to)
+    if target is None or target.kind != "program":
+        return out, []
+    suffixes = target.suffixes or (target.suffix,)
+    if out.name.endswith(suffixes):
+        return out, []
+    named = out.with_name(out.name + suffixes[0])
+    return named, [f"-o {out.name} lacks the {to} suffix {suffixes[0]}: written as {named}"]
+
+
 def available_needs(src_format: str, opts: Options) -> frozenset[str]:
     from ptconvert.convert.needs import available
 

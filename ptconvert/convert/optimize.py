@@ -57,6 +57,7 @@ class OptimizeReport(Report):
     candidates: list[Candidate]
     seconds: float
     bench: Any = None  # the verify.bench.BenchReport of every contender
+    notes: list[str] = field(default_factory=list)  # what -o's naming rule did
 
 
 def optimize(
@@ -68,7 +69,7 @@ def optimize(
     repeats: int = 20,
     warmup: int = 3,
 ) -> OptimizeReport:
-    from ptconvert.convert.engine import convert_program, default_output
+    from ptconvert.convert.engine import convert_program
     from ptconvert.verify.runtime import open_runtime
 
     started = time.perf_counter()
@@ -88,9 +89,10 @@ def optimize(
         )
     inputs = reference.inputs
     sizes = batch_sizes or ([1, 8] if opts.dynamic_batch else [inputs.batch])
-    if output is not None:  # said before minutes of work, not after
-        check_output(Path(output), [src], opts.force)
-    parent = Path(output).parent if output else src.parent
+    if output is not None:  # said before minutes of work, not after: each name it may take
+        for target in targets():
+            check_output(_destination(src, output, target)[0], [src], opts.force)
+    parent = _destination(src, output, "pt2")[0].parent  # the same for every format
     # beside the output (the kept file renames into place), removed whatever happens
     stack = contextlib.ExitStack()
     staging = stack.enter_context(temp_folder(parent / "ptconvert-optimize", name=parent))
@@ -100,7 +102,7 @@ def optimize(
         for target in targets():
             # each in its own folder, under the name it will have: ONNX external data files
             # are referred to by name
-            name = Path(output).name if output else default_output(src, target).name
+            name = _destination(src, output, target)[0].name
             out = staging / target / name
             out.parent.mkdir()
             try:
@@ -127,6 +129,7 @@ def optimize(
         timed_ok = [c for c in candidates if c.runtime in written and c.outcome == "dropped"]
         best = max(timed_ok, key=lambda c: c.vs_eager or 0.0, default=None)
         destination: Path | None = None
+        notes: list[str] = []
         if best is not None:
             best.outcome, best.reason = "kept", "the fastest verified artifact"
             if best.vs_eager is not None and best.vs_eager < 1:
@@ -134,7 +137,7 @@ def optimize(
             for c in timed_ok:
                 if c is not best:
                     c.reason = f"verified, slower than {best.runtime}"
-            destination = Path(output) if output else default_output(src, best.runtime)
+            destination, notes = _destination(src, output, best.runtime)
             check_output(destination, [src], opts.force)
             _move_into_place(best.runtime, written[best.runtime], destination, opts.force)
     finally:
@@ -148,7 +151,21 @@ def optimize(
         candidates,
         round(time.perf_counter() - started, 3),
         timed,
+        notes,
     )
+
+
+def _destination(src: Path, output: str | Path | None, fmt: str) -> tuple[Path, list[str]]:
+    """Where the artifact of ``fmt`` goes if kept, by ``convert``'s rule for ``-o`` (README,
+    "Outputs and failures"; api._output_name): none or a folder, the default name (in it); a
+    name without ``fmt``'s suffix gets it, said in the note returned."""
+    from ptconvert.convert.engine import default_output, names_folder, program_suffixed
+
+    if output is None:
+        return default_output(src, fmt), []
+    if names_folder(output):
+        return Path(output) / default_output(src, fmt).name, []
+    return program_suffixed(Path(output), fmt)
 
 
 def time_beside_eager(

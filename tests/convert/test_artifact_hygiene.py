@@ -183,3 +183,33 @@ def test_a_hugging_face_directory_to_a_named_file_or_a_folder(tmp_path):
     )
     ptconvert.convert(directory, "safetensors", tmp_path / "copy")  # no suffix: the folder
     assert (tmp_path / "copy" / "config.json").is_file()
+
+
+def test_a_model_from_code_alone_takes_the_suffix_rule(tmp_path, monkeypatch, capsys):
+    """No SRC (``--model pkg:make --to onnx -o net``): the program's suffix is added as with a
+    source, said in a note; the name skipped the rule before."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "net"
+    args = ["--model", "fixtures.models:MLP", "--to", "onnx", "--input", "x:2x8:float32"]
+    code, report, _ = run_cli([*args, "-o", str(out), "--no-verify"], capsys)
+    assert code == 0, report
+    assert report["output"] == str(tmp_path / "net.onnx") and not out.exists()
+    assert any("lacks the onnx suffix" in n for n in report["notes"])
+    onnx.checker.check_model(str(tmp_path / "net.onnx"))
+
+
+def test_optimize_names_the_kept_artifact_by_the_same_rule(checkpoint, tmp_path, monkeypatch):
+    """``--optimize -o opt.out`` wrote the kept ONNX as ``opt.out``: -o without the kept
+    format's suffix gets it (api._output_name's rule, one function), said in the report. Only
+    the ONNX candidate runs here (AOTInductor compiles for a minute)."""
+    from ptconvert.convert import optimize as optimize_module
+
+    monkeypatch.setattr(optimize_module, "targets", lambda: ["onnx"])
+    spec = {"model": "fixtures.models:MLP", "inputs": ["x:2x8:float32"]}
+    report = ptconvert.optimize(checkpoint, tmp_path / "opt.out", repeats=2, warmup=1, **spec)
+    assert report.kept == "onnx" and report.output == str(tmp_path / "opt.out.onnx")
+    assert any("lacks the onnx suffix" in n for n in report.notes)
+    assert not (tmp_path / "opt.out").exists()
+    onnx.checker.check_model(str(tmp_path / "opt.out.onnx"))
+    named = ptconvert.optimize(checkpoint, tmp_path / "named.onnx", repeats=2, warmup=1, **spec)
+    assert named.output == str(tmp_path / "named.onnx") and not named.notes
