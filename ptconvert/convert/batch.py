@@ -14,7 +14,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -203,13 +203,13 @@ def convert_many(
                 continue
             # an output this batch wrote (and nobody changed since) is replaced without --force
             ours = manifest.wrote(item.src, out, to)
-            todo.append(
-                _Task(len(items) - 1, src, out, replace(opts, force=opts.force or ours), key)
-            )
+            task_opts = replace(opts, force=opts.force or ours)
+            todo.append(_Task(len(items) - 1, src, out, task_opts, key, label=item.src))
     report = BatchReport(str(root), str(out_root), to, executor, jobs, items)
-    total = sum(items[t.index].size for t in todo)
+    # on a terminal: a bar of the models done, and a line per model converting now (its name
+    # and elapsed time; with -j 1 its steps under it, as a single conversion shows them)
     with (
-        progress.bar(f"converting {len(todo)} models to {to}", total, unit="B") as advance,
+        progress.bar(f"converting {len(todo)} models to {to}", len(todo)) as advance,
         _executor(executor, jobs, ray_address) as submit,
     ):
         for task, result in _run(todo, to, convert, submit, jobs, keep_going):
@@ -217,7 +217,7 @@ def convert_many(
             _settle(item, result)
             if item.status == "converted":
                 manifest.record(item.src, task.key, task.out, to, item.check)
-            advance(item.size)
+            advance()
     for folder in {t.out.parent for t in todo}:  # what workers killed on their last try left
         sweep(folder)
     report.seconds = round(time.perf_counter() - started, 3)
@@ -235,6 +235,7 @@ class _Task:
     opts: Options
     key: str | None  # cache.cache_key of the source, target and options; None: unreadable
     tries: int = 0
+    label: str = ""  # the source as the report names it (relative to the batch's folder)
 
 
 def output_key(src: Path, to: str, out: Path, opts: Options) -> str | None:
@@ -287,28 +288,37 @@ def _run(
     crashed would take them down again."""
     queue = list(todo)
     running: dict[Future[dict[str, Any]], _Task] = {}
+    shown: dict[int, ExitStack] = {}  # each running model's line on the display, by task index
     stop = False
-    while running or (queue and not stop):
-        while queue and not stop and len(running) < jobs:
-            retrying = any(t.tries > 1 for t in running.values())
-            if retrying or (queue[0].tries and running):
-                break
-            task = queue.pop(0)
-            task.tries += 1
-            args = (convert, str(task.src), to, str(task.out), task.opts)
-            running[submit(convert_one, *args)] = task
-        finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
-        for fut in finished:
-            task = running.pop(fut)
-            try:
-                result = fut.result()
-            except Exception as exc:  # the worker itself died (killed, out of memory, lost node)
-                if task.tries < 2:
-                    queue.insert(0, task)
-                    continue
-                result = _failure(exc, 0.0, worker=True)
-            stop = stop or ("error" in result and not keep_going)
-            yield task, result
+    try:
+        while running or (queue and not stop):
+            while queue and not stop and len(running) < jobs:
+                retrying = any(t.tries > 1 for t in running.values())
+                if retrying or (queue[0].tries and running):
+                    break
+                task = queue.pop(0)
+                task.tries += 1
+                line = shown[task.index] = ExitStack()
+                again = " (again, alone: its worker died)" if task.tries > 1 else ""
+                line.enter_context(progress.step(f"{task.label or task.src.name}{again}"))
+                args = (convert, str(task.src), to, str(task.out), task.opts)
+                running[submit(convert_one, *args)] = task  # with -j 1 it runs here, now
+            finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for fut in finished:
+                task = running.pop(fut)
+                shown.pop(task.index).close()
+                try:
+                    result = fut.result()
+                except Exception as exc:  # the worker died (killed, out of memory, lost node)
+                    if task.tries < 2:
+                        queue.insert(0, task)
+                        continue
+                    result = _failure(exc, 0.0, worker=True)
+                stop = stop or ("error" in result and not keep_going)
+                yield task, result
+    finally:
+        for line in shown.values():
+            line.close()
 
 
 def convert_one(
