@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ptconvert.errors import UsageError, named_error
 from ptconvert.options import GENERATION_TASKS
 from ptconvert.plugins import load_plugins
+from ptconvert.quiet import quiet_libraries
 
 if TYPE_CHECKING:
     from ptconvert.convert.batch import BatchReport
@@ -42,12 +43,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _named_errors(fn: F) -> F:
     """The call's environment failures as named errors: an ``OSError`` names the file the
-    system named, running out of memory names the call's first argument (the input)."""
+    system named, running out of memory names the call's first argument (the input). The call
+    runs as quiet as the CLI (``quiet.quiet_libraries``: the libraries' warnings, transformers'
+    logs and bars, all as they were after); ``PTCONVERT_VERBOSE=1`` lets them through."""
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with quiet_libraries():
+                return fn(*args, **kwargs)
         except (OSError, MemoryError) as exc:
             oom = not isinstance(exc, OSError) or exc.errno == errno.ENOMEM
             named = named_error(exc, args[0] if oom and args else None)

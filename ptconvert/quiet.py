@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from typing import Any
 
 _verbose = False
+# a library user's -v: read on every call, and inherited by the processes ptconvert spawns
+VERBOSE_ENV = "PTCONVERT_VERBOSE"
 
 
 def set_verbose(verbose: bool) -> None:
@@ -28,12 +30,13 @@ def set_verbose(verbose: bool) -> None:
 
 
 def is_verbose() -> bool:
-    return _verbose
+    """``-v`` (``set_verbose``), or ``PTCONVERT_VERBOSE`` set to anything but "" and "0"."""
+    return _verbose or os.environ.get(VERBOSE_ENV, "") not in ("", "0")
 
 
 @contextmanager
 def quiet_torch() -> Iterator[None]:
-    if _verbose:
+    if is_verbose():
         yield
         return
     sys.stderr.flush()
@@ -63,10 +66,13 @@ _QUIET_ENV = {
 
 @contextmanager
 def quiet_libraries() -> Iterator[None]:
-    """The CLI's whole run without the libraries' own warnings (FutureWarnings, torch's
-    UserWarnings), transformers' logs (load reports, config advice) and progress bars: what
-    reaches the terminal is ptconvert's. Everything as it was after; nothing changed with -v."""
-    if _verbose:
+    """The CLI's whole run, and each API call, without the libraries' own warnings
+    (FutureWarnings, torch's UserWarnings), transformers' logs (load reports, config advice)
+    and progress bars: what reaches the terminal is ptconvert's. Everything as it was after;
+    nothing changed with -v or PTCONVERT_VERBOSE=1. Nested calls (the CLI's run around an API
+    call) keep the outermost's state to restore. Python's warning filters are one per process
+    (before 3.14): an API call in one thread silences another thread's warnings meanwhile."""
+    if is_verbose():
         yield
         return
     env = {k: os.environ.get(k) for k in _QUIET_ENV}
@@ -100,6 +106,6 @@ def _transformers_logging() -> Any:
 def onnxruntime_quiet(options: Any) -> Any:
     """``options`` (an onnxruntime ``SessionOptions``) set to log errors only, unless -v: the
     session's warnings ("Could not find a CPU kernel …", in colour) are not the user's."""
-    if not _verbose:
+    if not is_verbose():
         options.log_severity_level = 3
     return options

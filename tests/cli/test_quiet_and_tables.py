@@ -146,6 +146,67 @@ def test_quiet_libraries_silences_and_restores(monkeypatch: pytest.MonkeyPatch) 
         quiet.set_verbose(False)
 
 
+CHATTY = """
+import warnings
+
+import torch
+
+
+def make():
+    from transformers.utils import logging
+
+    logging.get_logger("transformers.modeling_utils").warning("LOAD REPORT: newly initialized")
+    warnings.warn("chatter from the factory", FutureWarning, stacklevel=1)
+    return torch.nn.Linear(4, 2)
+"""
+
+
+def test_an_api_call_is_as_quiet_as_the_cli_unless_verbose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """A library call converting a model that warns and logs while it is built (transformers'
+    load report, a FutureWarning) prints none of it, and leaves warnings and transformers'
+    verbosity as they were; PTCONVERT_VERBOSE=1 (a library user's -v) lets them through."""
+    import logging
+
+    import transformers
+
+    import ptconvert
+
+    class Logged(logging.Handler):  # beside transformers' own handler, on the same logger
+        def __init__(self) -> None:
+            super().__init__()
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    logged = Logged()
+    hf_logger = logging.getLogger("transformers")
+    hf_logger.addHandler(logged)
+    request.addfinalizer(lambda: hf_logger.removeHandler(logged))
+    (tmp_path / "chatty.py").write_text(CHATTY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("PTCONVERT_VERBOSE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_VERBOSITY", raising=False)
+    hf_logging = transformers.utils.logging
+    before = hf_logging.get_verbosity()
+    spec = {"model": "chatty:make", "inputs": ["input:2x4:float32"], "verify": False}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ptconvert.convert(None, "torchscript", tmp_path / "quiet.ts", **spec)
+        warnings.warn("after", FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["after"]
+    assert not logged.messages
+    assert hf_logging.get_verbosity() == before
+    monkeypatch.setenv("PTCONVERT_VERBOSE", "1")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ptconvert.convert(None, "torchscript", tmp_path / "verbose.ts", **spec)
+    assert "chatter from the factory" in [str(w.message) for w in seen]
+    assert any("LOAD REPORT" in m for m in logged.messages)
+
+
 def test_a_factory_loading_its_own_weights_on_meta_warns_nothing(
     samples: dict[str, Path], tmp_path: Path
 ) -> None:
