@@ -50,6 +50,27 @@ def step(name: str) -> Iterator[None]:
         yield
 
 
+def active() -> bool:
+    """Whether a reporter is installed (something is shown)."""
+    return _reporter is not None
+
+
+@contextmanager
+def status(name: str) -> Iterator[Callable[[str], None]]:
+    """A step whose line can be renamed while it runs: yields ``say(text)`` (a batch's line of
+    a model shows the step its worker reports). A reporter without ``status`` shows ``name``."""
+    if _reporter is None:
+        yield lambda text: None
+        return
+    own = getattr(_reporter, "status", None)
+    if own is None:
+        with _reporter.step(name):
+            yield lambda text: None
+        return
+    with own(name) as say:
+        yield say
+
+
 @contextmanager
 def bar(name: str, total: int, unit: str = "") -> Iterator[Callable[..., None]]:
     """A progress bar named after the step; yields ``advance(amount=1)``."""

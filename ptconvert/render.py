@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 from rich import box
@@ -668,6 +668,18 @@ class TerminalProgress:
     def step(self, name: str) -> Iterator[None]:
         with self._task(name, None):
             yield
+
+    @contextmanager
+    def status(self, name: str) -> Iterator[Callable[[str], None]]:
+        """A step whose line ``say(text)`` renames (from any thread: rich locks its tasks)."""
+        with self._task(name, None) as task:
+            live = self._live
+
+            def say(text: str) -> None:
+                with suppress(KeyError):  # the step ended meanwhile
+                    live.update(task, description=escape(text))
+
+            yield say
 
     @contextmanager
     def bar(self, name: str, total: int, unit: str = "") -> Iterator[Callable[..., None]]:

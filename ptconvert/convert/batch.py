@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -208,11 +209,12 @@ def convert_many(
     report = BatchReport(str(root), str(out_root), to, executor, jobs, items)
     # on a terminal: a bar of the models done, and a line per model converting now (its name
     # and elapsed time; with -j 1 its steps under it, as a single conversion shows them)
+    lines = _Lines()
     with (
         progress.bar(f"converting {len(todo)} models to {to}", len(todo)) as advance,
-        _executor(executor, jobs, ray_address) as submit,
+        _executor(executor, jobs, ray_address, lines) as submit,
     ):
-        for task, result in _run(todo, to, convert, submit, jobs, keep_going):
+        for task, result in _run(todo, to, convert, submit, jobs, keep_going, lines):
             item = items[task.index]
             _settle(item, result)
             if item.status == "converted":
@@ -281,6 +283,7 @@ def _run(
     submit: Callable[..., Future[dict[str, Any]]],
     jobs: int,
     keep_going: bool,
+    lines: _Lines,
 ) -> Iterator[tuple[_Task, dict[str, Any]]]:
     """Results as they finish, at most ``jobs`` at once; without ``keep_going`` nothing new
     starts after a failure (those already running finish). A model whose worker died is run
@@ -300,12 +303,14 @@ def _run(
                 task.tries += 1
                 line = shown[task.index] = ExitStack()
                 again = " (again, alone: its worker died)" if task.tries > 1 else ""
-                line.enter_context(progress.step(f"{task.label or task.src.name}{again}"))
+                name = f"{task.label or task.src.name}{again}"
+                lines.open(str(task.src), name, line.enter_context(progress.status(name)))
                 args = (convert, str(task.src), to, str(task.out), task.opts)
                 running[submit(convert_one, *args)] = task  # with -j 1 it runs here, now
             finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
             for fut in finished:
                 task = running.pop(fut)
+                lines.close(str(task.src))
                 shown.pop(task.index).close()
                 try:
                     result = fut.result()
@@ -317,8 +322,78 @@ def _run(
                 stop = stop or ("error" in result and not keep_going)
                 yield task, result
     finally:
+        for task in running.values():
+            lines.close(str(task.src))
         for line in shown.values():
             line.close()
+
+
+class _Lines:
+    """The display's line of each model running (by its source's path), renamed with the step
+    its worker reports (``_Relay``): ``alpha.bin: exported → onnx``."""
+
+    def __init__(self) -> None:
+        self.says: dict[str, tuple[str, Callable[[str], None]]] = {}
+        self.lock = threading.Lock()
+
+    def open(self, src: str, name: str, say: Callable[[str], None]) -> None:
+        with self.lock:
+            self.says[src] = (name, say)
+
+    def close(self, src: str) -> None:
+        with self.lock:
+            self.says.pop(src, None)
+
+    def show(self, src: str, step: str) -> None:
+        with self.lock:
+            name, say = self.says.get(src, ("", None))
+            if say is not None:
+                say(f"{name}: {step}" if step else name)
+
+    def listen(self, queue: Any) -> None:
+        """The workers' events until None: (pid, "model" | "enter" | "exit", text)."""
+        models: dict[int, str] = {}
+        stacks: dict[int, list[str]] = {}
+        while (event := queue.get()) is not None:
+            pid, kind, text = event
+            stack = stacks.setdefault(pid, [])
+            if kind == "model":
+                models[pid] = text
+                stack.clear()
+            elif kind == "enter":
+                stack.append(text)
+            elif stack:
+                stack.pop()
+            if pid in models:
+                self.show(models[pid], stack[-1] if stack else "")
+
+
+class _Relay:
+    """A worker's progress reporter: its steps sent to the driver, which shows the innermost on
+    the model's line (a worker has no terminal of its own)."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+    def send(self, kind: str, text: str) -> None:
+        with suppress(Exception):  # the display is not worth a conversion
+            self.queue.put_nowait((os.getpid(), kind, text))
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        self.send("enter", name)
+        try:
+            yield
+        finally:
+            self.send("exit", name)
+
+    @contextmanager
+    def bar(self, name: str, total: int, unit: str = "") -> Iterator[Callable[..., None]]:
+        with self.step(name):
+            yield lambda amount=1: None
+
+
+_relay: _Relay | None = None  # in a worker whose driver shows progress
 
 
 def convert_one(
@@ -326,6 +401,8 @@ def convert_one(
 ) -> dict[str, Any]:
     """One conversion in a worker; the result is plain data (it crosses processes and nodes)."""
     started = time.perf_counter()
+    if _relay is not None:
+        _relay.send("model", src)
     try:
         report = convert(src, to, output, opts)  # its folder is made when it writes
     except Exception as exc:
@@ -357,8 +434,11 @@ def _failure(exc: BaseException, seconds: float, *, worker: bool = False) -> dic
 
 
 @contextmanager
-def _executor(kind: Executor, jobs: int, address: str | None) -> Iterator[Callable[..., Future]]:
-    """``submit(fn, *args) -> Future``: spawned local processes, or Ray tasks."""
+def _executor(
+    kind: Executor, jobs: int, address: str | None, lines: _Lines
+) -> Iterator[Callable[..., Future]]:
+    """``submit(fn, *args) -> Future``: spawned local processes (their steps shown on
+    ``lines`` when progress is), or Ray tasks."""
     if kind == "ray":
         with _ray(jobs, address) as submit:
             yield submit
@@ -366,7 +446,7 @@ def _executor(kind: Executor, jobs: int, address: str | None) -> Iterator[Callab
     if jobs == 1:  # one at a time: in this process, as `ptconvert SRC --to` would
         yield _here
         return
-    pool = _Processes(jobs)
+    pool = _Processes(jobs, lines)
     try:
         yield pool.submit
     finally:
@@ -377,8 +457,16 @@ class _Processes:
     """``jobs`` spawned worker processes (spawn, not fork: torch's threads and the driver's
     state do not survive a fork); a pool a dead worker broke is replaced at the next submit."""
 
-    def __init__(self, jobs: int) -> None:
+    def __init__(self, jobs: int, lines: _Lines) -> None:
+        import multiprocessing
+
         self.jobs = jobs
+        self.queue: Any = None
+        self.listener: threading.Thread | None = None
+        if progress.active():  # the workers' steps, shown on their models' lines
+            self.queue = multiprocessing.get_context("spawn").Queue()
+            self.listener = threading.Thread(target=lines.listen, args=(self.queue,), daemon=True)
+            self.listener.start()
         self.pool = self._start()
 
     def _start(self) -> Any:
@@ -388,7 +476,7 @@ class _Processes:
         from ptconvert.quiet import is_verbose
 
         context = multiprocessing.get_context("spawn")
-        setup = (self.jobs, is_verbose())
+        setup = (self.jobs, is_verbose(), self.queue)
         return ProcessPoolExecutor(
             self.jobs, mp_context=context, initializer=_worker_setup, initargs=setup
         )
@@ -408,6 +496,9 @@ class _Processes:
 
     def close(self) -> None:
         self.pool.shutdown()
+        if self.queue is not None and self.listener is not None:
+            self.queue.put(None)
+            self.listener.join(2)
 
 
 def _here(fn: Callable[..., dict[str, Any]], *args: Any) -> Future[dict[str, Any]]:
@@ -416,15 +507,19 @@ def _here(fn: Callable[..., dict[str, Any]], *args: Any) -> Future[dict[str, Any
     return done
 
 
-def _worker_setup(jobs: int, verbose: bool) -> None:
-    """Each of ``jobs`` workers takes its share of the cores (torch would take them all) and
-    the driver's -v."""
+def _worker_setup(jobs: int, verbose: bool, queue: Any = None) -> None:
+    """Each of ``jobs`` workers takes its share of the cores (torch would take them all), the
+    driver's -v, and, where the driver shows progress, a reporter sending it the steps."""
     import torch
 
     from ptconvert.quiet import set_verbose
 
+    global _relay
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // jobs))
     set_verbose(verbose)
+    if queue is not None:
+        _relay = _Relay(queue)
+        progress.set_reporter(_relay)
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """A batch's live display (issue #29): on a terminal, ``-j`` batches show a bar of the models
-done and a line per model converting now, its name and elapsed time ticking while its worker
-runs; piped, under --json or -q, nothing."""
+done and a line per model converting now, its name, the step its worker runs and its elapsed
+time ticking; piped, under --json or -q, nothing."""
 
 from __future__ import annotations
 
@@ -21,10 +21,12 @@ from ptconvert.options import Options
 
 
 def slow_convert(src: str, to: str, output: str, opts: Options) -> Any:
-    """``ptconvert.convert`` taking a while, as a program's export does (run in the workers)."""
+    """``ptconvert.convert`` after a step that takes a while, as a program's export does (run
+    in the workers)."""
     import ptconvert
 
-    time.sleep(2.2)
+    with progress.step("a slow step"):
+        time.sleep(2.2)
     return ptconvert.convert(src, to, output, opts)
 
 
@@ -96,6 +98,9 @@ def test_a_batch_shows_each_running_model_and_the_models_done(
     assert re.search(r"\b0/2\b", shown) and re.search(r"\b1/2\b", shown), shown
     # each model's elapsed time moves while it converts (a second, then two)
     assert {"0:00:01", "0:00:02"} <= set(re.findall(r"\d:\d\d:\d\d", shown)), shown
+    # the step running in the model's conversion: its own line in this process, on the
+    # model's line from a worker
+    assert ("a slow step" if jobs == 1 else "alpha.bin: a slow step") in shown, shown
 
 
 def test_a_piped_batch_prints_no_display(zoo: Path, tmp_path: Path) -> None:
