@@ -299,8 +299,10 @@ def test_optimize_keeps_the_fastest_verified_artifact(samples, tmp_path, capsys)
     assert all(c["median_ms"].keys() == {"1", "8"} for c in report["candidates"])
     from ptconvert import detect
 
-    assert detect(out).format == report["kept"]
-    assert [p.name for p in tmp_path.iterdir()] == ["best"]  # the others are gone
+    kept_file = Path(report["output"])  # -o best: the kept format's suffix added (best.onnx)
+    assert kept_file.parent == tmp_path and kept_file.name.startswith("best.")
+    assert detect(kept_file).format == report["kept"]
+    assert [p.name for p in tmp_path.iterdir()] == [kept_file.name]  # the others are gone
 
 
 def test_torchscript_and_pt2_sources_reach_onnx_under_their_input_names(samples, tmp_path, capsys):
