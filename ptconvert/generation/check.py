@@ -18,13 +18,14 @@ from ptconvert.report import Report
 
 BATCHES = (1, 2)
 PROMPT_LENGTHS = (3, 7)
+FEATURE_INPUTS = (1, 2)  # a speech model's: two different feature inputs (its frames are fixed)
 NEW_TOKENS = 16
 
 
 @dataclass
 class RunResult(Report):
     batch: int
-    prompt_length: int
+    prompt_length: int  # a speech model's: the feature input's number (FEATURE_INPUTS)
     new_tokens: int
     status: str  # pass | noise (within eager's fp64 error) | tie | fail_tokens | fail_logits
     max_abs_error: float = 0.0
@@ -42,7 +43,10 @@ class GenerationCheck(Report):
 
 def reference_generate(model: Any, input_ids: Any, new_tokens: int, **inputs: Any) -> Any:
     """transformers' greedy ``generate`` on the eager model: exactly ``new_tokens`` tokens (no
-    end-of-sequence stop, no logits processor), with each step's raw logits."""
+    end-of-sequence stop, no logits processor), with each step's raw logits. ``input_ids`` is
+    the model's main input: a speech model's ``input_features``, whose ``generate`` (Whisper's)
+    given this bare config forces no decoder ids, predicts no timestamps and suppresses no
+    tokens: the same plain greedy loop."""
     import torch
     from transformers import GenerationConfig
 
@@ -78,6 +82,15 @@ def prompts(vocab: int, batch: int, length: int, seed: int) -> Any:
     return torch.randint(low, vocab, (batch, length), generator=generator)
 
 
+def features(shape: Any, batch: int, which: int, seed: int) -> Any:
+    """A speech model's input: ``batch`` random log-mel-like features of ``shape`` (mel bins ×
+    frames), a different draw for each ``which``."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed * 1000 + batch * 10 + which)
+    return torch.randn((batch, *shape), generator=generator)
+
+
 def gold_logits(model: Any, input_ids: Any, reference: Any, **inputs: Any) -> list[Any] | None:
     """Each step's logits of the model's float64 copy (``parity.fp64_model``), fed the
     reference's tokens (no cache): the ground truth that tells precision noise from a broken
@@ -91,9 +104,12 @@ def gold_logits(model: Any, input_ids: Any, reference: Any, **inputs: Any) -> li
         return None
     steps = len(reference.logits)
     sequences = reference.sequences
+    if input_ids.is_floating_point():  # a speech model's features, in the copy's precision
+        input_ids = input_ids.double()
     with torch.no_grad():
         if getattr(model.config, "is_encoder_decoder", False):
-            out = gold(input_ids=input_ids, decoder_input_ids=sequences[:, :-1],
+            main = getattr(model, "main_input_name", "input_ids")
+            out = gold(**{main: input_ids}, decoder_input_ids=sequences[:, :-1],
                        use_cache=False, **inputs)  # fmt: skip
         else:
             out = gold(input_ids=sequences[:, :-1], use_cache=False)
@@ -177,10 +193,12 @@ def check_generation(
     prompt_lengths: Sequence[int] = PROMPT_LENGTHS,
     new_tokens: int = NEW_TOKENS,
     path: Any = None,
+    prompt_label: str = "prompt length",
 ) -> GenerationCheck:
     """Generate with ``stepper`` and with transformers at every batch and prompt length and
     compare; ``make_inputs(batch, length)`` gives (input_ids for the stepper, keywords for
-    ``generate``). Raises ``VerificationError`` on a mismatch."""
+    ``generate``). A speech model's ``prompt_lengths`` number its feature inputs
+    (``prompt_label`` "feature input"). Raises ``VerificationError`` on a mismatch."""
     from ptconvert.verify.parity import TOLERANCES
 
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -203,7 +221,7 @@ def check_generation(
         first = failed[0]
         raise VerificationError(
             f"generating with the artifact differs from transformers' generate at batch "
-            f"{first.batch}, prompt length {first.prompt_length}: {first.detail}",
+            f"{first.batch}, {prompt_label} {first.prompt_length}: {first.detail}",
             path=path,
         )
     if max(r.distinct_tokens for r in runs) <= 1:

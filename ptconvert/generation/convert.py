@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert import progress
-from ptconvert.generation.check import BATCHES, NEW_TOKENS, PROMPT_LENGTHS, GenerationCheck
+from ptconvert.generation.check import (
+    BATCHES,
+    FEATURE_INPUTS,
+    NEW_TOKENS,
+    PROMPT_LENGTHS,
+    GenerationCheck,
+)
 from ptconvert.options import GENERATION_TASKS, Options
 from ptconvert.report import Report
 
@@ -46,7 +52,7 @@ def plan(src: str | Path, to: str, opts: Options) -> GenerationPlan:
     """What ``convert`` would do for a generation task, after the checks it makes first."""
     from ptconvert.formats import detect
     from ptconvert.generation.loading import read_config
-    from ptconvert.generation.tasks import check_task
+    from ptconvert.generation.tasks import FOLDER_KINDS, check_task
     from ptconvert.scan.guard import refuse_unsafe
 
     assert opts.task is not None
@@ -63,7 +69,7 @@ def plan(src: str | Path, to: str, opts: Options) -> GenerationPlan:
         if kind == "decoder"
         else "past_key_values.N.decoder|encoder.key|value in, present.N.… out"
     )
-    if kind == "seq2seq":
+    if kind in FOLDER_KINDS:
         files = "encoder.pt2, decoder.pt2" if to == "pt2" else (
             "encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx")  # fmt: skip
         steps = [
@@ -78,11 +84,15 @@ def plan(src: str | Path, to: str, opts: Options) -> GenerationPlan:
             f"write {to}",
         ]
     if opts.verify:
+        inputs = (
+            f"{len(FEATURE_INPUTS)} different input_features (the decoder from its start token)"
+            if kind == "speech-seq2seq"
+            else f"prompt lengths {PROMPT_LENGTHS[0]}, {PROMPT_LENGTHS[1]}"
+        )
         steps.append(
             f"generate {NEW_TOKENS} greedy tokens at batch "
-            f"{', '.join(map(str, opts.batch_sizes or BATCHES))} and prompt lengths "
-            f"{PROMPT_LENGTHS[0]}, {PROMPT_LENGTHS[1]}; compare tokens and logits with "
-            "transformers' generate"
+            f"{', '.join(map(str, opts.batch_sizes or BATCHES))} and {inputs}; compare tokens "
+            "and logits with transformers' generate"
         )
     return GenerationPlan(str(src), to, opts.task, kind, steps)
 
@@ -93,13 +103,14 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
     from ptconvert.atomic import atomic_path, check_output
     from ptconvert.convert.engine import default_output
     from ptconvert.generation.loading import load_model
+    from ptconvert.generation.tasks import FOLDER_KINDS
     from ptconvert.scan.guard import refuse_unsafe
 
     assert opts.task in GENERATION_TASKS
     started = time.perf_counter()
     src = Path(src)
     refuse_unsafe(src)
-    folder = GENERATION_TASKS[opts.task] == "seq2seq"  # an encoder and a decoder: a folder
+    folder = GENERATION_TASKS[opts.task] in FOLDER_KINDS  # an encoder and a decoder: a folder
     out = (
         Path(output) if output else (folder_output(src, to) if folder else default_output(src, to))
     )
@@ -145,6 +156,11 @@ def _seq2seq(
     from ptconvert.generation import seq2seq
 
     start = seq2seq.start_token(model)
+    if seq2seq.is_speech(model):
+        mels, frames = seq2seq.feature_shape(model)
+        source = f"input_features[batch, {mels}, {frames}]"
+    else:
+        source = "input_ids, attention_mask"
     if to == "pt2":
         from ptconvert.generation.static_cache import cache_length
 
@@ -158,6 +174,7 @@ def _seq2seq(
             "model_class": type(model).__name__,
             "decoder_start_token_id": start,
             "eos_token_id": model.generation_config.eos_token_id,
+            **seq2seq.encoder_meta(model),
         }
         with progress.step(
             f"exporting the encoder and the decoder with a static cache (batch {batch}, "
@@ -171,10 +188,11 @@ def _seq2seq(
             "with copies of its last row (ptconvert.generate does it)"
         )
         cache = {"kind": "static", "batch_size": batch, "length": length}
+        mask = "" if seq2seq.is_speech(model) else "encoder_attention_mask, "
         interface = {
-            "call": f"{seq2seq.ENCODER_PT2}(input_ids, attention_mask) → last_hidden_state h "
+            "call": f"{seq2seq.ENCODER_PT2}({source}) → last_hidden_state h "
             f"once; {seq2seq.DECODER_PT2}(decoder_input_ids=ids[batch, n], "
-            "encoder_hidden_states=h, encoder_attention_mask, cache_position=arange(pos, pos + "
+            f"encoder_hidden_states=h, {mask}cache_position=arange(pos, pos + "
             f"n)) → logits, from decoder_start_token_id {start}",
             "files": [seq2seq.ENCODER_PT2, seq2seq.DECODER_PT2, *seq2seq.CONFIGS],
             "decoder_start_token_id": start,
@@ -200,7 +218,8 @@ def _seq2seq(
                             "outputs": [o.name for o in graph.output]}  # fmt: skip
         layers = sum(1 for n in graphs[WITH_PAST_ONNX]["inputs"] if n.startswith("past")) // 4
         interface = {
-            "call": f"{ENCODER_ONNX} once, {DECODER_ONNX} on decoder_start_token_id {start}, "
+            "call": f"{ENCODER_ONNX}({source}) once, {DECODER_ONNX} on decoder_start_token_id "
+            f"{start}, "
             f"{WITH_PAST_ONNX} a token a step (its present.N.decoder fed back as past, the "
             "first step's present.N.encoder as they are)",
             "files": {**graphs, **{name: {} for name in seq2seq.CONFIGS}},
@@ -265,8 +284,9 @@ def _onnx_decoder(
 
 
 def _check(model: Any, tmp: Path, opts: Options) -> GenerationCheck:
-    from ptconvert.generation.check import check_generation, prompts
+    from ptconvert.generation.check import check_generation, features, prompts
     from ptconvert.generation.runner import open_stepper
+    from ptconvert.generation.seq2seq import feature_shape, is_speech
 
     vocab = int(model.config.get_text_config().vocab_size)
 
@@ -276,11 +296,17 @@ def _check(model: Any, tmp: Path, opts: Options) -> GenerationCheck:
         ids = prompts(vocab, batch, length, opts.seed)
         return ids, {"attention_mask": torch.ones_like(ids)}
 
+    def make_features(batch: int, which: int) -> tuple[Any, dict[str, Any]]:
+        return features(feature_shape(model), batch, which, opts.seed), {}
+
+    speech = is_speech(model)
     with progress.step("generating with the result and with transformers"):
         return check_generation(
             model,
             open_stepper(tmp),
-            make_inputs=make_inputs,
+            make_inputs=make_features if speech else make_inputs,
             batches=opts.batch_sizes or BATCHES,
+            prompt_lengths=FEATURE_INPUTS if speech else PROMPT_LENGTHS,
             path=tmp,
+            prompt_label="feature input" if speech else "prompt length",
         )

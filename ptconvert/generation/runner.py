@@ -46,7 +46,12 @@ def greedy(
     of them (fewer when every row has given ``eos_token_id``; a finished row repeats it)."""
     import torch
 
-    if input_ids.dim() != 2 or input_ids.shape[1] < 1:
+    if getattr(stepper, "input_rank", 2) == 3:  # a speech encoder's features: it checks them
+        if input_ids.dim() != 3:
+            raise UsageError(
+                f"input_features is batch × mel bins × frames, got shape {list(input_ids.shape)}"
+            )
+    elif input_ids.dim() != 2 or input_ids.shape[1] < 1:
         raise UsageError(f"input_ids is batch × prompt length, got shape {list(input_ids.shape)}")
     if max_new_tokens < 1:
         raise UsageError(f"max_new_tokens is 1 or more, got {max_new_tokens}")
@@ -66,9 +71,8 @@ def greedy(
             chosen.append(token)
     took = time.perf_counter() - began
     per_token = (took - first) / max(len(chosen) - 1, 1)
-    sequences = torch.cat(
-        [_prefix(stepper, input_ids), torch.stack(chosen, 1).to(input_ids.dtype)], 1
-    )
+    prefix = _prefix(stepper, input_ids)
+    sequences = torch.cat([prefix, torch.stack(chosen, 1).to(prefix.dtype)], 1)
     return Generated(sequences, steps, first, per_token)
 
 
@@ -168,7 +172,8 @@ def generate(
 ) -> Generated:
     """Greedy generation with a generation export: ``max_new_tokens`` tokens after each row of
     ``input_ids`` (batch × prompt length, a tensor or nested lists), no padding. A seq2seq
-    export's folder takes ``input_ids`` as the encoder's; its sequences are the decoder's (the
+    export's folder takes ``input_ids`` as the encoder's (a speech model's folder: its
+    ``input_features``, float batch × mel bins × frames); its sequences are the decoder's (the
     start token, then the new ones), as transformers' ``generate`` returns them."""
     import torch
 

@@ -1,11 +1,15 @@
-"""Seq2seq LMs (T5, BART, Marian) as an encoder and a decoder driven by a generation loop,
-written as a FOLDER (what ``ptconvert.generate`` and ``bench`` take):
+"""Seq2seq LMs (T5, BART, Marian) and speech seq2seq models (Whisper) as an encoder and a
+decoder driven by a generation loop, written as a FOLDER (what ``ptconvert.generate`` and
+``bench`` take):
 
 - pt2: ``encoder.pt2`` (``input_ids``, ``attention_mask`` → ``last_hidden_state``; batch and
   length dynamic) and ``decoder.pt2`` with a static self-attention cache (``decoder_input_ids``
   of a fixed batch × 1 to N new tokens, ``encoder_hidden_states``, ``encoder_attention_mask``,
   ``cache_position`` → ``logits``; the cross-attention keys and values are computed from the
   encoder's states in every call), its ``generation.json`` holding the cache's batch and length;
+- Whisper (``main_input_name`` ``input_features``): the encoder takes ``input_features``
+  (batch × mel bins × ``2 * max_source_positions`` frames: only the batch is dynamic) and the
+  decoder no ``encoder_attention_mask`` (optimum's Whisper layout); the rest as above;
 - ONNX (``seq2seq_onnx``): optimum's ``encoder_model.onnx``, ``decoder_model.onnx`` and
   ``decoder_with_past_model.onnx``;
 - both: the model's ``config.json`` and ``generation_config.json``.
@@ -14,7 +18,7 @@ The decoder is the model's own ``forward`` given ``encoder_outputs``: its final 
 computed as the model computes them (T5 scales the decoder's output by ``d_model**-0.5`` before
 its tied head, BART adds ``final_logits_bias``), which transformers' own exportable decoder
 (``Seq2SeqLMDecoderExportableModuleWithStaticCache``: ``lm_head`` on the decoder's output)
-does not do.
+does not do (Whisper's ``proj_out`` tied to its embeddings is its forward's too).
 """
 
 from __future__ import annotations
@@ -44,6 +48,45 @@ def layout(path: Path) -> str | None:
     return None
 
 
+def is_speech(model: Any) -> bool:
+    """A speech seq2seq model (Whisper): its encoder takes ``input_features``."""
+    return getattr(model, "main_input_name", "input_ids") == "input_features"
+
+
+def feature_shape(model: Any) -> tuple[int, int]:
+    """The mel bins and frames a speech encoder takes: Whisper's ``2 * max_source_positions``
+    frames (its encoder refuses any other count)."""
+    config = model.config
+    return int(config.num_mel_bins), 2 * int(config.max_source_positions)
+
+
+def encoder_example(model: Any, batch: int, length: int) -> dict[str, Any]:
+    """The encoder's example inputs by name: ``input_ids`` and ``attention_mask`` of ``length``
+    tokens, or a speech model's ``input_features`` (zeros of its fixed shape)."""
+    import torch
+
+    if is_speech(model):
+        dtype = next(model.parameters()).dtype
+        return {"input_features": torch.zeros((batch, *feature_shape(model)), dtype=dtype)}
+    ids = torch.zeros((batch, length), dtype=torch.long)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def check_features(features: Any, shape: Any, path: Any) -> None:
+    """A speech encoder's input: float, batch × ``shape`` (mel bins × frames), else a named
+    error."""
+    wrong = features.dim() != 3 or tuple(features.shape[1:]) != tuple(shape)
+    if wrong or not features.is_floating_point():
+        raise UsageError(
+            f"the encoder takes input_features, float batch × {shape[0]} mel bins × {shape[1]} "
+            f"frames; got {str(features.dtype).removeprefix('torch.')} "
+            f"{list(features.shape)}",
+            path=path,
+            hint="pad or cut the log-mel features to the frames the model takes, as its "
+            "feature extractor does",
+        )
+
+
 def start_token(model: Any) -> int:
     """The decoder's first token, as ``generate`` picks it."""
     start = model.generation_config.decoder_start_token_id
@@ -55,6 +98,21 @@ def start_token(model: Any) -> int:
             "config.json): the decoder cannot be started"
         )
     return int(start)
+
+
+def start_ids(inputs: Any, start: int) -> Any:
+    """The decoder's first input: ``start`` for each row of the encoder's inputs (token ids,
+    or a speech model's features)."""
+    import torch
+
+    return torch.full((inputs.shape[0], 1), start, dtype=torch.long)
+
+
+def encoder_meta(model: Any) -> dict[str, Any]:
+    """What ``generation.json`` says of a speech encoder's input (the stepper checks it)."""
+    if not is_speech(model):
+        return {}
+    return {"encoder_input": "input_features", "feature_shape": list(feature_shape(model))}
 
 
 def write_configs(model: Any, folder: Path) -> None:
@@ -85,7 +143,7 @@ def cross_and_self_shapes(model: Any) -> tuple[list[tuple[int, ...]], list[tuple
 
     with torch.no_grad():
         out = model(
-            input_ids=torch.zeros((1, 1), dtype=torch.long),
+            **encoder_example(model, 1, 1),
             decoder_input_ids=torch.zeros((1, 1), dtype=torch.long),
             use_cache=True,
         )
@@ -96,7 +154,8 @@ def cross_and_self_shapes(model: Any) -> tuple[list[tuple[int, ...]], list[tuple
 
 
 def encoder_module(model: Any) -> Any:
-    """The model's encoder: ``input_ids``, ``attention_mask`` → its last hidden state."""
+    """The model's encoder: ``input_ids``, ``attention_mask`` (a speech model's
+    ``input_features``) → its last hidden state."""
     import torch
 
     class Encoder(torch.nn.Module):
@@ -107,12 +166,16 @@ def encoder_module(model: Any) -> Any:
         def forward(self, input_ids: Any, attention_mask: Any) -> Any:
             return self.encoder(input_ids=input_ids, attention_mask=attention_mask)[0]
 
-    return Encoder().eval()
+    class SpeechEncoder(Encoder):
+        def forward(self, input_features: Any) -> Any:  # type: ignore[override]
+            return self.encoder(input_features=input_features)[0]
+
+    return (SpeechEncoder() if is_speech(model) else Encoder()).eval()
 
 
 def decoder_logits(model: Any, ids: Any, states: Any, mask: Any, cache: Any) -> Any:
     """The model's forward from the encoder's states: the decoder, then the model's own final
-    logits computation."""
+    logits computation (``mask`` None: a speech model's, which takes none)."""
     out = model(
         encoder_outputs=(states,),
         attention_mask=mask,
@@ -125,7 +188,8 @@ def decoder_logits(model: Any, ids: Any, states: Any, mask: Any, cache: Any) -> 
 
 def static_decoder(model: Any, batch: int, length: int) -> Any:
     """The decoder with a static self-attention cache of ``batch`` × ``length`` positions kept
-    in buffers the program mutates; the cross-attention cache is made anew in each call."""
+    in buffers the program mutates; the cross-attention cache is made anew in each call. A
+    speech model's is called without ``encoder_attention_mask``."""
     import torch
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
 
@@ -160,8 +224,8 @@ def static_decoder(model: Any, batch: int, length: int) -> Any:
             self,
             decoder_input_ids: Any,
             encoder_hidden_states: Any,
-            encoder_attention_mask: Any,
-            cache_position: Any,
+            encoder_attention_mask: Any = None,
+            cache_position: Any = None,
         ) -> Any:
             # the positions written so far: the caller's, so that one program serves any
             # number of generations (the cache is never reset between them)
@@ -182,39 +246,43 @@ def export_pt2(model: Any, folder: Path, batch: int, length: int, meta: dict[str
     from ptconvert.generation.static_cache import save_program
     from ptconvert.quiet import quiet_torch
 
-    positions = _encoder_positions(model, length)
+    speech = is_speech(model)
+    positions = 0 if speech else _encoder_positions(model, length)
     rows = torch.export.Dim("batch_size", min=1, max=1024)
-    source = torch.export.Dim("encoder_sequence_length", min=1, max=positions)
     new = torch.export.Dim("decoder_sequence_length", min=1, max=length)
-    example_source, example_new = min(6, positions), min(3, length)
-    ids = torch.zeros((batch, example_source), dtype=torch.long)
+    example_new = min(3, length)
+    inputs = encoder_example(model, batch, min(6, positions))
+    # a speech encoder's frames are fixed: only the batch is dynamic
+    source = None if speech else torch.export.Dim("encoder_sequence_length", min=1, max=positions)
+    sources = {0: rows} if speech else {0: rows, 1: source}
     with torch.no_grad(), quiet_torch():
         encoder = torch.export.export(
             encoder_module(model),
             (),
-            {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
-            dynamic_shapes={
-                "input_ids": {0: rows, 1: source},
-                "attention_mask": {0: rows, 1: source},
-            },
+            inputs,
+            dynamic_shapes=dict.fromkeys(inputs, sources),
             strict=False,
         )
-        states = encoder.module()(input_ids=ids, attention_mask=torch.ones_like(ids))
+        states = encoder.module()(**inputs)
+        decoder_inputs = {
+            "decoder_input_ids": torch.zeros((batch, example_new), dtype=torch.long),
+            "encoder_hidden_states": states,
+            "encoder_attention_mask": inputs.get("attention_mask"),
+            "cache_position": torch.arange(example_new),
+        }
+        dims: dict[str, Any] = {
+            "decoder_input_ids": {1: new},
+            "encoder_hidden_states": None if speech else {1: source},
+            "encoder_attention_mask": {1: source},
+            "cache_position": {0: new},
+        }
+        if speech:  # Whisper's decoder takes no mask of the encoder's positions
+            del decoder_inputs["encoder_attention_mask"], dims["encoder_attention_mask"]
         decoder = torch.export.export(
             static_decoder(model, batch, length),
             (),
-            {
-                "decoder_input_ids": torch.zeros((batch, example_new), dtype=torch.long),
-                "encoder_hidden_states": states,
-                "encoder_attention_mask": torch.ones_like(ids),
-                "cache_position": torch.arange(example_new),
-            },
-            dynamic_shapes={
-                "decoder_input_ids": {1: new},
-                "encoder_hidden_states": {1: source},
-                "encoder_attention_mask": {1: source},
-                "cache_position": {0: new},
-            },
+            decoder_inputs,
+            dynamic_shapes=dims,
             strict=False,
         )
     save_program(encoder, folder / ENCODER_PT2, {**meta, "part": "encoder"})
@@ -231,7 +299,9 @@ def _encoder_positions(model: Any, length: int) -> int:
 class StaticSeq2Seq:
     """A folder of ``encoder.pt2`` and ``decoder.pt2``: the encoder once on the prompt, then
     the decoder from the start token, one token a step, its static cache at the positions fed
-    so far; a batch smaller than the cache's is padded with copies of its last row."""
+    so far; a batch smaller than the cache's is padded with copies of its last row. A speech
+    model's encoder takes ``input_features`` (3-D float; ``generation.json``'s
+    ``feature_shape``) and its decoder no mask."""
 
     def __init__(self, folder: Path) -> None:
         from ptconvert.formats.pt2 import load_exported
@@ -249,15 +319,16 @@ class StaticSeq2Seq:
         self.length = int(meta["cache_length"])
         start = meta.get("decoder_start_token_id")
         self.start_id = int(start) if isinstance(start, int) else read_start_token(folder)
+        shape = meta.get("feature_shape")
+        self.features: tuple[int, ...] | None = tuple(shape) if shape else None
+        self.input_rank = 3 if self.features else 2
         self.path = folder
         self.rows = self.position = 0
         self.states: Any = None
         self.mask: Any = None
 
     def prefix(self, input_ids: Any) -> Any:
-        import torch
-
-        return torch.full((input_ids.shape[0], 1), self.start_id, dtype=input_ids.dtype)
+        return start_ids(input_ids, self.start_id)
 
     def _padded(self, ids: Any) -> Any:
         import torch
@@ -269,11 +340,12 @@ class StaticSeq2Seq:
         import torch
 
         count = ids.shape[1]
+        mask = {} if self.mask is None else {"encoder_attention_mask": self.mask}
         logits = self.decoder(
             decoder_input_ids=self._padded(ids),
             encoder_hidden_states=self.states,
-            encoder_attention_mask=self.mask,
             cache_position=torch.arange(self.position, self.position + count),
+            **mask,
         )
         self.position += count
         return logits[: self.rows, -1]
@@ -295,11 +367,16 @@ class StaticSeq2Seq:
                 path=self.path,
                 hint="export with a longer --cache-length",
             )
-        ids = self._padded(input_ids.long())
-        self.mask = torch.ones_like(ids)
-        self.states = self.encoder(input_ids=ids, attention_mask=self.mask)
+        if self.features is not None:
+            check_features(input_ids, self.features, self.path)
+            self.mask = None
+            self.states = self.encoder(input_features=self._padded(input_ids.float()))
+        else:
+            ids = self._padded(input_ids.long())
+            self.mask = torch.ones_like(ids)
+            self.states = self.encoder(input_ids=ids, attention_mask=self.mask)
         self.rows, self.position = rows, 0
-        return self._decode(self.prefix(input_ids).long())
+        return self._decode(self.prefix(input_ids))
 
     def step(self, tokens: Any) -> Any:
         return self._decode(tokens.long())

@@ -10,6 +10,9 @@ files, not merged):
   ``past_key_values.N.encoder.key|value`` → ``logits``, ``present.N.decoder.key|value`` (the
   encoder's keys and values do not change: they are fed back as they came from the first step).
 
+Whisper's, as optimum lays them out: ``encoder_model.onnx`` takes ``input_features`` (its frames
+fixed, the batch dynamic) and the decoders no ``encoder_attention_mask``.
+
 Dims are named ``batch_size``, ``encoder_sequence_length``, ``decoder_sequence_length``,
 ``past_decoder_sequence_length``. The decoders are the model's own forward given the encoder's
 states (``seq2seq.decoder_logits``), exported by torch.export and the project's ONNX step.
@@ -23,10 +26,14 @@ from typing import Any
 from ptconvert.errors import UnsupportedConversionError
 from ptconvert.generation.loading import cache_layers, returned_cache
 from ptconvert.generation.seq2seq import (
+    check_features,
     cross_and_self_shapes,
     decoder_logits,
+    encoder_example,
     encoder_module,
+    is_speech,
     read_start_token,
+    start_ids,
 )
 from ptconvert.options import Options
 
@@ -44,7 +51,7 @@ def _names(template: str, layers: int, parts: tuple[str, ...]) -> list[str]:
     ]
 
 
-def _first_step(model: Any) -> Any:
+def _first_step(model: Any, masked: bool = True) -> Any:
     import torch
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
@@ -62,10 +69,14 @@ def _first_step(model: Any) -> Any:
             present = [t for a, b in zip(own, cross, strict=True) for t in (*a, *b)]
             return (out.logits, *present)
 
-    return Decoder().eval()
+    class Unmasked(Decoder):  # a speech model's: no encoder_attention_mask
+        def forward(self, input_ids: Any, states: Any) -> Any:  # type: ignore[override]
+            return super().forward(input_ids, None, states)
+
+    return (Decoder() if masked else Unmasked()).eval()
 
 
-def _later_step(model: Any, layers: int) -> Any:
+def _later_step(model: Any, layers: int, masked: bool = True) -> Any:
     import torch
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
@@ -81,14 +92,23 @@ def _later_step(model: Any, layers: int) -> Any:
             cross = [(past[4 * i + 2], past[4 * i + 3]) for i in range(layers)]
             # the cross-attention keys and values come from the past: the encoder's states are
             # not read, only their shape (zeros of it)
-            states = past[2].new_zeros((*encoder_attention_mask.shape, width))
+            positions = (
+                tuple(encoder_attention_mask.shape)
+                if encoder_attention_mask is not None
+                else (past[2].shape[0], past[2].shape[2])
+            )
+            states = past[2].new_zeros((*positions, width))
             cache = EncoderDecoderCache(DynamicCache(own), DynamicCache(cross))
             out = decoder_logits(self.model, input_ids, states, encoder_attention_mask, cache)
             present = [t for pair in cache_layers(returned_cache(out).self_attention_cache)
                        for t in pair]  # fmt: skip
             return (out.logits, *present)
 
-    return DecoderWithPast().eval()
+    class Unmasked(DecoderWithPast):  # a speech model's: no encoder_attention_mask
+        def forward(self, input_ids: Any, *past: Any) -> Any:
+            return super().forward(input_ids, None, *past)
+
+    return (DecoderWithPast() if masked else Unmasked()).eval()
 
 
 def export_seq2seq_onnx(model: Any, folder: Path, opts: Options) -> list[str]:
@@ -105,13 +125,15 @@ def export_seq2seq_onnx(model: Any, folder: Path, opts: Options) -> list[str]:
         )
     own, cross = cross_and_self_shapes(model)
     layers = len(own) // 2
-    batch, source, new, seen = 2, 7, 3, 5
+    speech = is_speech(model)
+    batch, new, seen = 2, 3, 5
     dyn = torch.export.Dim.DYNAMIC
-    ids = torch.zeros((batch, source), dtype=torch.long)
-    mask = torch.ones_like(ids)
+    inputs = encoder_example(model, batch, 7)
+    mask = inputs.get("attention_mask")
     encoder = encoder_module(model)
     with torch.no_grad():
-        states = encoder(ids, mask)
+        states = encoder(**inputs)
+    source = states.shape[1]  # a speech encoder's: fixed by its frames
     new_ids = torch.zeros((batch, new), dtype=torch.long)
     past: list[Any] = []
     for i in range(layers):
@@ -120,7 +142,11 @@ def export_seq2seq_onnx(model: Any, folder: Path, opts: Options) -> list[str]:
         past += [torch.randn((batch, cross[2 * i + k][1], source, cross[2 * i + k][3]))
                  for k in (0, 1)]  # fmt: skip
     both = {0: dyn, 1: dyn}
+    # a speech model's encoder positions are fixed: its states and cross keys only batch-dynamic
+    sources = {0: dyn} if speech else both
+    cross_dims = {0: dyn} if speech else {0: dyn, 2: dyn}
     axes = {
+        "input_features": "feature_size",
         "attention_mask": "encoder_sequence_length",
         "last_hidden_state": "encoder_sequence_length",
         "encoder_attention_mask": "encoder_sequence_length",
@@ -137,15 +163,18 @@ def export_seq2seq_onnx(model: Any, folder: Path, opts: Options) -> list[str]:
             "encoder_sequence_length")  # fmt: skip
     source_ids = {**axes, "input_ids": "encoder_sequence_length"}
     target_ids = {**axes, "input_ids": "decoder_sequence_length"}
+    masks = [] if speech else [mask]  # Whisper's decoders take no encoder_attention_mask
+    mask_names = [] if speech else ["encoder_attention_mask"]
     graphs = [
-        (ENCODER_ONNX, encoder, (ids, mask), (both, both),
-         ["input_ids", "attention_mask"], ["last_hidden_state"], source_ids),
-        (DECODER_ONNX, _first_step(model), (new_ids, mask, states), (both, both, both),
-         ["input_ids", "encoder_attention_mask", "encoder_hidden_states"], ["logits", *presents],
-         target_ids),
-        (WITH_PAST_ONNX, _later_step(model, layers), (new_ids, mask, *past),
-         (both, both, tuple({0: dyn, 2: dyn} for _ in past)),
-         ["input_ids", "encoder_attention_mask", *pasts], ["logits", *later],
+        (ENCODER_ONNX, encoder, tuple(inputs.values()), tuple(sources for _ in inputs),
+         list(inputs), ["last_hidden_state"], source_ids),
+        (DECODER_ONNX, _first_step(model, not speech), (new_ids, *masks, states),
+         (both, *(both for _ in masks), sources),
+         ["input_ids", *mask_names, "encoder_hidden_states"], ["logits", *presents], target_ids),
+        (WITH_PAST_ONNX, _later_step(model, layers, not speech), (new_ids, *masks, *past),
+         (both, *(both for _ in masks),
+          tuple({0: dyn, 2: dyn} if ".decoder." in n else cross_dims for n in pasts)),
+         ["input_ids", *mask_names, *pasts], ["logits", *later],
          {**target_ids, **dict.fromkeys(later, PAST_LENGTH)}),
     ]  # fmt: skip
     notes: list[str] = []
@@ -227,7 +256,9 @@ def _export_one(
 class OnnxSeq2Seq:
     """A folder of the three graphs, run by onnxruntime: the encoder once, ``decoder_model``
     on the start token, then ``decoder_with_past_model`` one token a step (its decoder
-    presents fed back, the first step's encoder presents fed as they are)."""
+    presents fed back, the first step's encoder presents fed as they are). Whisper's encoder
+    takes ``input_features`` (3-D float, its shape read from the graph) and its decoders no
+    mask."""
 
     def __init__(self, folder: Path) -> None:
         from ptconvert.deps import require
@@ -242,13 +273,19 @@ class OnnxSeq2Seq:
         self.later = session(WITH_PAST_ONNX)
         self.past_names = [i.name for i in self.later.get_inputs() if i.name.startswith("past")]
         self.start_id = read_start_token(folder)
+        first = self.encoder.get_inputs()[0]
+        self.features = tuple(first.shape[1:]) if first.name == "input_features" else None
+        self.input_rank = 3 if self.features else 2
+        self.masked = any(i.name == "encoder_attention_mask" for i in self.first.get_inputs())
+        self.path = folder
         self.mask: Any = None
         self.past: dict[str, Any] = {}
 
     def prefix(self, input_ids: Any) -> Any:
-        import torch
+        return start_ids(input_ids, self.start_id)
 
-        return torch.full((input_ids.shape[0], 1), self.start_id, dtype=input_ids.dtype)
+    def _masked(self, feed: dict[str, Any]) -> dict[str, Any]:
+        return {**feed, "encoder_attention_mask": self.mask} if self.masked else feed
 
     def _run(self, session: Any, feed: dict[str, Any]) -> Any:
         import torch
@@ -264,18 +301,22 @@ class OnnxSeq2Seq:
     def start(self, input_ids: Any, max_new_tokens: int) -> Any:
         import numpy as np
 
-        ids = input_ids.numpy().astype(np.int64)
-        self.mask = np.ones_like(ids)
-        (states,) = self.encoder.run(
-            ["last_hidden_state"], {"input_ids": ids, "attention_mask": self.mask}
-        )
+        if self.features is not None:
+            check_features(input_ids, self.features, self.path)
+            self.mask = None
+            source = {"input_features": input_ids.numpy().astype(np.float32)}
+        else:
+            ids = input_ids.numpy().astype(np.int64)
+            self.mask = np.ones_like(ids)
+            source = {"input_ids": ids, "attention_mask": self.mask}
+        (states,) = self.encoder.run(["last_hidden_state"], source)
         self.past = {}
         start = self.prefix(input_ids).numpy().astype(np.int64)
-        feed = {"input_ids": start, "encoder_attention_mask": self.mask}
+        feed = self._masked({"input_ids": start})
         return self._run(self.first, {**feed, "encoder_hidden_states": states})
 
     def step(self, tokens: Any) -> Any:
         import numpy as np
 
-        feed = {"input_ids": tokens.numpy().astype(np.int64), "encoder_attention_mask": self.mask}
+        feed = self._masked({"input_ids": tokens.numpy().astype(np.int64)})
         return self._run(self.later, {**feed, **self.past})

@@ -23,8 +23,11 @@ def cache_length(model: Any, asked: int | None) -> int:
     config = (
         model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     )
-    positions = getattr(config, "max_position_embeddings", None) or getattr(
-        config, "n_positions", None
+    # the decoder's positions: Whisper's max_target_positions (its encoder's are apart)
+    positions = (
+        getattr(config, "max_target_positions", None)
+        or getattr(config, "max_position_embeddings", None)
+        or getattr(config, "n_positions", None)
     )
     length = asked or min(positions or DEFAULT_CACHE_LENGTH, DEFAULT_CACHE_LENGTH)
     if positions and length > positions:

@@ -11,8 +11,9 @@ from ptconvert.options import GENERATION_TASKS
 TARGETS: dict[str, tuple[str, ...]] = {
     "decoder": ("pt2", "onnx"),
     "seq2seq": ("pt2", "onnx"),  # a folder: the encoder, the decoder, the configs
-    "speech-seq2seq": (),
+    "speech-seq2seq": ("pt2", "onnx"),  # Whisper: a folder as seq2seq's
 }
+FOLDER_KINDS = ("seq2seq", "speech-seq2seq")  # an encoder and a decoder: written as a folder
 
 
 def is_generation_task(task: str | None) -> bool:
@@ -105,13 +106,15 @@ def describe_task(info: Any) -> None:
 
 def _describe_folder(info: Any, path: Any) -> None:
     """The task and the cache of a seq2seq export's folder (``formats/hf.py`` recognises it):
-    the decoder's ``generation.json`` (pt2), the decoders' past inputs (ONNX)."""
+    the decoder's ``generation.json`` (pt2), the decoders' past inputs (ONNX); the task of a
+    folder without one from its config.json (Whisper's: speech)."""
+    task = _folder_task(path)
     if info.layout == "seq2seq-pt2":
         from ptconvert.generation.seq2seq import DECODER_PT2
         from ptconvert.generation.static_cache import read_meta
 
         meta = read_meta(path / DECODER_PT2) or {}
-        info.metadata["task"] = meta.get("task", "text2text-generation-with-past")
+        info.metadata["task"] = meta.get("task", task)
         if meta.get("cache") == "static":
             info.metadata["cache"] = (
                 f"static, batch {meta.get('batch_size')}, {meta.get('cache_length')} positions "
@@ -120,7 +123,7 @@ def _describe_folder(info: Any, path: Any) -> None:
     elif info.layout == "seq2seq-onnx":
         import onnx
 
-        info.metadata["task"] = "text2text-generation-with-past"
+        info.metadata["task"] = task
         for name in ("decoder_with_past_model.onnx", "decoder_model_merged.onnx"):
             if (path / name).is_file():
                 graph = onnx.load(str(path / name), load_external_data=False).graph
@@ -131,3 +134,17 @@ def _describe_folder(info: Any, path: Any) -> None:
                     f"present.N.… out ({name})"
                 )
                 break
+
+
+def _folder_task(path: Any) -> str:
+    """The ``-with-past`` task of a folder's config.json: speech (Whisper) or text seq2seq."""
+    import json
+    from types import SimpleNamespace
+
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        raw = None
+    config = SimpleNamespace(**raw) if isinstance(raw, dict) else SimpleNamespace()
+    kind = kind_of(config) or "seq2seq"
+    return next(t for t, k in GENERATION_TASKS.items() if k == kind)

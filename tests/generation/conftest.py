@@ -95,6 +95,28 @@ def build(name: str, out: Path) -> Path:
             ),
             t.MarianMTModel,
         ),
+        # Whisper: 16 mel bins × 64 frames (2 × max_source_positions, fixed), init_std 0.5
+        "whisper": (
+            t.WhisperConfig(
+                vocab_size=99,
+                d_model=32,
+                encoder_layers=2,
+                decoder_layers=2,
+                encoder_attention_heads=4,
+                decoder_attention_heads=4,
+                encoder_ffn_dim=37,
+                decoder_ffn_dim=37,
+                num_mel_bins=16,
+                max_source_positions=32,
+                max_target_positions=48,
+                decoder_start_token_id=1,
+                pad_token_id=0,
+                bos_token_id=1,
+                eos_token_id=2,
+                init_std=0.5,
+            ),
+            t.WhisperForConditionalGeneration,
+        ),
         "bert": (
             t.BertConfig(
                 vocab_size=99,
@@ -123,6 +145,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def tiny_seq2seq(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("seq2seq")
     return {name: build(name, out) for name in SEQ2SEQ}
+
+
+@pytest.fixture(scope="session")
+def tiny_whisper(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build("whisper", tmp_path_factory.mktemp("whisper"))
 
 
 def eager(directory: Path):  # type: ignore[no-untyped-def]

@@ -1,7 +1,9 @@
 """Seq2seq LMs (T5, BART, Marian) as a folder of an encoder and a decoder: converted, then
 generated with by loops of the test's own (``torch.export.load`` for pt2, onnxruntime for
 ONNX: the encoder once, then the decoder a token a step from the start token), token for token
-and logit for logit against transformers' ``generate``."""
+and logit for logit against transformers' ``generate``. The loops also take a speech model's
+``input_features`` (float, 3-D: Whisper's encoder, its decoder without a mask;
+test_whisper.py)."""
 
 from __future__ import annotations
 
@@ -24,12 +26,20 @@ TASK = "text2text-generation-with-past"
 def eager(directory: Path) -> Any:
     import transformers
 
-    return transformers.AutoModelForSeq2SeqLM.from_pretrained(directory).eval()
+    speech = transformers.AutoConfig.from_pretrained(directory).model_type == "whisper"
+    auto = transformers.AutoModelForSpeechSeq2Seq if speech else transformers.AutoModelForSeq2SeqLM
+    return auto.from_pretrained(directory).eval()
+
+
+def masks(ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The encoder's mask for token ids; none for a speech model's features."""
+    return {} if ids.is_floating_point() else {"attention_mask": torch.ones_like(ids)}
 
 
 def reference(model: Any, ids: torch.Tensor, new_tokens: int = 16) -> Any:
     """transformers' greedy generate, exactly ``new_tokens`` tokens (the model's own
-    generation config swapped out: BART's would force its end token at the last step)."""
+    generation config swapped out: BART's would force its end token at the last step,
+    Whisper's suppress tokens and force its language and task tokens)."""
     from transformers import GenerationConfig
 
     start = model.generation_config.decoder_start_token_id
@@ -45,9 +55,7 @@ def reference(model: Any, ids: torch.Tensor, new_tokens: int = 16) -> Any:
     saved, model.generation_config = model.generation_config, GenerationConfig()
     try:
         with torch.no_grad():
-            return model.generate(
-                ids, attention_mask=torch.ones_like(ids), generation_config=config
-            )
+            return model.generate(ids, generation_config=config, **masks(ids))
     finally:
         model.generation_config = saved
 
@@ -67,16 +75,20 @@ def pt2_loop(folder: Path, ids: torch.Tensor, new_tokens: int) -> tuple[torch.Te
     def pad(x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, x[-1:]]) if rows < 2 else x
 
-    mask = torch.ones_like(pad(ids))
-    states = encoder(input_ids=pad(ids), attention_mask=mask)
+    if ids.is_floating_point():  # Whisper: input_features, a decoder without a mask
+        mask: dict[str, torch.Tensor] = {}
+        states = encoder(input_features=pad(ids))
+    else:
+        mask = {"encoder_attention_mask": torch.ones_like(pad(ids))}
+        states = encoder(input_ids=pad(ids), attention_mask=mask["encoder_attention_mask"])
     token = torch.full((rows, 1), start_of(folder))
     steps, tokens = [], []
     for k in range(new_tokens):
         logits = decoder(
             decoder_input_ids=pad(token),
             encoder_hidden_states=states,
-            encoder_attention_mask=mask,
             cache_position=torch.tensor([k]),
+            **mask,
         )[:rows, -1]
         steps.append(logits)
         tokens.append(logits.argmax(-1))
@@ -95,13 +107,19 @@ def onnx_loop(folder: Path, ids: torch.Tensor, new_tokens: int) -> tuple[np.ndar
         for n in ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")
     )
     source = ids.numpy()
-    mask = np.ones_like(source)
-    (states,) = encoder.run(None, {"input_ids": source, "attention_mask": mask})
+    if ids.is_floating_point():  # Whisper: input_features, decoders without a mask
+        mask: dict[str, Any] = {}
+        (states,) = encoder.run(None, {"input_features": source})
+    else:
+        mask = {"encoder_attention_mask": np.ones_like(source)}
+        (states,) = encoder.run(
+            None, {"input_ids": source, "attention_mask": mask["encoder_attention_mask"]}
+        )
     token = np.full((source.shape[0], 1), start_of(folder), np.int64)
     past: dict[str, Any] = {}
     steps, tokens = [], []
     for k in range(new_tokens):
-        feed = {"input_ids": token, "encoder_attention_mask": mask}
+        feed = {"input_ids": token, **mask}
         run = first if k == 0 else later
         feed.update({"encoder_hidden_states": states} if k == 0 else past)
         results = dict(zip([o.name for o in run.get_outputs()], run.run(None, feed), strict=True))
@@ -115,14 +133,21 @@ def onnx_loop(folder: Path, ids: torch.Tensor, new_tokens: int) -> tuple[np.ndar
     return np.stack(tokens, 1), steps
 
 
-def assert_generates_as_transformers(directory: Path, folder: Path, loop: Any) -> None:
+def token_prompt(rows: int, prompt: int) -> torch.Tensor:
+    return torch.randint(3, 98, (rows, prompt), generator=torch.Generator().manual_seed(7))
+
+
+def assert_generates_as_transformers(
+    directory: Path, folder: Path, loop: Any, make: Any = token_prompt, prompts: Any = (4, 9)
+) -> None:
+    """At batch 1 and 2 and each of ``prompts`` (``make(rows, prompt)``: the encoder's input)."""
     from ptconvert.generation.check import gold_logits
 
     model = eager(directory)
     distinct: set[int] = set()
     for rows in (1, 2):
-        for prompt in (4, 9):
-            ids = torch.randint(3, 98, (rows, prompt), generator=torch.Generator().manual_seed(7))
+        for prompt in prompts:
+            ids = make(rows, prompt)
             want = reference(model, ids)
             got, logits = loop(folder, ids, 16)
             assert (np.asarray(got) == want.sequences[:, 1:].numpy()).all(), (rows, prompt)
@@ -132,7 +157,7 @@ def assert_generates_as_transformers(directory: Path, folder: Path, loop: Any) -
                 if torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4):
                     continue
                 # T5's logits reach ~50: float32 noise there is judged against float64
-                gold = gold or gold_logits(model, ids, want, attention_mask=torch.ones_like(ids))
+                gold = gold or gold_logits(model, ids, want, **masks(ids))
                 truth = gold[k].double()
 
                 def rmse(x: torch.Tensor, truth: torch.Tensor = truth) -> float:

@@ -29,20 +29,18 @@ def test_unknown_and_generation_tasks_outside_their_export_are_usage_errors(
         module_from_hf(tiny["gpt2"], "text-generation-with-past", {})
 
 
-def test_tasks_not_written_yet_are_said(tmp_path: Path) -> None:
-    import transformers as t
-
+def test_targets_a_task_does_not_write_and_a_task_of_another_kind_are_said(
+    tiny_whisper: Path, tmp_path: Path
+) -> None:
     import ptconvert
 
-    whisper = tmp_path / "whisper"
-    config = t.WhisperConfig(
-        vocab_size=99, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, num_mel_bins=8,
-        max_source_positions=8, max_target_positions=16, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, decoder_start_token_id=3,
-    )  # fmt: skip
-    t.WhisperForConditionalGeneration(config).save_pretrained(whisper)
-    with pytest.raises(UsageError, match="writes no target yet"):
+    with pytest.raises(UsageError, match="writes --to pt2 or onnx, not aoti"):
         ptconvert.convert(
-            whisper, "pt2", tmp_path / "w", task="automatic-speech-recognition-with-past"
+            tiny_whisper, "aoti", tmp_path / "w", task="automatic-speech-recognition-with-past"
         )
+    with pytest.raises(ptconvert.UnsupportedConversionError, match="speech-seq2seq") as caught:
+        ptconvert.convert(
+            tiny_whisper, "pt2", tmp_path / "w", task="text2text-generation-with-past"
+        )
+    assert "automatic-speech-recognition-with-past" in str(caught.value.hint)
+    assert not (tmp_path / "w").exists()
