@@ -57,8 +57,10 @@ def generation_export(path: Path) -> Export | None:
             str(meta.get("task", seq2seq)), "pt2", "seq2seq", _int(meta, "batch_size"),
             _int(meta, "cache_length"),
         )  # fmt: skip
-    if folder == "onnx":
-        return Export(seq2seq, "onnx", "seq2seq")
+    if folder == "onnx":  # the task from its config.json (a Whisper folder's: speech)
+        from ptconvert.generation.tasks import folder_task
+
+        return Export(folder_task(path), "onnx", "seq2seq")
     if not path.is_file():
         return None
     from ptconvert.formats import detect
@@ -123,9 +125,10 @@ class GenerationBenchReport(BenchReport):
 
     def text(self) -> str:
         """The table ``ptconvert bench`` prints for a generation export."""
+        # a speech model's input: features of its fixed shape (no prompt length)
+        prompt = f"prompt of {self.prompt_length} tokens" if self.prompt_length else "features"
         lines = [
-            f"{self.artifact} ({self.task}): greedy, prompt of {self.prompt_length} tokens, "
-            f"{self.new_tokens} new tokens",
+            f"{self.artifact} ({self.task}): greedy, {prompt}, {self.new_tokens} new tokens",
             f"{'batch':>5}  {'runtime':<14} {'first token ms':>15} {'(p25–p75)':<17} "
             f"{'per token ms':>13} {'(p25–p75)':<17}",
         ]
@@ -204,14 +207,13 @@ class _Transformers(_Contender):
             def end(self) -> None:
                 pass
 
+        # token ids have a mask; a speech model's features none
+        mask = (
+            {} if input_ids.is_floating_point() else {"attention_mask": torch.ones_like(input_ids)}
+        )
         began = time.perf_counter()
         reference_generate(
-            self.model,
-            input_ids,
-            self.new_tokens,
-            attention_mask=torch.ones_like(input_ids),
-            streamer=Stamps(),
-            **self.extra,
+            self.model, input_ids, self.new_tokens, streamer=Stamps(), **mask, **self.extra
         )
         # the first put is the prompt (a seq2seq model's: the decoder's start token)
         if len(stamps) != self.new_tokens + 1:
@@ -270,9 +272,10 @@ def bench_generation(
             path=artifact,
             hint="pass a shorter --prompt-length or fewer --new-tokens",
         )
-    from ptconvert.generation.check import prompts
+    from ptconvert.generation.check import features, prompts
     from ptconvert.generation.loading import load_model
     from ptconvert.generation.runner import open_stepper
+    from ptconvert.generation.seq2seq import feature_shape, is_speech
     from ptconvert.scan.guard import refuse_unsafe
 
     refuse_unsafe(artifact, reference)
@@ -294,6 +297,8 @@ def bench_generation(
     contenders["artifact"] = _Artifact(open_stepper(artifact), tokens)
 
     def make(b: int) -> dict[str, Any]:
+        if is_speech(model):  # Whisper: random features of its fixed shape (no prompt length)
+            return {"input_ids": features(feature_shape(model), b, 1, opts.seed)}
         return {"input_ids": prompts(vocab, b, prompt, opts.seed)}
 
     timed = bench(
@@ -308,11 +313,11 @@ def bench_generation(
         skipped=skipped,
     )
     report = GenerationBenchReport(
-        **{f.name: getattr(timed, f.name) for f in fields(BenchReport)},
+        **{f.name: getattr(timed, f.name) for f in fields(BenchReport) if f.name != "notes"},
         task=export.task,
-        prompt_length=prompt,
+        prompt_length=0 if is_speech(model) else prompt,
         new_tokens=tokens,
-        notes=notes,
+        notes=[*notes, *timed.notes],  # bench's own (timings too spread) after ours
     )
     for t in timed.timings:  # the rounds bench timed: the last of each contender's calls
         split = contenders[t.runtime].split.get(t.batch, [])[-t.samples :]

@@ -108,7 +108,7 @@ def _describe_folder(info: Any, path: Any) -> None:
     """The task and the cache of a seq2seq export's folder (``formats/hf.py`` recognises it):
     the decoder's ``generation.json`` (pt2), the decoders' past inputs (ONNX); the task of a
     folder without one from its config.json (Whisper's: speech)."""
-    task = _folder_task(path)
+    task = folder_task(path)
     if info.layout == "seq2seq-pt2":
         from ptconvert.generation.seq2seq import DECODER_PT2
         from ptconvert.generation.static_cache import read_meta
@@ -136,7 +136,7 @@ def _describe_folder(info: Any, path: Any) -> None:
                 break
 
 
-def _folder_task(path: Any) -> str:
+def folder_task(path: Any) -> str:
     """The ``-with-past`` task of a folder's config.json: speech (Whisper) or text seq2seq."""
     import json
     from types import SimpleNamespace

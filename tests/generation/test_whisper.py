@@ -129,7 +129,9 @@ def test_whisper_to_an_onnx_folder_under_optimums_names(
 
 
 @pytest.mark.slow
-def test_whisper_to_a_checked_pt2_folder(tiny_whisper: Path, tmp_path: Path) -> None:
+def test_whisper_to_a_checked_pt2_folder(
+    tiny_whisper: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "whisper-pt2"
     report = ptconvert.convert(tiny_whisper, "pt2", out, task=TASK)
     assert report.cache == {"kind": "static", "batch_size": 2, "length": 48}  # its positions
@@ -143,3 +145,13 @@ def test_whisper_to_a_checked_pt2_folder(tiny_whisper: Path, tmp_path: Path) -> 
         ptconvert.generate(out, torch.zeros((1, MELS, 30)), max_new_tokens=4)
     with pytest.raises(ptconvert.UsageError, match="input_features is batch × mel bins"):
         ptconvert.generate(out, [[1, 2, 3]], max_new_tokens=4)
+    # bench in its generation mode: random features of the folder's shape, eager generate
+    capsys.readouterr()
+    args = ["bench", str(out), "--reference", str(tiny_whisper), "--compile-mode", "none"]
+    args += ["--new-tokens", "3", "--repeats", "1", "--warmup", "0", "--batch-sizes", "1,2"]
+    assert main([*args, "--json"]) == 0
+    timed = json.loads(capsys.readouterr().out)
+    assert timed["task"] == TASK and timed["prompt_length"] == 0
+    assert {(t["runtime"], t["batch"]) for t in timed["tokens"]} == {
+        (r, b) for r in ("eager", "artifact") for b in (1, 2)
+    }
