@@ -465,6 +465,7 @@ def generate(
     max_new_tokens: int = 16,
     *,
     eos_token_id: int | None = None,
+    trust: bool = False,
 ) -> Generated:
     """Greedy generation with a generation export (``--task text-generation-with-past``): a pt2
     with a static cache or an ONNX decoder with past inputs; or the folder of a seq2seq one
@@ -479,7 +480,8 @@ def generate(
     """
     from ptconvert.generation.runner import generate as run
 
-    return run(artifact, input_ids, max_new_tokens, eos_token_id=eos_token_id)
+    # trust: an AOTI package (--to aoti) runs native code, refused without it (exit 11)
+    return run(artifact, input_ids, max_new_tokens, eos_token_id=eos_token_id, trust=trust)
 
 
 @_named_errors

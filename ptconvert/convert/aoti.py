@@ -54,10 +54,12 @@ def aoti_compile(state: RunState, opts: Options) -> None:
         # cannot lower its strided conv over them): the program again with them fixed
         from dataclasses import replace
 
-        from ptconvert.convert.exporting import export_module
+        from ptconvert.convert.exporting import AXES_NOTE, export_module
 
         fixed = ", ".join(a.name for a in state.family_axes)
         static = replace(opts, static_sequence=True)
+        # the first program's word on its axes no longer holds
+        state.notes = [n for n in state.notes if not n.startswith(AXES_NOTE)]
         state.exported = export_module(state, static, state.inputs)
         _compile(state, opts)
         state.notes.append(
@@ -163,11 +165,15 @@ def _refuse_baked_scalars(ep: Any, state: RunState) -> None:
 
 def accepted_at_one(ep: Any, bounds: Bounds) -> frozenset[tuple[int, int]]:
     """(input index, axis) of the dynamic dims the package takes at size 1: those the range
-    check runs there (a minimum of 2, torch's floor), unless verification bounded them."""
+    check runs there (a minimum of 2, torch's floor), unless verification bounded them, and
+    plain dims the program declares from 1 (``Dim(min=1)``: a generation export's new tokens;
+    Inductor's checks would put torch's floor of 2 on them)."""
     from ptconvert.verify.ranges import dynamic_dims, probed_at_one, user_inputs
 
     index = {name: i for i, (name, _val) in enumerate(user_inputs(ep))}
-    dims = probed_at_one(dynamic_dims(ep))
+    every = dynamic_dims(ep)
+    dims = probed_at_one(every)
+    dims += [d for d in every if (d.scale, d.offset) == (1, 0) and d.symbol_min == 1]
     return frozenset((index[d.input], d.axis) for d in dims if d.key not in bounds)
 
 

@@ -30,6 +30,8 @@ from ptconvert.model.wrappers import named_outputs, positional_names
 from ptconvert.options import DYNAMIC_SPEC, Options
 from ptconvert.quiet import quiet_torch
 
+AXES_NOTE = "dynamic with --dynamic-batch (optimum's names): "
+
 
 def family_axes(module: Any, opts: Options, sample: dict[str, Any]) -> list[Axis]:
     """The axes made dynamic with ``--dynamic-batch``: those of a transformers model's family
@@ -233,7 +235,7 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
         state.family_axes = list(axes)
         if axes:  # the sizes the program takes, which torch may have narrowed from those asked
             state.notes.append(
-                "dynamic with --dynamic-batch (optimum's names): "
+                AXES_NOTE
                 + "; ".join(a.words(state.dynamic_range.get(_where(a))) for a in axes)
                 + "; --static-sequence keeps the example's sizes"
             )

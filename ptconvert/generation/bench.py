@@ -69,12 +69,12 @@ def generation_export(path: Path) -> Export | None:
         fmt = detect(path).format
     except PtconvertError:
         return None
-    if fmt == "pt2":
+    if fmt in ("pt2", "aoti"):  # aoti: generation.json added by aoti_cache.py
         found = read_meta(path)
         if found is None or found.get("cache") != "static" or "task" not in found:
             return None
         return Export(
-            str(found["task"]), "pt2", "decoder", _int(found, "batch_size"),
+            str(found["task"]), fmt, "decoder", _int(found, "batch_size"),
             _int(found, "cache_length"),
         )  # fmt: skip
     if fmt == "onnx":
@@ -294,7 +294,7 @@ def bench_generation(
         contenders["torch.compile"] = _Transformers(
             model, tokens, cache_implementation="static", compile_config=config
         )
-    contenders["artifact"] = _Artifact(open_stepper(artifact), tokens)
+    contenders["artifact"] = _Artifact(open_stepper(artifact, opts.trust), tokens)
 
     def make(b: int) -> dict[str, Any]:
         if is_speech(model):  # Whisper: random features of its fixed shape (no prompt length)

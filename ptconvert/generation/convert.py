@@ -64,7 +64,7 @@ def plan(src: str | Path, to: str, opts: Options) -> GenerationPlan:
     length = opts.cache_length or "the config's positions (at most 1024)"
     cache = (
         f"static cache, batch {batch}, length {length}"
-        if to == "pt2"
+        if to in ("pt2", "aoti")  # aoti: the program compiled by AOTInductor (aoti_cache.py)
         else "past_key_values.N.key|value in, present.N.key|value out"
         if kind == "decoder"
         else "past_key_values.N.decoder|encoder.key|value in, present.N.… out"
@@ -123,6 +123,10 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
             cache, interface = _seq2seq(model, tmp, to, opts, notes)
         elif to == "pt2":
             cache, interface = _pt2_decoder(model, tmp, opts, notes)
+        elif to == "aoti":  # the static-cache program compiled by AOTInductor
+            from ptconvert.generation.aoti_cache import export_package
+
+            cache, interface = export_package(model, src, tmp, out, opts, notes)
         else:
             cache, interface = _onnx_decoder(model, tmp, opts, notes)
         checked = _check(model, tmp, opts) if opts.verify else None
@@ -303,7 +307,7 @@ def _check(model: Any, tmp: Path, opts: Options) -> GenerationCheck:
     with progress.step("generating with the result and with transformers"):
         return check_generation(
             model,
-            open_stepper(tmp),
+            open_stepper(tmp, trust=True),  # our own output (an AOTI package: native code)
             make_inputs=make_features if speech else make_inputs,
             batches=opts.batch_sizes or BATCHES,
             prompt_lengths=FEATURE_INPUTS if speech else PROMPT_LENGTHS,

@@ -129,8 +129,9 @@ class StaticCacheProgram:
         return self._call(tokens.long())
 
 
-def open_stepper(artifact: str | Path) -> Stepper:
-    """The stepper for a written artifact, from what it holds (never its name)."""
+def open_stepper(artifact: str | Path, trust: bool = False) -> Stepper:
+    """The stepper for a written artifact, from what it holds (never its name); ``trust`` lets
+    an AOTI package's native code load (``--trust``)."""
     from ptconvert.formats import detect
     from ptconvert.generation.static_cache import read_meta
 
@@ -151,6 +152,12 @@ def open_stepper(artifact: str | Path) -> Stepper:
         meta = read_meta(path)
         if meta is not None and meta.get("cache") == "static":
             return StaticCacheProgram(path, meta)
+    if fmt == "aoti":  # the static-cache program compiled by AOTInductor
+        from ptconvert.generation.aoti_cache import AotiStaticCache
+
+        meta = read_meta(path)
+        if meta is not None and meta.get("cache") == "static":
+            return AotiStaticCache(path, meta, trust)
     if fmt == "onnx":
         from ptconvert.generation.onnx_past import OnnxWithPast
 
@@ -169,6 +176,7 @@ def generate(
     max_new_tokens: int = 16,
     *,
     eos_token_id: int | None = None,
+    trust: bool = False,
 ) -> Generated:
     """Greedy generation with a generation export: ``max_new_tokens`` tokens after each row of
     ``input_ids`` (batch × prompt length, a tensor or nested lists), no padding. A seq2seq
@@ -178,4 +186,4 @@ def generate(
     import torch
 
     ids = input_ids if isinstance(input_ids, torch.Tensor) else torch.tensor(input_ids)
-    return greedy(open_stepper(artifact), ids, max_new_tokens, eos_token_id)
+    return greedy(open_stepper(artifact, trust), ids, max_new_tokens, eos_token_id)

@@ -9,7 +9,7 @@ from ptconvert.options import GENERATION_TASKS
 
 # the targets each generation task writes so far
 TARGETS: dict[str, tuple[str, ...]] = {
-    "decoder": ("pt2", "onnx"),
+    "decoder": ("pt2", "onnx", "aoti"),
     "seq2seq": ("pt2", "onnx"),  # a folder: the encoder, the decoder, the configs
     "speech-seq2seq": ("pt2", "onnx"),  # Whisper: a folder as seq2seq's
 }
@@ -89,7 +89,7 @@ def describe_task(info: Any) -> None:
         if isinstance(raw, dict):
             config = SimpleNamespace(**{k: v for k, v in raw.items() if isinstance(k, str)})
             info.metadata["tasks"] = ", ".join(tasks_of(config))
-    elif info.format == "pt2":
+    elif info.format in ("pt2", "aoti"):  # aoti: generation.json added by aoti_cache.py
         from ptconvert.generation.static_cache import read_meta
 
         meta = read_meta(path)

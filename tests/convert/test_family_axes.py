@@ -288,3 +288,28 @@ def _reference(kind: str, directory: Path) -> torch.nn.Module:
 
     auto = {"segformer": transformers.AutoModelForSemanticSegmentation}[kind]
     return auto.from_pretrained(directory).eval()
+
+
+@pytest.mark.slow
+def test_an_aoti_package_with_one_batch_size_takes_batch_1(tmp_path: Path) -> None:
+    """The token inputs' shared batch_size is declared from 1; the package's input checks put
+    torch's floor of 2 on it and refused batch 1, which the .pt2 and ONNX files take."""
+    from transformers import BertModel
+
+    from fixtures.build import _tiny_bert_config
+
+    torch.manual_seed(0)
+    BertModel(_tiny_bert_config()).eval().save_pretrained(tmp_path / "bert")
+    out = tmp_path / "b.aoti.pt2"
+    convert_program(tmp_path / "bert", "aoti", out, Options(dynamic_batch=True, cache=False))
+    runner = torch._inductor.aoti_load_package(str(out))
+    model = BertModel.from_pretrained(tmp_path / "bert").eval()
+    for batch in (1, 3):
+        ids = torch.randint(0, 90, (batch, 7))
+        mask = torch.ones_like(ids)
+        got = runner(input_ids=ids, attention_mask=mask)["last_hidden_state"]
+        with torch.no_grad():
+            want = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(Exception, match="must equal input_ids dim 0"):
+        runner(input_ids=ids, attention_mask=torch.ones(2, 7, dtype=torch.int64))

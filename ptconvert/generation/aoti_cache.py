@@ -1,0 +1,222 @@
+"""AOTI with a static cache (``--to aoti --task text-generation-with-past``): the decoder-only
+LM's static-cache program (``static_cache.py``'s wrapper) compiled by AOTInductor through
+``convert/aoti.py``'s compile (its input checks, Inductor configs, the refusal of baked
+scalars), the archive's ``generation.json`` added to the package.
+
+The package keeps its cache across calls only when the cache tensors are the program's
+*buffers*. ``static_cache.export_decoder`` exports transformers' wrapper as it is: its
+``StaticCache`` layers hold the tensors the wrapper registers as buffers, but the layers are
+plain attributes, so non-strict export sees the layers' references as lifted constants
+(``CONSTANT_TENSOR`` inputs) that the graph mutates in place. A ``.pt2``'s module runs that
+graph eagerly and the constants keep the mutation; Inductor refuses it ("mutating a
+non-functional tensor with a functional tensor is not allowed" at the wrapper's
+``cumulative_length.copy_``). Here the layers are pointed at the module's own buffers inside
+``forward`` (``_own_buffers``), so the cache is ``BUFFER`` inputs mutated in place: the compiled
+package writes them in its constant storage and the next call reads them (tested step by step
+against the ``.pt2``'s module and transformers' ``generate``). Each loaded runner has its own
+cache; a call at ``cache_position`` 0 starts a new sequence (the wrapper resets the lengths
+from ``cache_position[0]`` and the mask hides the stale positions)."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from ptconvert.errors import UnsupportedConversionError, UsageError
+from ptconvert.generation.static_cache import META_NAME
+
+
+def export_decoder(model: Any, batch: int, length: int) -> Any:
+    """The decoder-only LM with a static cache of ``batch`` rows and ``length`` positions held
+    in buffers the program mutates (what AOTInductor compiles), as ``static_cache.export_decoder``
+    otherwise: ``input_ids`` (batch × 1 to ``length`` new tokens) and ``cache_position``."""
+    import torch
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    from ptconvert.quiet import quiet_torch
+
+    generation = model.generation_config
+    saved = generation.cache_implementation
+    generation.cache_implementation = "static"  # the wrapper insists; eager generate must not
+    try:
+        wrapper = TorchExportableModuleForDecoderOnlyLM(
+            model, batch_size=batch, max_cache_len=length
+        )
+    finally:
+        generation.cache_implementation = saved
+    tokens = torch.export.Dim("sequence_length", min=1, max=length)
+    example = min(5, length)
+    with torch.no_grad(), quiet_torch():
+        return torch.export.export(
+            _own_buffers(wrapper.model),
+            args=(),
+            kwargs={
+                "input_ids": torch.zeros((batch, example), dtype=torch.long),
+                "cache_position": torch.arange(example),
+            },
+            dynamic_shapes={"input_ids": {1: tokens}, "cache_position": {0: tokens}},
+            strict=False,
+        )
+
+
+def _own_buffers(inner: Any) -> Any:
+    """transformers' ``TorchExportableModuleWithStaticCache`` in a module whose ``forward``
+    points the cache layers at the wrapper's registered buffers (``key_cache_N``,
+    ``value_cache_N``, ``cumulative_length_N``) before each call, as export traces them."""
+    import torch
+
+    class OwnBuffers(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids: Any, cache_position: Any) -> Any:
+            for i, layer in enumerate(self.inner.static_cache.layers):
+                layer.keys = getattr(self.inner, f"key_cache_{i}")
+                layer.values = getattr(self.inner, f"value_cache_{i}")
+                layer.cumulative_length = getattr(self.inner, f"cumulative_length_{i}")
+            return self.inner(input_ids=input_ids, cache_position=cache_position)
+
+    return OwnBuffers()
+
+
+def check_buffers(ep: Any) -> None:
+    """Refuse a program whose graph mutates a constant (the cache not in buffers): Inductor
+    cannot compile it, and saying so beats its functionalization assert."""
+    constants = {
+        s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "CONSTANT_TENSOR"
+    }
+    for node in ep.graph.nodes:
+        target = str(getattr(node, "target", ""))
+        mutated = target.endswith("_.default") and node.args and str(node.args[0])
+        if node.op == "call_function" and mutated in constants:
+            raise UnsupportedConversionError(
+                f"the static cache is not in the program's buffers ({mutated} is mutated by "
+                f"{target}): AOTInductor cannot compile a mutated constant",
+                hint="convert to pt2 (its module keeps the constants' mutations)",
+            )
+
+
+def compile_package(ep: Any, src: Path, tmp: Path, destination: Path, opts: Any) -> list[str]:
+    """``ep`` compiled by ``convert/aoti.py`` (one compile path: input checks on every call,
+    ``--aoti-option``, baked scalars refused) onto ``tmp``; its notes."""
+    from ptconvert.convert.aoti import aoti_compile
+    from ptconvert.convert.state import RunState
+
+    if opts.device != "cpu":
+        raise UsageError(
+            "--to aoti --task text-generation-with-past compiles for the CPU only so far "
+            "(the generation check and ptconvert.generate run there)",
+            hint="drop --device, or convert to pt2",
+        )
+    check_buffers(ep)
+    state = RunState(src, "hf", output=tmp, destination=destination, exported=ep)
+    aoti_compile(state, opts)
+    return state.notes
+
+
+def export_package(
+    model: Any, src: Path, tmp: Path, out: Path, opts: Any, notes: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The decoder-only LM into an AOTI package at ``tmp`` (``out`` once checked): exported
+    with its static cache in buffers, compiled, ``generation.json`` added; the report's cache
+    and interface."""
+    from ptconvert import progress
+    from ptconvert.generation.check import BATCHES
+    from ptconvert.generation.static_cache import cache_length
+
+    batch = max(opts.batch_sizes or BATCHES)
+    length = cache_length(model, opts.cache_length)
+    with progress.step(f"exporting with a static cache (batch {batch}, {length} positions)"):
+        ep = export_decoder(model, batch, length)
+    with progress.step("compiling with AOTInductor"):
+        notes.extend(compile_package(ep, src, tmp, out, opts))
+    add_meta(
+        tmp,
+        {
+            "task": opts.task,
+            "cache": "static",
+            "batch_size": batch,
+            "cache_length": length,
+            "model_class": type(model).__name__,
+            "eos_token_id": model.generation_config.eos_token_id,
+        },
+    )
+    notes.append(
+        f"static cache of {batch} row(s) × {length} positions inside the package (buffers the "
+        "compiled code mutates; each loaded runner has its own, kept between calls); a smaller "
+        "batch runs padded with copies of its last row (ptconvert.generate does it)"
+    )
+    cache = {"kind": "static", "batch_size": batch, "length": length}
+    interface = {
+        "call": "prog = torch._inductor.aoti_load_package(p); prog(input_ids=ids[batch, n], "
+        "cache_position=arange(pos, pos + n)) → logits",
+        "inputs": ["input_ids", "cache_position"],
+        "outputs": ["logits"],
+    }
+    return cache, interface
+
+
+def add_meta(package: Path, meta: dict[str, Any]) -> None:
+    """``meta`` into the package as ``<archive>/extra/generation.json`` (what ``read_meta``,
+    ``info`` and the runner read; the package's loader ignores it)."""
+    with zipfile.ZipFile(package) as archive:
+        root = archive.namelist()[0].split("/", 1)[0]
+    with zipfile.ZipFile(package, "a") as archive:
+        archive.writestr(f"{root}/extra/{META_NAME}", json.dumps(meta))
+
+
+class AotiStaticCache:
+    """An AOTI package with a static cache, run in its own process (``formats/isolated.py``:
+    compiled code's crash is an error, not ours); the process holds the loaded runner, so the
+    cache buffers it mutates stay between the calls. A smaller batch is padded with copies of
+    its last row, as ``runner.StaticCacheProgram`` does."""
+
+    def __init__(self, path: Path, meta: dict[str, Any], trust: bool = False) -> None:
+        from ptconvert.formats.isolated import IsolatedRuntime
+        from ptconvert.scan.guard import guard
+
+        guard(path, trust=trust)  # native code: refused without --trust (exit 11)
+        self.runtime = IsolatedRuntime("aoti", str(path))
+        self.batch = int(meta["batch_size"])
+        self.length = int(meta["cache_length"])
+        self.path = path
+        self.rows = 0
+        self.position = 0
+
+    def _call(self, ids: Any) -> Any:
+        import torch
+
+        count = ids.shape[1]
+        missing = self.batch - ids.shape[0]
+        padded = torch.cat([ids, ids[-1:].expand(missing, count)]) if missing else ids
+        positions = torch.arange(self.position, self.position + count)
+        (logits,) = self.runtime(input_ids=padded.contiguous(), cache_position=positions)
+        self.position += count
+        return logits[: self.rows, -1]
+
+    def start(self, input_ids: Any, max_new_tokens: int) -> Any:
+        rows, prompt = input_ids.shape
+        if rows > self.batch:
+            raise UsageError(
+                f"the package's static cache holds {self.batch} row(s), the prompt has {rows}",
+                path=self.path,
+                hint="export with --batch-sizes up to the batch you generate at",
+            )
+        if prompt + max_new_tokens - 1 > self.length:
+            raise UsageError(
+                f"{prompt} prompt tokens and {max_new_tokens} new ones do not fit the package's "
+                f"static cache of {self.length} positions",
+                path=self.path,
+                hint="export with a longer --cache-length",
+            )
+        self.rows, self.position = rows, 0
+        return self._call(input_ids.long())
+
+    def step(self, tokens: Any) -> Any:
+        return self._call(tokens.long())
+
+    def close(self) -> None:
+        self.runtime.close()
