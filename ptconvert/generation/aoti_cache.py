@@ -4,18 +4,18 @@ LM's static-cache program (``static_cache.py``'s wrapper) compiled by AOTInducto
 scalars), the archive's ``generation.json`` added to the package.
 
 The package keeps its cache across calls only when the cache tensors are the program's
-*buffers*. ``static_cache.export_decoder`` exports transformers' wrapper as it is: its
-``StaticCache`` layers hold the tensors the wrapper registers as buffers, but the layers are
-plain attributes, so non-strict export sees the layers' references as lifted constants
-(``CONSTANT_TENSOR`` inputs) that the graph mutates in place. A ``.pt2``'s module runs that
-graph eagerly and the constants keep the mutation; Inductor refuses it ("mutating a
-non-functional tensor with a functional tensor is not allowed" at the wrapper's
-``cumulative_length.copy_``). Here the layers are pointed at the module's own buffers inside
-``forward`` (``_own_buffers``), so the cache is ``BUFFER`` inputs mutated in place: the compiled
-package writes them in its constant storage and the next call reads them (tested step by step
-against the ``.pt2``'s module and transformers' ``generate``). Each loaded runner has its own
-cache; a call at ``cache_position`` 0 starts a new sequence (the wrapper resets the lengths
-from ``cache_position[0]`` and the mask hides the stale positions)."""
+*buffers*. For a pt2, ``static_cache.export_decoder`` exports transformers' wrapper as it
+is: its ``StaticCache`` layers hold the tensors the wrapper registers as buffers, but the layers
+are plain attributes, so non-strict export sees them as lifted constants (``CONSTANT_TENSOR``
+inputs) that the graph mutates in place. A ``.pt2``'s module runs that graph eagerly and the
+constants keep the mutation; Inductor refuses it ("mutating a non-functional tensor with a
+functional tensor is not allowed" at the wrapper's ``cumulative_length.copy_``). Exported with
+``own_buffers=True`` the layers are pointed at the module's own buffers inside ``forward``, so
+the cache is ``BUFFER`` inputs mutated in place: the compiled package writes them in its
+constant storage and the next call reads them (tested step by step against the ``.pt2``'s
+module and transformers' ``generate``). Each loaded runner has its own cache; a call at
+``cache_position`` 0 starts a new sequence (the wrapper resets the lengths from
+``cache_position[0]`` and the mask hides the stale positions)."""
 
 from __future__ import annotations
 
@@ -25,61 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert.errors import UnsupportedConversionError, UsageError
+from ptconvert.generation.runner import StaticCacheProgram
 from ptconvert.generation.static_cache import META_NAME
-
-
-def export_decoder(model: Any, batch: int, length: int) -> Any:
-    """The decoder-only LM with a static cache of ``batch`` rows and ``length`` positions held
-    in buffers the program mutates (what AOTInductor compiles), as ``static_cache.export_decoder``
-    otherwise: ``input_ids`` (batch × 1 to ``length`` new tokens) and ``cache_position``."""
-    import torch
-    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
-
-    from ptconvert.quiet import quiet_torch
-
-    generation = model.generation_config
-    saved = generation.cache_implementation
-    generation.cache_implementation = "static"  # the wrapper insists; eager generate must not
-    try:
-        wrapper = TorchExportableModuleForDecoderOnlyLM(
-            model, batch_size=batch, max_cache_len=length
-        )
-    finally:
-        generation.cache_implementation = saved
-    tokens = torch.export.Dim("sequence_length", min=1, max=length)
-    example = min(5, length)
-    with torch.no_grad(), quiet_torch():
-        return torch.export.export(
-            _own_buffers(wrapper.model),
-            args=(),
-            kwargs={
-                "input_ids": torch.zeros((batch, example), dtype=torch.long),
-                "cache_position": torch.arange(example),
-            },
-            dynamic_shapes={"input_ids": {1: tokens}, "cache_position": {0: tokens}},
-            strict=False,
-        )
-
-
-def _own_buffers(inner: Any) -> Any:
-    """transformers' ``TorchExportableModuleWithStaticCache`` in a module whose ``forward``
-    points the cache layers at the wrapper's registered buffers (``key_cache_N``,
-    ``value_cache_N``, ``cumulative_length_N``) before each call, as export traces them."""
-    import torch
-
-    class OwnBuffers(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, input_ids: Any, cache_position: Any) -> Any:
-            for i, layer in enumerate(self.inner.static_cache.layers):
-                layer.keys = getattr(self.inner, f"key_cache_{i}")
-                layer.values = getattr(self.inner, f"value_cache_{i}")
-                layer.cumulative_length = getattr(self.inner, f"cumulative_length_{i}")
-            return self.inner(input_ids=input_ids, cache_position=cache_position)
-
-    return OwnBuffers()
 
 
 def check_buffers(ep: Any) -> None:
@@ -125,12 +72,12 @@ def export_package(
     and interface."""
     from ptconvert import progress
     from ptconvert.generation.check import BATCHES
-    from ptconvert.generation.static_cache import cache_length
+    from ptconvert.generation.static_cache import cache_length, export_decoder
 
     batch = max(opts.batch_sizes or BATCHES)
     length = cache_length(model, opts.cache_length)
     with progress.step(f"exporting with a static cache (batch {batch}, {length} positions)"):
-        ep = export_decoder(model, batch, length)
+        ep = export_decoder(model, batch, length, own_buffers=True)
     with progress.step("compiling with AOTInductor"):
         notes.extend(compile_package(ep, src, tmp, out, opts))
     add_meta(
@@ -168,11 +115,12 @@ def add_meta(package: Path, meta: dict[str, Any]) -> None:
         archive.writestr(f"{root}/extra/{META_NAME}", json.dumps(meta))
 
 
-class AotiStaticCache:
+class AotiStaticCache(StaticCacheProgram):
     """An AOTI package with a static cache, run in its own process (``formats/isolated.py``:
     compiled code's crash is an error, not ours); the process holds the loaded runner, so the
-    cache buffers it mutates stay between the calls. A smaller batch is padded with copies of
-    its last row, as ``runner.StaticCacheProgram`` does."""
+    cache buffers it mutates stay between the calls. Stepped as ``StaticCacheProgram`` is."""
+
+    what = "package"
 
     def __init__(self, path: Path, meta: dict[str, Any], trust: bool = False) -> None:
         from ptconvert.formats.isolated import IsolatedRuntime
@@ -180,43 +128,11 @@ class AotiStaticCache:
 
         guard(path, trust=trust)  # native code: refused without --trust (exit 11)
         self.runtime = IsolatedRuntime("aoti", str(path))
-        self.batch = int(meta["batch_size"])
-        self.length = int(meta["cache_length"])
-        self.path = path
-        self.rows = 0
-        self.position = 0
+        self._sized(path, meta)
 
-    def _call(self, ids: Any) -> Any:
-        import torch
-
-        count = ids.shape[1]
-        missing = self.batch - ids.shape[0]
-        padded = torch.cat([ids, ids[-1:].expand(missing, count)]) if missing else ids
-        positions = torch.arange(self.position, self.position + count)
-        (logits,) = self.runtime(input_ids=padded.contiguous(), cache_position=positions)
-        self.position += count
-        return logits[: self.rows, -1]
-
-    def start(self, input_ids: Any, max_new_tokens: int) -> Any:
-        rows, prompt = input_ids.shape
-        if rows > self.batch:
-            raise UsageError(
-                f"the package's static cache holds {self.batch} row(s), the prompt has {rows}",
-                path=self.path,
-                hint="export with --batch-sizes up to the batch you generate at",
-            )
-        if prompt + max_new_tokens - 1 > self.length:
-            raise UsageError(
-                f"{prompt} prompt tokens and {max_new_tokens} new ones do not fit the package's "
-                f"static cache of {self.length} positions",
-                path=self.path,
-                hint="export with a longer --cache-length",
-            )
-        self.rows, self.position = rows, 0
-        return self._call(input_ids.long())
-
-    def step(self, tokens: Any) -> Any:
-        return self._call(tokens.long())
+    def _run(self, input_ids: Any, cache_position: Any) -> Any:
+        (logits,) = self.runtime(input_ids=input_ids.contiguous(), cache_position=cache_position)
+        return logits
 
     def close(self) -> None:
         self.runtime.close()

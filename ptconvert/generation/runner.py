@@ -86,11 +86,19 @@ class StaticCacheProgram:
 
         guard(path)  # every load of a pickle goes through the scanner first
         self.module = load_exported(path).module()
+        self._sized(path, meta)
+
+    what = "program"  # what the messages call it
+
+    def _sized(self, path: Path, meta: dict[str, Any]) -> None:
         self.batch = int(meta["batch_size"])
         self.length = int(meta["cache_length"])
         self.path = path
         self.rows = 0
         self.position = 0
+
+    def _run(self, input_ids: Any, cache_position: Any) -> Any:
+        return self.module(input_ids=input_ids, cache_position=cache_position)
 
     def _padded(self, ids: Any) -> Any:
         import torch
@@ -103,7 +111,7 @@ class StaticCacheProgram:
 
         count = ids.shape[1]
         positions = torch.arange(self.position, self.position + count)
-        logits = self.module(input_ids=self._padded(ids), cache_position=positions)
+        logits = self._run(self._padded(ids), positions)
         self.position += count
         return logits[: self.rows, -1]
 
@@ -111,14 +119,14 @@ class StaticCacheProgram:
         rows, prompt = input_ids.shape
         if rows > self.batch:
             raise UsageError(
-                f"the program's static cache holds {self.batch} row(s), the prompt has {rows}",
+                f"the {self.what}'s static cache holds {self.batch} row(s), the prompt has {rows}",
                 path=self.path,
                 hint="export with --batch-sizes up to the batch you generate at",
             )
         if prompt + max_new_tokens - 1 > self.length:
             raise UsageError(
-                f"{prompt} prompt tokens and {max_new_tokens} new ones do not fit the program's "
-                f"static cache of {self.length} positions",
+                f"{prompt} prompt tokens and {max_new_tokens} new ones do not fit the "
+                f"{self.what}'s static cache of {self.length} positions",
                 path=self.path,
                 hint="export with a longer --cache-length",
             )

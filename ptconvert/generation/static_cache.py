@@ -37,9 +37,11 @@ def cache_length(model: Any, asked: int | None) -> int:
     return int(length)
 
 
-def export_decoder(model: Any, batch: int, length: int) -> Any:
+def export_decoder(model: Any, batch: int, length: int, *, own_buffers: bool = False) -> Any:
     """The decoder-only LM with a static cache of ``batch`` rows and ``length`` positions, as an
-    ExportedProgram whose number of new tokens per call is dynamic (1 to ``length``)."""
+    ExportedProgram whose number of new tokens per call is dynamic (1 to ``length``).
+    ``own_buffers``: the cache in the program's buffers (``_own_buffers``), as AOTInductor
+    needs it (``aoti_cache.py``); a ``.pt2``'s module keeps it in lifted constants."""
     import torch
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
@@ -58,7 +60,7 @@ def export_decoder(model: Any, batch: int, length: int) -> Any:
     example = min(5, length)
     with torch.no_grad(), quiet_torch():
         return torch.export.export(
-            wrapper.model,
+            _own_buffers(wrapper.model) if own_buffers else wrapper.model,
             args=(),
             kwargs={
                 "input_ids": torch.zeros((batch, example), dtype=torch.long),
@@ -67,6 +69,27 @@ def export_decoder(model: Any, batch: int, length: int) -> Any:
             dynamic_shapes={"input_ids": {1: tokens}, "cache_position": {0: tokens}},
             strict=False,
         )
+
+
+def _own_buffers(inner: Any) -> Any:
+    """transformers' ``TorchExportableModuleWithStaticCache`` in a module whose ``forward``
+    points the cache layers at the wrapper's registered buffers (``key_cache_N``,
+    ``value_cache_N``, ``cumulative_length_N``) before each call, as export traces them."""
+    import torch
+
+    class OwnBuffers(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids: Any, cache_position: Any) -> Any:
+            for i, layer in enumerate(self.inner.static_cache.layers):
+                layer.keys = getattr(self.inner, f"key_cache_{i}")
+                layer.values = getattr(self.inner, f"value_cache_{i}")
+                layer.cumulative_length = getattr(self.inner, f"cumulative_length_{i}")
+            return self.inner(input_ids=input_ids, cache_position=cache_position)
+
+    return OwnBuffers()
 
 
 def save_program(ep: Any, path: Path, meta: dict[str, Any]) -> None:
