@@ -72,7 +72,7 @@ def export_package(
     and interface."""
     from ptconvert import progress
     from ptconvert.generation.check import BATCHES
-    from ptconvert.generation.static_cache import cache_length, export_decoder
+    from ptconvert.generation.static_cache import cache_length, export_decoder, static_meta
 
     batch = max(opts.batch_sizes or BATCHES)
     length = cache_length(model, opts.cache_length)
@@ -80,17 +80,7 @@ def export_package(
         ep = export_decoder(model, batch, length, own_buffers=True)
     with progress.step("compiling with AOTInductor"):
         notes.extend(compile_package(ep, src, tmp, out, opts))
-    add_meta(
-        tmp,
-        {
-            "task": opts.task,
-            "cache": "static",
-            "batch_size": batch,
-            "cache_length": length,
-            "model_class": type(model).__name__,
-            "eos_token_id": model.generation_config.eos_token_id,
-        },
-    )
+    add_meta(tmp, static_meta(model, opts, batch, length))
     notes.append(
         f"static cache of {batch} row(s) × {length} positions inside the package (buffers the "
         "compiled code mutates; each loaded runner has its own, kept between calls); a smaller "

@@ -166,20 +166,13 @@ def _seq2seq(
     else:
         source = "input_ids, attention_mask"
     if to == "pt2":
-        from ptconvert.generation.static_cache import cache_length
+        from ptconvert.generation.static_cache import cache_length, static_meta
 
         batch = max(opts.batch_sizes or BATCHES)
         length = cache_length(model, opts.cache_length)
-        meta = {
-            "task": opts.task,
-            "cache": "static",
-            "batch_size": batch,
-            "cache_length": length,
-            "model_class": type(model).__name__,
-            "decoder_start_token_id": start,
-            "eos_token_id": model.generation_config.eos_token_id,
-            **seq2seq.encoder_meta(model),
-        }
+        meta = static_meta(
+            model, opts, batch, length, decoder_start_token_id=start, **seq2seq.encoder_meta(model)
+        )
         with progress.step(
             f"exporting the encoder and the decoder with a static cache (batch {batch}, "
             f"{length} positions)"
@@ -239,20 +232,18 @@ def _seq2seq(
 def _pt2_decoder(
     model: Any, tmp: Path, opts: Options, notes: list[str]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    from ptconvert.generation.static_cache import cache_length, export_decoder, save_program
+    from ptconvert.generation.static_cache import (
+        cache_length,
+        export_decoder,
+        save_program,
+        static_meta,
+    )
 
     batch = max(opts.batch_sizes or BATCHES)
     length = cache_length(model, opts.cache_length)
     with progress.step(f"exporting with a static cache (batch {batch}, {length} positions)"):
         ep = export_decoder(model, batch, length)
-    meta = {
-        "task": opts.task,
-        "cache": "static",
-        "batch_size": batch,
-        "cache_length": length,
-        "model_class": type(model).__name__,
-        "eos_token_id": model.generation_config.eos_token_id,
-    }
+    meta = static_meta(model, opts, batch, length)
     with progress.step(f"writing {tmp.name}"):
         save_program(ep, tmp, meta)
     notes.append(

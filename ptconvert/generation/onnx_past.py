@@ -72,7 +72,7 @@ def export_decoder_onnx(model: Any, path: Path, opts: Options) -> list[str]:
     from ptconvert.convert.onnx_export import _export, _reason, _rename_dims
     from ptconvert.deps import require
 
-    onnx = require("onnx")
+    require("onnx")
     require("onnxscript")
     if opts.external_data:
         raise UnsupportedConversionError(
@@ -108,18 +108,26 @@ def export_decoder_onnx(model: Any, path: Path, opts: Options) -> list[str]:
     _rename_dims(program.model, names)
     for value in program.model.graph.outputs[1:]:  # one spelling: past + new positions
         value.shape = _with_dim(value.shape, 2, "past_sequence_length + sequence_length")
+    opset = save_checked(program, path)
+    return [
+        f"ONNX opset {opset}, checked with onnx.checker; {layers} layers of past_key_values "
+        "inputs and present outputs (optimum's names)"
+    ]
+
+
+def save_checked(program: Any, path: Path) -> Any:
+    """A generation graph written as one file (no external data) and run through
+    ``onnx.checker``; its opset."""
+    import onnx
+
     program.save(path, external_data=False)
     try:
         onnx.checker.check_model(str(path), full_check=True)
     except Exception as exc:
         raise UnsupportedConversionError(
-            f"the exported ONNX model fails onnx.checker: {str(exc)[:300]}", path=path
+            f"{path.name} fails onnx.checker: {str(exc)[:300]}", path=path
         ) from None
-    opset = program.model.opset_imports.get("")
-    return [
-        f"ONNX opset {opset}, checked with onnx.checker; {layers} layers of past_key_values "
-        "inputs and present outputs (optimum's names)"
-    ]
+    return program.model.opset_imports.get("")
 
 
 def _with_dim(shape: Any, axis: int, name: str) -> Any:

@@ -213,11 +213,10 @@ def _export_one(
 ) -> Any:
     """One graph exported, its inputs and outputs named ``names`` (inputs, outputs, the name of
     each one's second dim, or third for keys and values), written to ``path`` and checked."""
-    import onnx
     import torch
 
     from ptconvert.convert.onnx_export import _export, _reason, _rename_dims
-    from ptconvert.generation.onnx_past import _with_dim
+    from ptconvert.generation.onnx_past import _with_dim, save_checked
     from ptconvert.quiet import quiet_torch
 
     try:
@@ -243,14 +242,7 @@ def _export_one(
     for value in graph.outputs:
         if axes[value.name] == PAST_LENGTH:  # one spelling: past + new positions
             value.shape = _with_dim(value.shape, 2, PAST_LENGTH)
-    program.save(path, external_data=False)
-    try:
-        onnx.checker.check_model(str(path), full_check=True)
-    except Exception as exc:
-        raise UnsupportedConversionError(
-            f"{path.name} fails onnx.checker: {str(exc)[:300]}", path=path
-        ) from None
-    return program.model.opset_imports.get("")
+    return save_checked(program, path)
 
 
 class OnnxSeq2Seq:

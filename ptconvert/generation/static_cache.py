@@ -92,6 +92,19 @@ def _own_buffers(inner: Any) -> Any:
     return OwnBuffers()
 
 
+def static_meta(model: Any, opts: Any, batch: int, length: int, **more: Any) -> dict[str, Any]:
+    """What an archive with a static cache says of itself (``generation.json``)."""
+    return {
+        "task": opts.task,
+        "cache": "static",
+        "batch_size": batch,
+        "cache_length": length,
+        "model_class": type(model).__name__,
+        "eos_token_id": model.generation_config.eos_token_id,
+        **more,
+    }
+
+
 def save_program(ep: Any, path: Path, meta: dict[str, Any]) -> None:
     """``torch.export.save`` through the atomic writer's guarded file, ``meta`` beside the
     program as the archive's ``generation.json``."""
