@@ -112,13 +112,17 @@ def names_folder(output: str | Path) -> bool:
     return str(output).endswith(os.sep) or Path(output).is_dir()
 
 
-def program_suffixed(out: Path, to: str) -> tuple[Path, list[str]]:
+def program_suffixed(out: Path, to: str, *, chosen: bool = False) -> tuple[Path, list[str]]:
     """``-o``'s rule for a program (README, "Outputs and failures"): a file name without a
-    suffix of the target format gets its first one (torch's loaders want ``.pt2``); weights, and
-    a name that has one, keep the name given. Returns the name and the note saying what the
-    rule did. ``api._output_name`` and ``--optimize`` (for the format it keeps) both apply it."""
+    suffix of the target format gets its first one where the format's loader refuses it
+    otherwise (torch.export.load and aoti_load_package want ``.pt2``), and for any program
+    format ptconvert ``chosen`` (``--optimize``: the user could not name it); weights, other
+    names the user gave, and a name with the suffix are kept. Returns the name and the note
+    saying what the rule did. ``api._output_name`` and ``--optimize`` both apply it."""
     target = FORMATS_BY_NAME.get(to)
     if target is None or target.kind != "program":
+        return out, []
+    if not (chosen or target.loader_needs_suffix):
         return out, []
     suffixes = target.suffixes or (target.suffix,)
     if out.name.endswith(suffixes):

@@ -165,7 +165,7 @@ def _destination(src: Path, output: str | Path | None, fmt: str) -> tuple[Path, 
         return default_output(src, fmt), []
     if names_folder(output):
         return Path(output) / default_output(src, fmt).name, []
-    return program_suffixed(Path(output), fmt)
+    return program_suffixed(Path(output), fmt, chosen=True)
 
 
 def time_beside_eager(

@@ -162,6 +162,8 @@ class Format:
     kind: ClassVar[Literal["weights", "program"]] = "weights"
     suffixes: ClassVar[tuple[str, ...]] = ()
     output_suffix: ClassVar[str] = ""  # the suffix of a file ptconvert writes ("" : suffixes[0])
+    # its loader refuses a file named otherwise (torch.export.load, aoti_load_package: ".pt2")
+    loader_needs_suffix: ClassVar[bool] = False
     holds: ClassVar[str] = ""
     priority: ClassVar[int] = 0  # higher wins when several formats match
     # programs: how a user loads one with its own runtime (``p`` is the path), as Python lines;

@@ -170,6 +170,7 @@ class ExportedProgramFormat(Format):
     name = "pt2"
     kind = "program"
     suffixes = (".pt2",)
+    loader_needs_suffix = True
     load_line = "prog = torch.export.load(p).module()"
     warm_line = "import torch.export.pt2_archive._package"  # torch.export.load's reader
     bounds_dims = True
@@ -379,6 +380,7 @@ class AotiPackageFormat(Format):
     name = "aoti"
     kind = "program"
     suffixes = (".pt2",)
+    loader_needs_suffix = True
     output_suffix = ".aoti.pt2"
     # a package ptconvert writes checks its inputs itself (convert/aoti.py): said where it loads
     load_line = (

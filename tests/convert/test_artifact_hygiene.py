@@ -147,13 +147,19 @@ def checkpoint(tmp_path: Path) -> Path:
 
 
 def test_a_program_without_its_suffix_gets_it(checkpoint, tmp_path):
+    import torch
+
     report = ptconvert.convert(checkpoint, "safetensors", tmp_path / "weights.st")
     assert report.output == str(tmp_path / "weights.st")  # weights: the name given
     spec = {"model": "fixtures.models:MLP", "inputs": ["x:2x8:float32"], "verify": False}
+    pt2_report = ptconvert.convert(checkpoint, "pt2", tmp_path / "prog.out", **spec)
+    assert pt2_report.output == str(tmp_path / "prog.out.pt2")  # torch.export.load needs it
+    assert any("lacks the pt2 suffix" in n for n in pt2_report.notes)
+    torch.export.load(tmp_path / "prog.out.pt2")
+    # onnxruntime and torch.jit.load take any name: the name given is kept
     onnx_report = ptconvert.convert(checkpoint, "onnx", tmp_path / "opt.out", **spec)
-    assert onnx_report.output == str(tmp_path / "opt.out.onnx")
-    assert any("lacks the onnx suffix" in n for n in onnx_report.notes)
-    onnx.checker.check_model(str(tmp_path / "opt.out.onnx"))
+    assert onnx_report.output == str(tmp_path / "opt.out")
+    onnx.checker.check_model(str(tmp_path / "opt.out"))
 
 
 def test_an_output_folder_takes_the_default_name(checkpoint, tmp_path, capsys):
@@ -186,16 +192,18 @@ def test_a_hugging_face_directory_to_a_named_file_or_a_folder(tmp_path):
 
 
 def test_a_model_from_code_alone_takes_the_suffix_rule(tmp_path, monkeypatch, capsys):
-    """No SRC (``--model pkg:make --to onnx -o net``): the program's suffix is added as with a
+    """No SRC (``--model pkg:make --to pt2 -o net``): the program's suffix is added as with a
     source, said in a note; the name skipped the rule before."""
+    import torch
+
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "net"
-    args = ["--model", "fixtures.models:MLP", "--to", "onnx", "--input", "x:2x8:float32"]
+    args = ["--model", "fixtures.models:MLP", "--to", "pt2", "--input", "x:2x8:float32"]
     code, report, _ = run_cli([*args, "-o", str(out), "--no-verify"], capsys)
     assert code == 0, report
-    assert report["output"] == str(tmp_path / "net.onnx") and not out.exists()
-    assert any("lacks the onnx suffix" in n for n in report["notes"])
-    onnx.checker.check_model(str(tmp_path / "net.onnx"))
+    assert report["output"] == str(tmp_path / "net.pt2") and not out.exists()
+    assert any("lacks the pt2 suffix" in n for n in report["notes"])
+    torch.export.load(tmp_path / "net.pt2")
 
 
 def test_optimize_names_the_kept_artifact_by_the_same_rule(checkpoint, tmp_path, monkeypatch):
