@@ -151,7 +151,11 @@ def verify_program(state: RunState, to: str, artifact: Path, opts: Options) -> P
     if target.isolated:  # its runtime loads the written file in a process of its own
         first_call(state)
         with progress.step(f"loading the {to} file to compare it"):
-            program = target.open(artifact, opts.device)
+            try:
+                program = target.open(artifact, opts.device)
+            except PtconvertError as exc:  # named by the user's output, not the staging copy
+                exc.path = str(state.destination or artifact)
+                raise
         try:
             return _compare_program(state, to, program, opts)
         finally:

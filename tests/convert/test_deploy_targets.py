@@ -223,6 +223,26 @@ def test_a_runtime_that_cannot_load_is_a_named_error_at_once(tmp_path):
     assert time.perf_counter() - started < 60
 
 
+def test_a_runtime_that_cannot_load_the_written_file_names_the_users_output(
+    samples, tmp_path, capsys, monkeypatch
+):
+    """The ONNX check loads the file where it was staged (``.net.onnx.xluokcye/net.onnx``): its
+    failure named that folder, which the user never sees; it names -o's file now."""
+    from ptconvert.errors import RuntimeDiedError
+    from ptconvert.formats import FORMATS_BY_NAME
+
+    def refuse(path, device="cpu"):
+        raise RuntimeDiedError("the onnx runtime cannot load it: test", path=str(path))
+
+    monkeypatch.setattr(FORMATS_BY_NAME["onnx"], "open", staticmethod(refuse))
+    out = tmp_path / "net.onnx"
+    code, report, _ = run_cli(
+        [str(samples["mlp_zip"]), "--to", "onnx", *MLP_ARGS, "-o", str(out)], capsys
+    )
+    assert code != 0 and report["error"]["path"] == str(out), report
+    assert not out.exists()
+
+
 def test_a_runtime_whose_process_died_fails_its_next_call_at_once(samples):
     from ptconvert.formats.isolated import IsolatedRuntime
 
