@@ -50,12 +50,18 @@ def export_decoder(model: Any, batch: int, length: int, *, own_buffers: bool = F
     generation = model.generation_config
     saved = generation.cache_implementation
     generation.cache_implementation = "static"  # the wrapper insists; eager generate must not
+    config = model.config.get_text_config()
+    heads = _falcon_cache_heads(config)
+    if heads is not None:  # what the wrapper sizes the cache by, for its construction only
+        config.num_key_value_heads = heads
     try:
         wrapper = TorchExportableModuleForDecoderOnlyLM(
             model, batch_size=batch, max_cache_len=length
         )
     finally:
         generation.cache_implementation = saved
+        if heads is not None:
+            del config.num_key_value_heads
     tokens = torch.export.Dim("sequence_length", min=1, max=length)
     example = min(5, length)
     with torch.no_grad(), quiet_torch():
@@ -69,6 +75,19 @@ def export_decoder(model: Any, batch: int, length: int, *, own_buffers: bool = F
             dynamic_shapes={"input_ids": {1: tokens}, "cache_position": {0: tokens}},
             strict=False,
         )
+
+
+def _falcon_cache_heads(config: Any) -> int | None:
+    """The key/value heads a Falcon caches, where its config lacks the ``num_key_value_heads``
+    transformers' wrapper sizes the static cache by (without it: every head): one for the
+    multi-query attention of the first architecture (Falcon-7B), every head for the new one
+    (keys and values are repeated before the cache), else ``num_kv_heads``; as
+    ``modeling_falcon`` caches them. None for any other model."""
+    if getattr(config, "model_type", None) != "falcon" or hasattr(config, "num_key_value_heads"):
+        return None
+    if config.new_decoder_architecture:
+        return int(config.num_attention_heads)
+    return 1 if config.multi_query else int(config.num_kv_heads)
 
 
 def _own_buffers(inner: Any) -> Any:
