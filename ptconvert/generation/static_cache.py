@@ -64,17 +64,25 @@ def export_decoder(model: Any, batch: int, length: int, *, own_buffers: bool = F
             del config.num_key_value_heads
     tokens = torch.export.Dim("sequence_length", min=1, max=length)
     example = min(5, length)
-    with torch.no_grad(), quiet_torch():
-        return torch.export.export(
-            _own_buffers(wrapper.model) if own_buffers else wrapper.model,
-            args=(),
-            kwargs={
-                "input_ids": torch.zeros((batch, example), dtype=torch.long),
-                "cache_position": torch.arange(example),
-            },
-            dynamic_shapes={"input_ids": {1: tokens}, "cache_position": {0: tokens}},
-            strict=False,
-        )
+    try:
+        with torch.no_grad(), quiet_torch():
+            return torch.export.export(
+                _own_buffers(wrapper.model) if own_buffers else wrapper.model,
+                args=(),
+                kwargs={
+                    "input_ids": torch.zeros((batch, example), dtype=torch.long),
+                    "cache_position": torch.arange(example),
+                },
+                dynamic_shapes={"input_ids": {1: tokens}, "cache_position": {0: tokens}},
+                strict=False,
+            )
+    except Exception as exc:  # torch raises many kinds here: said, never an internal error
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise UnsupportedConversionError(
+            f"{type(model).__name__} with a static cache does not export: "
+            f"{type(exc).__name__}: {first}",
+            hint="--to onnx writes it with past_key_values inputs (no static cache)",
+        ) from None
 
 
 def _falcon_cache_heads(config: Any) -> int | None:

@@ -118,3 +118,13 @@ def test_family_generates_as_transformers(
     assert report.check == "generation" and report.generation.status == "pass"
     assert {(r.batch, r.prompt_length) for r in report.generation.runs} >= {(1, 3), (2, 7)}
     CHECKS[fmt](directory, out)
+
+
+def test_a_decoder_that_does_not_export_with_a_static_cache_is_said(
+    directories: Any, tmp_path: Path
+) -> None:
+    """OPT slices its positions by the static cache's length tensor (``aten.item`` under
+    export): an internal error (exit 1) before, a named unsupported conversion now."""
+    with pytest.raises(ptconvert.UnsupportedConversionError, match="OPTForCausalLM with a static"):
+        ptconvert.convert(directories("opt"), "pt2", tmp_path / "opt.pt2", task=TASK)
+    assert not (tmp_path / "opt.pt2").exists()
