@@ -1,19 +1,24 @@
 """Weights conversion speed and memory against `cp` and the naive torch reference.
 
-Generates a checkpoint of --size-gb (default 2; fp32/bf16/fp16 tensors, a tied pair, a view of a
+Generates a checkpoint of --size-gb (default 1; fp32/bf16/fp16 tensors, a tied pair, a view of a
 larger storage) and measures, side by side in one run, wall time and peak RSS of each command:
 
 - cp (the floor), and reading the file once (cat > /dev/null)
 - ptconvert pickle → safetensors (with and without its bitwise verification)
 - the naive reference: torch.load + safetensors.torch.save_file
 - ptconvert safetensors → pickle, and pickle → sharded safetensors (--max-shard-size 500MB)
+- a 256 KiB checkpoint → safetensors, verified (the start-up and check cost of a small file)
+
+and prints each target of the weights path against its measurement: verified ≤ 2.0× `cp`,
+`--no-verify` ≤ 1.2× `cp` (both directions), the small checkpoint verified in ≤ 0.5 s.
 
 Run: `.venv/bin/python benchmarks/weights.py [--size-gb 2] [--dir DIR] [--repeats 5]`. Warm page
 cache: every command runs once untimed first, then --repeats rounds interleave all commands
 (median wall time, highest peak RSS); outputs are removed and the disk synced before each run, so
 that freeing or flushing the previous output is not timed. The verification reads the source
-again with an independent reader (torch.load for pickles, safe_open for safetensors): its share
-of each verifying conversion is printed after the table.
+again with an independent reader (stdlib pickle records for pickles, safe_open and the header's
+offsets for safetensors; neither imports torch): its share of each verifying conversion is
+printed after the table.
 """
 
 from __future__ import annotations
@@ -83,9 +88,28 @@ def verification_split(cmd: list[str], outputs: list[Path]) -> str:
     )
 
 
+# (row, limit, unit): × cp, or seconds
+TARGETS = [
+    ("ptconvert pt→safetensors", 2.0, "× cp"),
+    ("pt→safetensors --no-verify", 1.2, "× cp"),
+    ("ptconvert safetensors→pt", 2.0, "× cp"),
+    ("safetensors→pt --no-verify", 1.2, "× cp"),
+    ("256 KiB pt→safetensors", 0.5, "s"),
+]
+
+
+def print_targets(results: dict[str, tuple[float, float]]) -> None:
+    cp_time = results["cp"][0]
+    print("targets:")
+    for name, limit, unit in TARGETS:
+        value = results[name][0] / cp_time if unit == "× cp" else results[name][0]
+        verdict = "met" if value <= limit else "NOT met"
+        print(f"  {name:30} {value:6.2f} {unit:5} (≤ {limit} {unit}): {verdict}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--size-gb", type=float, default=2.0)
+    ap.add_argument("--size-gb", type=float, default=1.0)
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--repeats", type=int, default=REPEATS)
     args = ap.parse_args()
@@ -93,6 +117,8 @@ def main() -> None:
     try:
         ckpt = work / "model.pt"
         make_checkpoint(ckpt, args.size_gb)
+        small = work / "small.pt"
+        make_checkpoint(small, 256 / 2**20)
         sft, back, shards = work / "model.safetensors", work / "back.pt", work / "shards"
         ptc = str(BIN / "ptconvert")
         naive = (
@@ -117,6 +143,11 @@ def main() -> None:
                 [back],
             ),
             ("ptconvert pt→sharded 500MB", [*shard_cmd, "-o", str(shards)], [shards]),
+            (
+                "256 KiB pt→safetensors",
+                [ptc, str(small), "--to", "safetensors", "-o", str(work / "small.sft")],
+                [work / "small.sft"],
+            ),
         ]
         for _, cmd, outputs in cases:  # warm the page cache and the imports
             measure(cmd, outputs)
@@ -137,6 +168,7 @@ def main() -> None:
         for name, cmd, outputs in cases:
             if name.startswith("ptconvert ") and "sharded" not in name:
                 print(f"{name}: {verification_split(cmd, outputs)}")
+        print_targets(results)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

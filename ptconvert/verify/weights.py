@@ -17,7 +17,6 @@ again from the page cache when touched, nothing is lost).
 from __future__ import annotations
 
 import ctypes
-import functools
 import itertools
 import json
 import math
@@ -52,11 +51,6 @@ if TYPE_CHECKING:
 
 CHUNK = 2 << 20
 DROP_EVERY = CHUNK  # bytes read through a loader's mapping between two page drops
-
-# safetensors dtype codes numpy holds natively (BF16 too once ml_dtypes is imported)
-_NUMPY_CODES = frozenset(
-    {"F64", "F32", "F16", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL", "C64"}
-)
 
 
 @dataclass
@@ -105,7 +99,7 @@ def verify_weights(
     VerificationError on any difference, or when no independent reader can read the source.
     """
     started = time.perf_counter()
-    if not _pickle_source(source):  # torch reads both sides
+    if not _read_without_torch(source):  # torch reads both sides
         for dtype in sorted({e.dtype for e in source.stored}):
             torch_dtype(
                 dtype,
@@ -144,9 +138,10 @@ def verify_weights(
     )
 
 
-def _pickle_source(ws: WeightSet) -> bool:
-    """Whether the source is read by the pickle records reader, which needs no torch."""
-    return ws.format == "pt" or (ws.format == "sharded" and ws.layout != "safetensors")
+def _read_without_torch(ws: WeightSet) -> bool:
+    """Whether the source's independent reader builds no tensor (pickle records, safetensors'
+    header and bytes), so that any dtype can be compared without torch knowing it."""
+    return ws.format in ("pt", "safetensors", "sharded")
 
 
 def _skipped(name: str, skipped: dict[str, str]) -> bool:
@@ -490,80 +485,67 @@ def _torch_ref(t: Any, pages: _Pages | None) -> _Ref:
 
 
 def _safetensors_reference(paths: list[Path], stack: ExitStack) -> _Reference:
+    """safetensors' own ``safe_open`` validates each file and names every tensor's dtype and
+    shape; the bytes are read at the offsets of the file's header, parsed here (not by
+    ``weights/read.py``), and must agree with what ``safe_open`` says. No tensor is built: no
+    ml_dtypes, no torch (importing them costs more than comparing a GiB)."""
     from safetensors import safe_open
 
-    numpy_codes = set(_NUMPY_CODES)
-    try:  # numpy learns bfloat16 from ml_dtypes; without it BF16 goes through torch
-        import ml_dtypes  # noqa: F401
-
-        numpy_codes.add("BF16")
-    except ImportError:
-        pass
     tensors: dict[str, _Ref] = {}
-    readers: set[str] = set()
+    problems: list[str] = []
     for path in paths:
-        handles: dict[str, Any] = {}
-
-        def handle(framework: str, path: Path = path, handles: dict[str, Any] = handles) -> Any:
-            if framework not in handles:
-                handles[framework] = stack.enter_context(safe_open(path, framework))
-            return handles[framework]
-
-        f = handle("numpy")
-        pages = _Pages(path)
-        aliases = json.loads((f.metadata() or {}).get(ALIASES_KEY, "{}"))
-        for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-            view = f.get_slice(name)
-            code, shape = view.get_dtype(), tuple(view.get_shape())
+        with safe_open(path, "numpy") as f:  # raises on a header safetensors refuses
+            slices = {n: f.get_slice(n) for n in f.keys()}  # noqa: SIM118 (not a mapping)
+            declared = {n: (v.get_dtype(), tuple(v.get_shape())) for n, v in slices.items()}
+            metadata = f.metadata() or {}
+        header, data_start = _header(path)
+        fd = os.open(path, os.O_RDONLY)
+        stack.callback(os.close, fd)
+        for name, (code, shape) in declared.items():
+            entry = header.get(name, {})
+            if (entry.get("dtype"), tuple(entry.get("shape", ()))) != (code, shape):
+                problems.append(f"{name}: the header and safe_open disagree")
+                continue
+            begin, stop = entry["data_offsets"]
             dtype, bits = SAFETENSORS_DTYPES.get(code, (code.lower(), 8))
-            nbytes = (math.prod(shape) * bits + 7) // 8
             if dtype == "float4_e2m1fn_x2" and shape:
                 shape = (*shape[:-1], shape[-1] // 2)
-            framework = "numpy" if code in numpy_codes else "pt"
-            readers.add(f"safetensors.safe_open({framework!r})")
-            opener = functools.partial(handle, framework)
-            tensors[name] = _Ref(dtype, shape, nbytes, _sliced(opener, name, code, pages))
+            nbytes = (math.prod(shape) * bits + 7) // 8
+            if stop - begin != nbytes:
+                problems.append(f"{name}: {stop - begin} bytes stored for {nbytes}")
+                continue
+            tensors[name] = _Ref(dtype, shape, nbytes, _file_range(fd, data_start + begin, nbytes))
+        aliases = json.loads(metadata.get(ALIASES_KEY, "{}"))
         for alias, target in aliases.items():
             if target in tensors:
                 tensors[alias] = tensors[target]
-    return _Reference(" + ".join(sorted(readers)), tensors)
+    return _Reference("safetensors.safe_open + the header's offsets", tensors, problems)
 
 
-def _sliced(
-    opener: Callable[[], Any], name: str, code: str, pages: _Pages
-) -> Callable[[], Iterator[memoryview]]:
-    """The tensor's bytes, one block of at most CHUNK bytes (a C-order run of rows) at a time."""
+def _header(path: Path) -> tuple[dict[str, Any], int]:
+    """The safetensors header of ``path`` (8-byte little-endian length, then JSON) and where its
+    data begins."""
+    with open(path, "rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(size))
+    return header, 8 + size
+
+
+def _file_range(fd: int, offset: int, nbytes: int) -> Callable[[], Iterator[memoryview]]:
+    """A byte range of an open file, read with ``pread`` into one reused buffer of CHUNK bytes
+    (each chunk is compared before the next is read)."""
 
     def chunks() -> Iterator[memoryview]:
-        f = opener()
-        sl = f.get_slice(name)
-        shape = tuple(sl.get_shape())
-        _, bits = SAFETENSORS_DTYPES.get(code, ("", 8))
-        if not shape:
-            yield _as_bytes(f.get_tensor(name))
-            return
-        read = 0
-        for index in _blocks(shape, max(1, bits // 8)) if math.prod(shape) else ():
-            yield _as_bytes(sl[index])
-            read += CHUNK
-            if read >= DROP_EVERY:
-                pages.drop()
-                read = 0
-        pages.drop()
+        buf = memoryview(bytearray(min(CHUNK, nbytes)))
+        pos = 0
+        while pos < nbytes:
+            n = os.preadv(fd, [buf[: min(CHUNK, nbytes - pos)]], offset + pos)
+            if n <= 0:
+                return
+            yield buf[:n]
+            pos += n
 
     return chunks
-
-
-def _as_bytes(block: Any) -> memoryview:
-    if hasattr(block, "numpy"):  # a torch tensor (dtypes numpy cannot hold)
-        import torch
-
-        block = block.contiguous().reshape(-1).view(torch.uint8).numpy()
-    else:
-        import numpy as np
-
-        block = np.ascontiguousarray(block).reshape(-1).view(np.uint8)
-    return memoryview(block).cast("B")
 
 
 def _blocks(shape: tuple[int, ...], itemsize: int) -> Iterator[tuple[Any, ...]]:

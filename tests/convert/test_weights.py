@@ -253,6 +253,49 @@ def test_verification_catches_a_corrupted_output(samples, tmp_path: Path, monkey
     assert not (tmp_path / "o.safetensors").exists()
 
 
+def test_a_safetensors_source_is_checked_bitwise_without_torch(tmp_path: Path) -> None:
+    """safetensors → pt is checked against safe_open's names, dtypes and shapes and the bytes at
+    the header's offsets, in a process that never imports torch or ml_dtypes (together they
+    cost more than comparing a GiB); a changed byte of the output is still found."""
+    import subprocess
+    import sys
+
+    src, out = tmp_path / "m.safetensors", tmp_path / "m.pt"
+    gen = torch.Generator().manual_seed(0)
+    save_file(
+        {
+            "w": torch.randn(64, 33, generator=gen),
+            "h": torch.randn(5, 7, generator=gen).to(torch.bfloat16),
+            "f8": torch.randn(9, generator=gen).to(torch.float8_e4m3fn),
+        },
+        src,
+    )
+    convert_weights(src, "pt", out)
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from ptconvert.weights.read import read_weights\n"
+        "from ptconvert.verify.weights import verify_weights\n"
+        "check = verify_weights(read_weights(Path(sys.argv[1])), Path(sys.argv[2]))\n"
+        "heavy = sorted({'torch', 'ml_dtypes'} & set(sys.modules))\n"
+        "print(check.status, check.tensors, check.reader, heavy)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(src), str(out)], capture_output=True, text=True
+    )
+    assert done.stdout.split()[:2] == ["pass", "3"], done.stderr
+    assert "safe_open" in done.stdout and done.stdout.rstrip().endswith("[]"), done.stdout
+
+    data = bytearray(out.read_bytes())  # flip one byte of the bf16 tensor's stored bytes
+    stored = torch.load(out)["h"].view(torch.uint8).numpy().tobytes()
+    at = bytes(data).index(stored)
+    data[at + 3] ^= 0xFF
+    out.write_bytes(bytes(data))
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(src), str(out)], capture_output=True, text=True
+    )
+    assert "h: bytes differ" in done.stderr
+
+
 def test_metadata_passes_through(samples: dict[str, Path], tmp_path: Path, capsys) -> None:
     out = tmp_path / "m.safetensors"
     code, _, _ = run_cli(
