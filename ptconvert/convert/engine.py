@@ -224,7 +224,11 @@ def _estimate_memory(route: Plan, d: Detection, opts: Options) -> None:
     except PtconvertError:  # a whole pickled module, or a program: its size on disk
         weight_bytes = describe(d.path).size_bytes
     route.weight_bytes = weight_bytes
-    route.memory_estimate_bytes = program_estimate(weight_bytes, verify=opts.verify)
+    target = FORMATS_BY_NAME.get(route.dst)
+    maps = target is not None and bool(target.fresh_load_line)  # pt2: its check maps the file
+    route.memory_estimate_bytes = program_estimate(
+        weight_bytes, verify=opts.verify, copy_runs=not maps
+    )
     route.memory_available_bytes = available_bytes()
 
 
@@ -387,8 +391,6 @@ def _run_route(
         atomic_path(out, replace=opts.force) as tmp,
         _staging(state),
     ):
-        if opts.verify and target is not None and target.kind == "program" and not target.isolated:
-            state.fresh = FreshLoad(to)  # the check's interpreter imports torch meanwhile
         state.output = tmp
         node, queue = d.format, list(current.edges)
         taken: list[Edge] = []
@@ -777,15 +779,11 @@ def _check_before_work(to: str, opts: Options) -> None:
 
 @contextmanager
 def _staging(state: RunState) -> Iterator[None]:
-    """Remove a staging folder a step made, and stop an interpreter started for a check that
-    did not happen, whatever happens."""
+    """Remove a staging folder a step made, whatever happens."""
     try:
         yield
     finally:
         _unstage(state)
-        if state.fresh is not None:
-            state.fresh.stop()
-            state.fresh = None
 
 
 def _publish(state: RunState, tmp: Path, replace: bool) -> list[Path]:

@@ -163,7 +163,10 @@ def verify_program(state: RunState, to: str, artifact: Path, opts: Options) -> P
     # In-process formats: the program in memory is compared at every size; the written file is
     # run in a fresh process beside that comparison, at the example's size, its outputs compared
     # with eager's there: what was written is what was compared.
-    fresh, state.fresh = state.fresh or FreshLoad(to), None
+    # started once the file is written, not while the model is exported and saved: beside the
+    # save's buffers its torch (~0.2 GB) was the conversion's peak; its imports overlap the
+    # in-memory comparison instead
+    fresh = FreshLoad(to)
     try:
         runs = first_call(state)
         sample = runs.inputs.get(state.inputs.batch) or state.inputs.at(state.inputs.batch)
@@ -415,7 +418,7 @@ class FreshLoad:
 
         fmt = FORMATS_BY_NAME[to]
         self.to = to
-        self._load = fmt.load_line
+        self._load = fmt.fresh_load_line or fmt.load_line
         if not torch_only:
             self._load = (
                 "from pathlib import Path\nfrom ptconvert.formats import FORMATS_BY_NAME\n"

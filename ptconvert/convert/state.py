@@ -56,4 +56,3 @@ class RunState:
     example_seconds: float | None = None  # one eager call at the example's size
     changes: list[str] = field(default_factory=list)  # the state a call changes (buffers …)
     eager: Any = None  # parity.EagerRuns: eager's outputs so far (program_check.first_call)
-    fresh: Any = None  # program_check.FreshLoad: an interpreter started for the written file

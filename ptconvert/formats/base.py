@@ -169,6 +169,8 @@ class Format:
     # programs: how a user loads one with its own runtime (``p`` is the path), as Python lines;
     # the conversion runs them in a fresh interpreter before it reports success
     load_line: ClassVar[str] = ""
+    # the same load as the conversion's fresh interpreter runs it ("": load_line)
+    fresh_load_line: ClassVar[str] = ""
     # what load_line imports, imported by that interpreter before the file is written
     warm_line: ClassVar[str] = ""
     runs_native_code: ClassVar[bool] = False  # loading runs compiled code (needs --trust)

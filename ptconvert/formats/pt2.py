@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -172,7 +173,12 @@ class ExportedProgramFormat(Format):
     suffixes = (".pt2",)
     loader_needs_suffix = True
     load_line = "prog = torch.export.load(p).module()"
-    warm_line = "import torch.export.pt2_archive._package"  # torch.export.load's reader
+    # the conversion's fresh interpreter: the same load, the weights mapped (no second copy)
+    fresh_load_line = (
+        "from ptconvert.formats.pt2 import mapped_weights\n"
+        "with mapped_weights(p):\n    prog = torch.export.load(p).module()"
+    )
+    warm_line = "import torch.export.pt2_archive._package, ptconvert.formats.pt2"
     bounds_dims = True
     holds = "an ExportedProgram: ATen graph, signature with dynamic dims, weights, constants"
     priority = 30
@@ -475,7 +481,7 @@ def load_exported(path: Path) -> Any:
                 path=path,
                 hint="install the transformers version the program was exported with",
             )
-    with quiet_torch():  # torch logs a page per problem; ptconvert reports them itself
+    with quiet_torch(), mapped_weights(path):  # torch logs a page per problem
         try:
             return torch.export.load(path)
         except Exception as exc:  # torch raises RuntimeError and others for unreadable programs
@@ -484,3 +490,50 @@ def load_exported(path: Path) -> Any:
                 f"torch.export.load cannot read this program: {type(exc).__name__}: {first}",
                 path=path,
             ) from None
+
+
+@contextlib.contextmanager
+def mapped_weights(path: str | Path) -> Iterator[None]:
+    """``torch.export.load`` of ``path`` within takes its weights and constants as tensors over
+    a private map of the file instead of copies (torch 2.13's loader reads every record into
+    memory: a second full copy of the weights beside the model that was just exported). The
+    records are stored uncompressed, 64-byte aligned; the map is copy-on-write, so a program
+    that changes a buffer changes its own page, never the file. Everything else is
+    torch.export.load's own reading. Other archives opened meanwhile are read as usual."""
+    import mmap
+
+    import torch
+    from torch.export.pt2_archive import _package
+
+    target = os.path.realpath(path)
+    with open(target, "rb") as fh:
+        mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    original = _package.PT2ArchiveReader.__init__
+
+    def init(self: Any, archive: Any) -> None:
+        original(self, archive)
+        if isinstance(archive, (str, os.PathLike)) and os.path.realpath(archive) == target:
+            self.archive_file = _MappedRecords(self.archive_file, mapped, torch)
+
+    _package.PT2ArchiveReader.__init__ = init  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        _package.PT2ArchiveReader.__init__ = original  # type: ignore[method-assign]
+
+
+class _MappedRecords:
+    """torch's archive reader, whose tensor records are views of the file's map."""
+
+    def __init__(self, reader: Any, mapped: Any, torch: Any) -> None:
+        self._reader, self._mapped, self._torch = reader, mapped, torch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reader, name)
+
+    def get_storage_from_record(self, name: str, numel: int, dtype: Any) -> Any:
+        offset = self._reader.get_record_offset(name)
+        size = self._reader.get_record_size(name)
+        if numel * dtype.itemsize != size or offset % dtype.itemsize:
+            return self._reader.get_storage_from_record(name, numel, dtype)
+        return self._torch.frombuffer(self._mapped, dtype=dtype, count=numel, offset=offset)

@@ -595,5 +595,5 @@ def test_the_memory_estimate_counts_the_weights_read_not_the_optimizer_state(sam
     code, plan, _ = run_cli(["plan", str(ckpt), "--to", "pt2", *MLP_ARGS], capsys)
     assert code == 0, plan
     weights = sum(e.nbytes for e in read_weights(ckpt).stored)  # the model entry, unwrapped
-    assert plan["memory_estimate_bytes"] == program_estimate(weights)
+    assert plan["memory_estimate_bytes"] == program_estimate(weights, copy_runs=False)
     assert weights < ckpt.stat().st_size / 2  # the file is mostly momentum buffers and pickle
