@@ -391,6 +391,8 @@ def _run_route(
         atomic_path(out, replace=opts.force) as tmp,
         _staging(state),
     ):
+        if _prewarm(opts, target, current):
+            state.fresh = FreshLoad(to)  # the check's interpreter imports torch meanwhile
         state.output = tmp
         node, queue = d.format, list(current.edges)
         taken: list[Edge] = []
@@ -737,10 +739,12 @@ def _record(
     notes_before: int,
     error: str | None = None,
 ) -> StepRecord:
+    seconds = time.perf_counter() - t0
+    state.steps_seconds += seconds
     return StepRecord(
         edge.step,
         f"{edge.src} → {edge.dst}",
-        round(time.perf_counter() - t0, 3),
+        round(seconds, 3),
         status,
         state.notes[notes_before:],
         error,
@@ -779,11 +783,31 @@ def _check_before_work(to: str, opts: Options) -> None:
 
 @contextmanager
 def _staging(state: RunState) -> Iterator[None]:
-    """Remove a staging folder a step made, whatever happens."""
+    """Remove a staging folder a step made, and stop an interpreter started for a check that
+    did not happen, whatever happens."""
     try:
         yield
     finally:
         _unstage(state)
+        if state.fresh is not None:
+            state.fresh.stop()
+            state.fresh = None
+
+
+# Weights up to this size: the fresh interpreter that runs the written file starts with the
+# route and imports torch while the model is exported (seconds hidden); above, once the file is
+# written (its torch, ~0.2 GB, beside the save's buffers was the conversion's peak memory)
+PREWARM_BYTES = 256 * 2**20
+
+
+def _prewarm(opts: Options, target: Any, route: Plan) -> bool:
+    return (
+        opts.verify
+        and target is not None
+        and target.kind == "program"
+        and not target.isolated
+        and (route.weight_bytes or 0) <= PREWARM_BYTES
+    )
 
 
 def _publish(state: RunState, tmp: Path, replace: bool) -> list[Path]:

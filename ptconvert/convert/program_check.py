@@ -57,25 +57,31 @@ class RangeTooWide(VerificationError):
         self.bounds, self.note = bounds, note
 
 
-# A probe of a dynamic dim runs the model about three times (eager, fp64, the program) at up to
-# ``budget`` × the example's size: the budget shrinks as the model's example call grows, so a
-# large model is probed at 2-4× its example instead of 16×.
-PROBE_SECONDS = 0.5
+# The check's optional work — batch sizes beyond 1, 2 and 3, probes of a dynamic dim above its
+# example — is sized to a share of the time the route's steps took (export, save, …), so that
+# checking a large model costs a fraction of converting it; the comparisons it always makes (the
+# example, batch 1 and 3, each dim's smallest and a middle size, the written file in a fresh
+# process) run whatever they cost. A tiny model's calls take milliseconds: all of it runs.
+CHECK_SHARE = 0.3
+MIN_CHECK_SECONDS = 0.5
 
 
-COMPARE_SECONDS = 3.0  # the default batch sizes beyond 1, 2, 3 only within this estimate
+def check_seconds(steps_seconds: float) -> float:
+    """The seconds the check's optional work may take after steps of ``steps_seconds``."""
+    return max(MIN_CHECK_SECONDS, CHECK_SHARE * steps_seconds)
 
 
 def batches_by_cost(
-    example_seconds: float | None, example_batch: int
+    example_seconds: float | None, example_batch: int, seconds: float
 ) -> tuple[list[int], list[int]]:
     """The default sizes compared (1, 2, 3 always; the larger primes while the estimated time
-    of comparing them fits COMPARE_SECONDS) and those left out."""
+    of comparing them fits ``seconds``) and those left out."""
     kept: list[int] = []
     left: list[int] = []
     for b in VARIED_BATCHES:
-        fits = _compare_cost(example_seconds, example_batch, [*kept, b]) <= COMPARE_SECONDS
-        (kept if b <= 3 or fits else left).append(b)
+        extra = [k for k in kept if k > 3] + [b]  # 1, 2 and 3 are not optional
+        fits = _compare_cost(example_seconds, example_batch, extra)
+        (kept if b <= 3 or fits <= seconds else left).append(b)
     return kept, left
 
 
@@ -85,12 +91,14 @@ def _compare_cost(example_seconds: float | None, example_batch: int, sizes: list
     return 2 * per_item * sum(sizes)
 
 
-def probe_budget(example_seconds: float | None) -> int:
+def probe_budget(example_seconds: float | None, seconds: float) -> int:
+    """How many times the example's size a probe of a dynamic dim may reach: a probe runs the
+    model about three times (eager, its fp64 copy, the program) at that size."""
     from ptconvert.verify.ranges import DEFAULT_BUDGET
 
     if not example_seconds:
         return DEFAULT_BUDGET
-    return max(2, min(DEFAULT_BUDGET, int(PROBE_SECONDS / example_seconds)))
+    return max(1, min(DEFAULT_BUDGET, int(seconds / (3 * example_seconds))))
 
 
 def dynamism(state: RunState) -> tuple[bool, bool]:
@@ -163,10 +171,8 @@ def verify_program(state: RunState, to: str, artifact: Path, opts: Options) -> P
     # In-process formats: the program in memory is compared at every size; the written file is
     # run in a fresh process beside that comparison, at the example's size, its outputs compared
     # with eager's there: what was written is what was compared.
-    # started once the file is written, not while the model is exported and saved: beside the
-    # save's buffers its torch (~0.2 GB) was the conversion's peak; its imports overlap the
-    # in-memory comparison instead
-    fresh = FreshLoad(to)
+    # started with the route for small models, else now (engine.PREWARM_BYTES)
+    fresh, state.fresh = state.fresh or FreshLoad(to), None
     try:
         runs = first_call(state)
         sample = runs.inputs.get(state.inputs.batch) or state.inputs.at(state.inputs.batch)
@@ -263,7 +269,9 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
     if batch_dynamic and opts.batch_sizes:
         batches = list(dict.fromkeys(opts.batch_sizes))
     elif batch_dynamic:
-        batches, left = batches_by_cost(state.example_seconds, state.inputs.batch)
+        batches, left = batches_by_cost(
+            state.example_seconds, state.inputs.batch, check_seconds(state.steps_seconds)
+        )
         if left:
             state.notes.append(
                 f"compared at batch sizes {batches}: {left} would take about "
@@ -296,7 +304,7 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
             ranged if any_dynamic else None,
             lambda: inputs.at(example),
             eager=runs,
-            budget=probe_budget(state.example_seconds),
+            budget=probe_budget(state.example_seconds, check_seconds(state.steps_seconds)),
         )
     report = judged.parity
     if judged.ranges is not None and judged.ranges.dims:

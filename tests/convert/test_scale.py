@@ -13,17 +13,32 @@ import ptconvert
 from ptconvert.convert import program_check
 
 
-def test_the_default_sizes_are_chosen_by_the_models_call_time() -> None:
-    assert program_check.batches_by_cost(None, 2) == ([1, 2, 3, 5, 7], [])
-    assert program_check.batches_by_cost(0.001, 2) == ([1, 2, 3, 5, 7], [])  # a small model: all
-    assert program_check.batches_by_cost(0.2, 2) == ([1, 2, 3, 5], [7])
-    assert program_check.batches_by_cost(1.0, 2) == ([1, 2, 3], [5, 7])  # 1, 2 and a prime always
+def test_the_default_sizes_are_chosen_by_the_models_call_time_and_the_steps() -> None:
+    by_cost = program_check.batches_by_cost
+    assert by_cost(None, 2, 3.0) == ([1, 2, 3, 5, 7], [])
+    assert by_cost(0.001, 2, 0.5) == ([1, 2, 3, 5, 7], [])  # a small model: all
+    assert by_cost(0.2, 2, 3.0) == ([1, 2, 3, 5, 7], [])  # 5 and 7: 2.4 s
+    assert by_cost(0.2, 2, 1.5) == ([1, 2, 3, 5], [7])
+    assert by_cost(1.0, 2, 3.0) == ([1, 2, 3], [5, 7])  # 1, 2 and a prime always
+    # the check's optional work is a share of the steps' time, at least MIN_CHECK_SECONDS
+    assert program_check.check_seconds(0.1) == program_check.MIN_CHECK_SECONDS
+    assert program_check.check_seconds(100.0) == 100.0 * program_check.CHECK_SHARE
+
+
+def test_probes_reach_above_the_example_as_far_as_the_steps_allow() -> None:
+    from ptconvert.verify.ranges import DEFAULT_BUDGET
+
+    assert program_check.probe_budget(0.001, 0.5) == DEFAULT_BUDGET  # a tiny model: 16×
+    assert program_check.probe_budget(0.5, 3.0) == 2
+    # a call as long as the steps' share: no probe above the example's size
+    assert program_check.probe_budget(2.7, 3.2) == 1
 
 
 def test_a_slow_model_is_compared_at_fewer_sizes_and_the_report_says_so(
     samples: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(program_check, "COMPARE_SECONDS", 0.0)  # as if each call took long
+    monkeypatch.setattr(program_check, "CHECK_SHARE", 0.0)  # as if each call took long
+    monkeypatch.setattr(program_check, "MIN_CHECK_SECONDS", 0.0)
     report = ptconvert.convert(
         samples["mlp_zip"],
         "pt2",
