@@ -103,34 +103,39 @@ def _tree(root: int) -> list[int]:
     return found
 
 
-def _owned(pid: int) -> int:
+def _memory(pid: int) -> tuple[int, int]:
     """Bytes the process owns (anonymous and shared-memory pages: what the kernel cannot drop,
-    unlike pages of files it maps, which stay in the page cache)."""
-    total = 0
+    unlike pages of files it maps, which stay in the page cache) and its resident bytes."""
+    owned = resident = 0
     try:
         with open(f"/proc/{pid}/status") as fh:
             for line in fh:
                 if line.startswith(("RssAnon:", "RssShmem:")):
-                    total += int(line.split()[1]) * 1024
+                    owned += int(line.split()[1]) * 1024
+                elif line.startswith("VmRSS:"):
+                    resident = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return total
+    return owned, resident
 
 
-def measure(cmd: list[str], outputs: list[Path]) -> tuple[float, float, float]:
-    """(seconds, peak RSS of the largest process in MiB, peak memory owned by all processes of
-    the command together in MiB: sampled every 20 ms), its outputs removed first."""
+def measure(cmd: list[str], outputs: list[Path]) -> tuple[float, float, float, float]:
+    """(seconds, peak RSS of the largest process, peak memory owned by all processes of the
+    command together, peak of their RSS summed — file pages mapped by two processes count
+    twice), in MiB, sampled every 20 ms; its outputs removed first."""
     for out in outputs:
         shutil.rmtree(out) if out.is_dir() else out.unlink(missing_ok=True)
     os.sync()
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    peak = [0]
+    peak = [0, 0]
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], sum(_owned(p) for p in _tree(proc.pid)))
+            both = [_memory(p) for p in _tree(proc.pid)]
+            peak[0] = max(peak[0], sum(o for o, _ in both))
+            peak[1] = max(peak[1], sum(r for _, r in both))
             done.wait(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -141,7 +146,7 @@ def measure(cmd: list[str], outputs: list[Path]) -> tuple[float, float, float]:
     sampler.join()
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}")
-    return elapsed, usage.ru_maxrss / 1024, peak[0] / 2**20
+    return elapsed, usage.ru_maxrss / 1024, peak[0] / 2**20, peak[1] / 2**20
 
 
 def build_factory(directory: Path) -> int:
@@ -234,7 +239,7 @@ def main() -> None:
     owned: dict[str, float] = dict.fromkeys(commands, 0.0)
     for _ in range(args.rounds):  # interleaved: load and cache state hit all alike
         for name, cmd in commands.items():
-            seconds, rss, mem = measure(cmd, [out])
+            seconds, rss, mem, _ = measure(cmd, [out])
             walls[name].append(seconds)
             peaks[name] = max(peaks[name], rss)
             owned[name] = max(owned[name], mem)

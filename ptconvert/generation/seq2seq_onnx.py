@@ -178,16 +178,13 @@ def export_seq2seq_onnx(model: Any, folder: Path, opts: Options) -> list[str]:
          {**target_ids, **dict.fromkeys(later, PAST_LENGTH)}),
     ]  # fmt: skip
     notes: list[str] = []
-    try:
-        opset = _export_all(graphs, folder, opts)
-    except UnsupportedConversionError:
-        # the exporter's decomposition of SDPA followed by a reshape fails on T5: again with
-        # the model's eager attention (what convert/onnx_export does for the cache-free graph)
-        if getattr(model.config, "_attn_implementation", "eager") == "eager":
-            raise
+    if getattr(model.config, "_attn_implementation", "eager") != "eager":
+        # the exporter's decomposition of SDPA followed by a reshape fails on T5, after seconds
+        # of work: every seq2seq folder is exported with the model's eager attention (the same
+        # numbers but at masked positions, which no generated token reads)
         model.set_attn_implementation("eager")
-        opset = _export_all(graphs, folder, opts)
-        notes.append("exported with eager attention (SDPA does not export to ONNX here)")
+        notes.append("exported with eager attention (SDPA does not export to ONNX for all)")
+    opset = _export_all(graphs, folder, opts)
     return [
         *notes,
         f"ONNX opset {opset}, checked with onnx.checker; {ENCODER_ONNX}, {DECODER_ONNX} (the "
