@@ -103,6 +103,38 @@ def test_a_second_conversion_is_a_hit(
     }
 
 
+def test_a_hit_reports_every_field_the_conversion_reported(
+    filled: Path, cache_dir: Path, checkpoint: Path, tmp_path: Path
+) -> None:
+    """The stored report is read back by ConversionReport.from_dict, not field by field: each
+    field the filling conversion reported comes back (but the source, output, time and the
+    cache's note, which are the hit's own); a stored field the class does not know is a miss."""
+    entry = _use(filled, cache_dir)
+    stored = json.loads((entry / "complete.json").read_text())["report"]
+    report = ptconvert.convert(checkpoint, "pt2", tmp_path / "again.pt2", **SPEC)
+    assert report.cached
+    got = report.to_dict()
+    for own in ("source", "output", "seconds", "notes", "cached", "bench"):
+        got.pop(own), stored.pop(own)
+    assert got == stored
+    record = json.loads((entry / "complete.json").read_text())
+    record["report"]["a_field_of_a_newer_version"] = 1
+    (entry / "complete.json").write_text(json.dumps(record))
+    again = ptconvert.convert(checkpoint, "pt2", tmp_path / "third.pt2", **SPEC)
+    assert not again.cached
+
+
+def test_a_report_round_trips_through_its_dict(checkpoint: Path, tmp_path: Path) -> None:
+    from ptconvert.convert.conversion_report import ConversionReport
+
+    report = ptconvert.convert(checkpoint, "pt2", tmp_path / "m.pt2", cache=False, **SPEC)
+    back = ConversionReport.from_dict(json.loads(report.to_json()))
+    assert back == dataclasses.replace(report, bench=back.bench)
+    assert back.parity is not None and back.parity.sizes[0].outputs[0].status == "pass"
+    with pytest.raises(ValueError, match="no field"):
+        ConversionReport.from_dict({**report.to_dict(), "unknown": 1})
+
+
 def test_the_key_follows_content_and_the_options_that_change_the_artifact(
     checkpoint: Path, tmp_path: Path
 ) -> None:

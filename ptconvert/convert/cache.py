@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from ptconvert import progress
 from ptconvert.atomic import disk_size, open_output, place_together, temp_folder
+from ptconvert.convert.conversion_report import ConversionReport
 from ptconvert.deps import PLUGIN_GROUP
 from ptconvert.errors import CacheError, PtconvertError
 from ptconvert.formats import FORMATS_BY_NAME, Detection
@@ -53,7 +54,6 @@ from ptconvert.options import Options
 from ptconvert.report import Report
 
 if TYPE_CHECKING:
-    from ptconvert.convert.engine import ConversionReport
     from ptconvert.formats.base import Format
 
 SCHEMA = 2  # of complete.json and of the key: a change makes every older entry a miss
@@ -599,36 +599,21 @@ def _fill(slot: Slot, report: ConversionReport) -> None:
 def _report(
     record: dict[str, Any], src: Path, out: Path, started: float, key: str
 ) -> ConversionReport:
-    from ptconvert.convert.engine import ConversionReport
-    from ptconvert.convert.state import StepRecord
-    from ptconvert.verify.parity import OutputResult, ParityReport, SizeResult
-
-    stored = dict(record["report"])
-    parity = stored.get("parity")
-    if parity is not None:
-        sizes = [
-            SizeResult(**{**s, "outputs": [OutputResult(**o) for o in s["outputs"]]})
-            for s in parity["sizes"]
-        ]
-        parity = ParityReport(**{**parity, "sizes": sizes})
+    """The stored report (``ConversionReport.from_dict``: every field it has, nested results
+    rebuilt) as this run's: the source and output the user named, the time this copy took."""
+    stored = ConversionReport.from_dict(record["report"])
     note = (
         f"from the cache (entry {key[:12]}, verified {record.get('created_utc', '?')}, its "
         "bytes checked against the stored sha256): the steps and the parity check are those "
         "of the conversion that filled it"
     )
-    return ConversionReport(
-        str(src),
-        stored["source_format"],
-        str(out),
-        stored["target_format"],
-        list(stored["route"]),
-        [StepRecord(**s) for s in stored["steps"]],
-        round(time.perf_counter() - started, 3),
-        [*stored["notes"], note],
-        dict(stored["dynamic_range"]),
-        parity,
-        dict(stored["interface"]),
-        stored["check"],
+    return dataclasses.replace(
+        stored,
+        source=str(src),
+        output=str(out),
+        seconds=round(time.perf_counter() - started, 3),
+        notes=[*stored.notes, note],
+        bench=None,
         cached=True,
     )
 

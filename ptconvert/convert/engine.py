@@ -14,13 +14,13 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ptconvert import progress
 from ptconvert.atomic import atomic_path, check_output, ensure_space, make_folder, place_together
 from ptconvert.convert.cache import cache_slot
+from ptconvert.convert.conversion_report import ConversionReport
 from ptconvert.convert.graph import EDGES, Edge, Plan, plan
 from ptconvert.convert.program_check import (
     FreshLoad,
@@ -46,34 +46,12 @@ from ptconvert.formats import FORMATS_BY_NAME, Detection, describe, detect
 from ptconvert.memory import peak_rss_mib
 from ptconvert.model.build import user_inputs
 from ptconvert.options import Options
-from ptconvert.report import Check, Report, StepStatus
+from ptconvert.report import Check, StepStatus
 from ptconvert.scan.guard import refuse_unsafe
 from ptconvert.verify.parity import ParityReport
 
 if TYPE_CHECKING:
     from ptconvert.convert.weights import WeightsReport
-
-
-@dataclass
-class ConversionReport(Report):
-    source: str
-    source_format: str
-    output: str
-    target_format: str
-    route: list[str]
-    steps: list[StepRecord]
-    seconds: float
-    notes: list[str] = field(default_factory=list)
-    dynamic_range: dict[str, str] = field(default_factory=dict)
-    parity: ParityReport | None = None
-    # how to call the result: {"call": "prog(x, mask)", "inputs": [...], "keyword": bool,
-    # "outputs": [...], "accepts": [...]} (programs only)
-    interface: dict[str, Any] = field(default_factory=dict)
-    # the check that ran: "parity" (run against eager), "bitwise" (weights read back),
-    # "copy" (bytes compared), or "none" (--no-verify, or nothing to run it against)
-    check: Check = "none"
-    bench: Any = None  # a verify.bench.BenchReport when --bench was given
-    cached: bool = False  # copied from the cache: the steps and check are those that filled it
 
 
 def _suffix(fmt: str) -> str:
