@@ -81,10 +81,13 @@ class _Entry:
         return f"<function ptconvert.{self._fn.__name__} (and the module {self._module})>"
 
 
-convert = _Entry(_api.convert, "ptconvert.convert")
-options = _Entry(_api.options, "ptconvert.options")
-scan = _Entry(_api.scan, "ptconvert.scan")
-verify = _Entry(_api.verify, "ptconvert.verify")
+if TYPE_CHECKING:  # the functions themselves, to a type checker
+    from ptconvert.api import convert, options, scan, verify
+else:
+    convert = _Entry(_api.convert, "ptconvert.convert")
+    options = _Entry(_api.options, "ptconvert.options")
+    scan = _Entry(_api.scan, "ptconvert.scan")
+    verify = _Entry(_api.verify, "ptconvert.verify")
 
 if TYPE_CHECKING:
     from ptconvert.errors import (
