@@ -11,6 +11,8 @@ import errno
 from pathlib import Path
 from typing import Any, ClassVar
 
+SUCCESS = 0  # the exit code of a command that did what it was asked
+
 
 class PtconvertError(Exception):
     """Base of every error ptconvert raises on purpose."""
@@ -217,6 +219,22 @@ class OutOfMemoryError(PtconvertError):
     kind = "out_of_memory"
 
 
+class InternalError(PtconvertError):
+    """A bug: an exception ptconvert did not raise on purpose (the CLI says so, and shows its
+    traceback under ``--debug``). Never raised: its exit code and kind are the CLI's report."""
+
+    exit_code = 1
+    kind = "internal"
+
+
+class Interrupted(PtconvertError):
+    """The user interrupted the command (Ctrl-C): the shell's 128 + SIGINT, not one of
+    ptconvert's codes (so not in EXIT_CODES)."""
+
+    exit_code = 130
+    kind = "interrupted"
+
+
 # errno → (class, what it means for the path named)
 _OS_ERRORS: dict[int, tuple[type[FilesystemError], str]] = {
     errno.ENOSPC: (NoSpaceError, "no space left on the device"),
@@ -262,8 +280,8 @@ def named_error(exc: BaseException, path: str | Path | None = None) -> Ptconvert
 
 
 EXIT_CODES: dict[int, str] = {
-    0: "success",
-    1: "internal error (a bug: please report it with --debug output)",
+    SUCCESS: "success",
+    InternalError.exit_code: "internal error (a bug: please report it with --debug output)",
     UsageError.exit_code: "usage error (bad option or argument)",
     InputError.exit_code: "unreadable, truncated, corrupt or unrecognised input",
     UnsupportedConversionError.exit_code: "unsupported conversion or content, or a model "
