@@ -12,12 +12,13 @@ from __future__ import annotations
 import dataclasses
 import errno
 import functools
+import inspect
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ptconvert.errors import UsageError, named_error
-from ptconvert.options import GENERATION_TASKS
+from ptconvert.options import GENERATION_TASKS, BenchKeywords, VerifyKeywords, split_keywords
 from ptconvert.plugins import load_plugins
 from ptconvert.quiet import quiet_libraries
 
@@ -60,6 +61,25 @@ def _named_errors(fn: F) -> F:
             raise named from exc
 
     return call  # type: ignore[return-value]
+
+
+def _shows_keywords(cls: type[VerifyKeywords | BenchKeywords]) -> Callable[[F], F]:
+    """``help()`` and ``inspect.signature`` show the function's own keywords, the fields of
+    ``cls`` (declared there once), keyword-only before ``**overrides`` (the Options fields)."""
+
+    def show(fn: F) -> F:
+        signature = inspect.signature(fn)
+        *params, rest = signature.parameters.values()
+        own = [
+            inspect.Parameter(
+                f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type
+            )
+            for f in dataclasses.fields(cls)
+        ]
+        fn.__signature__ = signature.replace(parameters=[*params, *own, rest])  # type: ignore[attr-defined]
+        return fn
+
+    return show
 
 
 @_named_errors
@@ -313,22 +333,16 @@ def scan(
     return run(items, allow=allow, jobs=jobs)
 
 
+@_shows_keywords(VerifyKeywords)
 @_named_errors
 def verify(
-    reference: str | Path,
-    candidate: str | Path,
-    opts: Options | None = None,
-    *,
-    batch_sizes: list[int] | None = None,
-    atol: float | None = None,
-    rtol: float | None = None,
-    warn_only: bool = False,
-    device: str | None = None,
-    input_map: dict[str, str] | None = None,
-    **overrides: Any,
+    reference: str | Path, candidate: str | Path, opts: Options | None = None, **overrides: Any
 ) -> VerifyReport:
     """Check that ``candidate`` computes (or holds) what ``reference`` does; raises
     ``VerificationError`` unless they agree (or ``warn_only``).
+
+    Its own keywords are the fields of ``options.VerifyKeywords``; the others override
+    ``opts``' fields.
 
     >>> ptconvert.verify("model.bin", "model.pt2", model="mypkg.nets:make").status
     'pass'
@@ -336,37 +350,19 @@ def verify(
     from ptconvert.verify.check import verify as run
 
     load_plugins()
+    own, overrides = split_keywords(VerifyKeywords, overrides)
+    device = own["device"]
     checked = options(opts, **overrides, **({"device": device} if device else {}))
-    return run(
-        reference,
-        candidate,
-        checked,
-        batch_sizes=batch_sizes,
-        atol=atol,
-        rtol=rtol,
-        warn_only=warn_only,
-        device=checked.device,
-        input_map=input_map,
-    )
+    return run(reference, candidate, checked, **{**own, "device": checked.device})
 
 
+@_shows_keywords(BenchKeywords)
 @_named_errors
-def bench(
-    artifact: str | Path,
-    opts: Options | None = None,
-    *,
-    reference: str | Path | None = None,
-    batch_sizes: list[int] | None = None,
-    compile_mode: str = "default",
-    repeats: int = 30,
-    warmup: int = 5,
-    threads: int | None = None,
-    device: str | None = None,
-    prompt_length: int | None = None,
-    new_tokens: int | None = None,
-    **overrides: Any,
-) -> BenchReport:
+def bench(artifact: str | Path, opts: Options | None = None, **overrides: Any) -> BenchReport:
     """Time ``artifact`` against eager (``reference``) and ``torch.compile`` on the same inputs.
+
+    Its own keywords are the fields of ``options.BenchKeywords``; the others override
+    ``opts``' fields.
 
     >>> r = ptconvert.bench("model.pt2", reference="model.bin", model="mypkg.nets:make")
     >>> [(t.runtime, t.batch, t.median_ms) for t in r.timings]
@@ -383,39 +379,21 @@ def bench(
     from ptconvert.verify.bench import bench_artifact
 
     load_plugins()
+    own, overrides = split_keywords(BenchKeywords, overrides)
+    device = own["device"]
     checked = options(opts, **overrides, **({"device": device} if device else {}))
+    reference = own["reference"]
+    own.update(reference=str(reference) if reference is not None else None, device=checked.device)
     export = generation_export(Path(artifact))
     if export is not None:  # the verify layer cannot import generation/: dispatched here
-        return bench_generation(
-            str(artifact),
-            checked,
-            export=export,
-            reference=str(reference) if reference is not None else None,
-            batch_sizes=batch_sizes,
-            compile_mode=compile_mode,
-            repeats=repeats,
-            warmup=warmup,
-            threads=threads,
-            device=checked.device,
-            prompt_length=prompt_length,
-            new_tokens=new_tokens,
-        )
-    if prompt_length is not None or new_tokens is not None:
+        return bench_generation(str(artifact), checked, export=export, **own)
+    generating = {"prompt_length": own.pop("prompt_length"), "new_tokens": own.pop("new_tokens")}
+    if any(value is not None for value in generating.values()):
         raise UsageError(
             "--prompt-length and --new-tokens time a generation export (--task …-with-past)",
             path=artifact,
         )
-    return bench_artifact(
-        str(artifact),
-        checked,
-        reference=str(reference) if reference is not None else None,
-        batch_sizes=batch_sizes,
-        compile_mode=compile_mode,
-        repeats=repeats,
-        warmup=warmup,
-        threads=threads,
-        device=checked.device,
-    )
+    return bench_artifact(str(artifact), checked, **own)
 
 
 @_named_errors

@@ -1,31 +1,30 @@
 """The ``ptconvert`` command: a thin click layer over the library API plus rendering.
 
-``ptconvert SRC --to FMT [options]`` (no subcommand) is the conversion; ``info``, ``formats``,
-``scan``, ``plan``, ``verify`` and ``bench`` are subcommands. ``ptconvert convert SRC …`` spells
-the conversion out, so a file named like a subcommand stays reachable.
+``ptconvert SRC --to FMT [options]`` (no subcommand) is the conversion, here with the group and
+the errors turned into exit codes; ``info``, ``formats``, ``scan``, ``plan``, ``verify``,
+``bench``, ``cache`` and ``completion`` are subcommands (cli_commands.py), and the flags come
+from the fields that declare them (cli_flags.py). ``ptconvert convert SRC …`` spells the
+conversion out, so a file named like a subcommand stays reachable.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 import click
 
 from ptconvert import progress
-from ptconvert.errors import EXIT_CODES, PtconvertError, UsageError, named_error
-
-_COMMANDS = (
-    "convert",
-    "info",
-    "formats",
-    "scan",
-    "plan",
-    "verify",
-    "bench",
-    "cache",
-    "completion",
+from ptconvert.cli_commands import COMMANDS, emit_json, examples, show
+from ptconvert.cli_flags import batch_sizes, conversion_options, model_options, options_from
+from ptconvert.errors import (
+    EXIT_CODES,
+    SUCCESS,
+    InternalError,
+    Interrupted,
+    PtconvertError,
+    UsageError,
+    named_error,
 )
 
 
@@ -50,11 +49,6 @@ class _ConvertByDefault(click.Group):
         from click.shell_completion import CompletionItem
 
         return [CompletionItem(incomplete, type="file"), *super().shell_complete(ctx, incomplete)]
-
-
-def _examples(*lines: str) -> str:
-    """A command's --help epilog: its examples, kept as written (click rewraps otherwise)."""
-    return "Examples:\n\n\b\n" + "\n".join(f"  {line}" for line in lines)
 
 
 def _format_names(prefix: str, *extra: str) -> list[str]:
@@ -107,181 +101,8 @@ def cli(debug: bool, quiet: bool, verbose: bool) -> None:
     load_plugins()  # formats and converters of installed plugins, for every command
 
 
-def _emit_json(payload: Any) -> None:
-    click.echo(json.dumps(payload, indent=2, default=str))
-
-
-def _show(report: Any, as_json: bool, renderer: str) -> None:
-    """A command's result: its JSON under --json, else the named table of render.py."""
-    if as_json:
-        _emit_json(report.to_dict())
-        return
-    from ptconvert import render
-
-    getattr(render, renderer)(report)
-
-
-_MODEL_OPTIONS = (
-    click.option("--model", help="Model spec: pkg.module:factory or file.py:factory."),
-    click.option("--model-arg", multiple=True, help="k=v argument for the factory (repeatable)."),
-    click.option(
-        "--input",
-        "inputs",
-        multiple=True,
-        help="Example input: NAME:SHAPE:DTYPE[:LOW:HIGH | :=VALUE] or NAME::DTYPE=VALUE.",
-    ),
-    click.option("--example-inputs", type=click.Path(), help="Example inputs (.safetensors/.pt)."),
-    click.option("--seed", type=int, default=0, help="Seed of generated example inputs."),
-    click.option(
-        "--trust",
-        is_flag=True,
-        help="Trust the classes a pickle names (loaded by torch's restricted unpickler with "
-        "exactly those allowlisted), AOTI native code, a directory's own code (auto_map).",
-    ),
-    click.option(
-        "--allow",
-        multiple=True,
-        metavar="MOD.NAME",
-        help="Trust this one class a pickle names (repeatable): --trust, class by class.",
-    ),
-    click.option(
-        "--non-strict",
-        is_flag=True,
-        help="Leave out checkpoint keys the model does not have (reported); missing keys stay "
-        "an error.",
-    ),
-)
-
-
-def model_options(fn: Any) -> Any:
-    """The options that say which model a file holds and what it is fed (one set for all)."""
-    for option in reversed(_MODEL_OPTIONS):
-        fn = option(fn)
-    return fn
-
-
-def _spec_options(options: dict[str, Any], **extra: Any) -> Any:
-    """Options from the model_options values (plus command-specific fields)."""
-    from pathlib import Path
-
-    from ptconvert.model.spec import parse_model_args
-    from ptconvert.options import Options
-
-    return Options(
-        model=options["model"],
-        model_args=parse_model_args(options["model_arg"]),
-        inputs=list(options["inputs"]),
-        example_inputs=Path(options["example_inputs"]) if options["example_inputs"] else None,
-        seed=options["seed"],
-        trust=options["trust"],
-        allow=list(options["allow"]),
-        non_strict=options["non_strict"],
-        **extra,
-    )
-
-
-_CONVERSION_OPTIONS = (
-    click.option("-o", "--output", type=click.Path(), help="Output path (default: beside SRC)."),
-    click.option("--force", is_flag=True, help="Replace an existing output."),
-    click.option("--no-verify", is_flag=True, help="Skip the parity check after converting."),
-    click.option(
-        "--no-cache",
-        is_flag=True,
-        help="Programs: neither reuse nor fill the cache of verified artifacts (PTCONVERT_CACHE).",
-    ),
-    click.option("--key", help="Take the weights from this entry of a checkpoint dict."),
-    click.option("--keep-prefix", is_flag=True, help="Keep a prefix shared by all keys."),
-    click.option("--max-shard-size", help="Write shards of at most this size (e.g. 5GB)."),
-    click.option("--metadata", multiple=True, help="k=v safetensors metadata (repeatable)."),
-    click.option(
-        "--dynamic-batch", is_flag=True, help="Make dimension 0 of batched inputs dynamic."
-    ),
-    click.option(
-        "--static-sequence",
-        is_flag=True,
-        help="With --dynamic-batch: keep a Hugging Face model's other axes (text and decoder "
-        "sequence, waveform samples, image height/width) at the example's sizes (by default "
-        "they are dynamic, up to the config's limits).",
-    ),
-    click.option("--dynamic", multiple=True, help="NAME:AXIS[:MIN:MAX] dynamic dimension."),
-    click.option(
-        "--method",
-        type=click.Choice(["auto", "script", "trace"]),
-        default="auto",
-        help="TorchScript: script, trace, or auto (script, falling back to trace).",
-    ),
-    click.option(
-        "--export-mode",
-        type=click.Choice(["auto", "strict", "non-strict"]),
-        default="auto",
-        help="torch.export: auto tries non-strict, then strict.",
-    ),
-    click.option(
-        "--task",
-        help="A Hugging Face directory: the transformers class to load (e.g. AutoModel), or an "
-        "optimum task: text-generation-with-past exports a causal LM with its KV cache (pt2: a "
-        "static cache; onnx: past_key_values inputs), checked by generating; text-generation, "
-        "feature-extraction, … (the graph without a cache).",
-    ),
-    click.option(
-        "--cache-length",
-        type=int,
-        help="--task …-with-past --to pt2: the static cache's positions (default: the config's, "
-        "at most 1024).",
-    ),
-    click.option(
-        "--device",
-        type=click.Choice(["cpu", "cuda"]),
-        default="cpu",
-        help="Where the result runs: --to aoti compiles for it, --bench times there, and AOTI "
-        "and ONNX results are checked there (eager runs on the CPU).",
-    ),
-    click.option(
-        "--aoti-option",
-        "aoti_options",
-        multiple=True,
-        help="k=v Inductor config for --to aoti (e.g. max_autotune=true; repeatable).",
-    ),
-    click.option("--opset", type=int, help="--to onnx: the ai.onnx opset (default: torch's)."),
-    click.option(
-        "--external-data",
-        is_flag=True,
-        help="--to onnx: weights in NAME.onnx.data beside the model (always over 2 GB).",
-    ),
-    click.option(
-        "--onnx-optimize", is_flag=True, help="--to onnx: run onnxscript's graph optimizer."
-    ),
-    click.option(
-        "--keep-debug-info",
-        is_flag=True,
-        help="pt2, aoti, onnx: keep each node's stack trace (source paths of this machine).",
-    ),
-    click.option(
-        "--force-memory",
-        is_flag=True,
-        help="Convert a program although the memory estimate exceeds what is free.",
-    ),
-    click.option("--bench", is_flag=True, help="Time the result against eager and torch.compile."),
-    click.option(
-        "--skip-unsupported", is_flag=True, help="Leave out quantized/sparse/nested tensors."
-    ),
-    click.option(
-        "--batch-sizes",
-        help="Batch sizes to compare a dynamic-batch program with eager at (default 1, 2, 3, "
-        "and 5, 7 when the model is fast), and with --bench to time (e.g. 1,8,32).",
-    ),
-)
-
-
-def conversion_options(fn: Any) -> Any:
-    """What a conversion can be asked for: one set for `SRC --to` and `plan` (which plans it)."""
-    for option in reversed(_CONVERSION_OPTIONS):
-        fn = option(fn)
-    return fn
-
-
 @cli.command(
-    epilog=_examples(
+    epilog=examples(
         "ptconvert model.safetensors --to pt --force",
         "ptconvert hf-model/ --to pt2 --dynamic-batch",
         "ptconvert model.pt --to onnx --model nets:make --input x:1x3x224x224:float32",
@@ -338,14 +159,14 @@ def convert(src: str | None, to: str | None, optimize: bool, as_json: bool, **op
     if src is not None and is_batch(src):
         _convert_many(src, to, as_json, options, batch)
         return
-    report = run_convert(src, to, options["output"], _options(options))
+    report = run_convert(src, to, options["output"], options_from(options))
     if not isinstance(report, ConversionReport) and hasattr(report, "generation"):
         _show_generation(report, as_json)  # --task …-with-past
         return
     if isinstance(report, ConversionReport) and options["bench"] and src is not None:
         _bench_result(report, src, options)
     if as_json:
-        _emit_json(report.to_dict())
+        emit_json(report.to_dict())
     elif isinstance(report, ConversionReport):
         from ptconvert.render import render_bench, render_conversion
 
@@ -358,10 +179,14 @@ def convert(src: str | None, to: str | None, optimize: bool, as_json: bool, **op
         render_weights(report)
 
 
+for _command in COMMANDS:  # the subcommands, after the conversion
+    cli.add_command(_command)
+
+
 def _show_generation(report: Any, as_json: bool) -> None:
     """A generation export's report: the cache it carries and the generation check."""
     if as_json:
-        _emit_json(report.to_dict())
+        emit_json(report.to_dict())
         return
     cache = report.cache
     said = (
@@ -402,8 +227,8 @@ def _convert_many(
         raise UsageError(f"{src} is a folder of models: say where their outputs go with -o OUT_DIR")
     if options["bench"]:
         raise UsageError("--bench times one model: run it on one of the outputs")
-    report = convert_many(src, to, options["output"], _options(options), **batch)
-    _show(report, as_json, "render_batch")
+    report = convert_many(src, to, options["output"], options_from(options), **batch)
+    show(report, as_json, "render_batch")
     if report.exit_code:
         raise click.exceptions.Exit(report.exit_code)
 
@@ -416,10 +241,10 @@ def _convert_every(src: str, as_json: bool, options: dict[str, Any]) -> None:
     report = convert_every(
         src,
         options["output"],
-        _options(options),
-        batch_sizes=_batch_sizes(options["batch_sizes"]),
+        options_from(options),
+        batch_sizes=batch_sizes(options["batch_sizes"]),
     )
-    _show(report, as_json, "render_every")
+    show(report, as_json, "render_every")
     if report.exit_code:
         raise click.exceptions.Exit(report.exit_code)
 
@@ -432,53 +257,10 @@ def _optimize(src: str, to: str | None, as_json: bool, options: dict[str, Any]) 
     report = optimize(
         src,
         options["output"],
-        _options(options),
-        batch_sizes=_batch_sizes(options["batch_sizes"]),
+        options_from(options),
+        batch_sizes=batch_sizes(options["batch_sizes"]),
     )
-    _show(report, as_json, "render_optimize")
-
-
-def _options(options: dict[str, Any]) -> Any:
-    return _spec_options(
-        options,
-        task=options["task"],
-        cache_length=options["cache_length"],
-        dynamic_batch=options["dynamic_batch"],
-        static_sequence=options["static_sequence"],
-        dynamic=list(options["dynamic"]),
-        method=options["method"],
-        strict=options["export_mode"],
-        key=options["key"],
-        keep_prefix=options["keep_prefix"],
-        skip_unsupported=options["skip_unsupported"],
-        verify=not options["no_verify"],
-        force=options["force"],
-        max_shard_size=options["max_shard_size"],
-        metadata=_key_values(options["metadata"], "--metadata"),
-        device=options["device"],
-        aoti_options={
-            k: _literal(v) for k, v in _key_values(options["aoti_options"], "--aoti-option").items()
-        },
-        opset=options["opset"],
-        external_data=options["external_data"],
-        onnx_optimize=options["onnx_optimize"],
-        keep_debug_info=options["keep_debug_info"],
-        force_memory=options["force_memory"],
-        cache=not options["no_cache"],
-        batch_sizes=_batch_sizes(options["batch_sizes"]),
-    )
-
-
-def _literal(text: str) -> Any:
-    """``true``/``false``, an integer or a float as such; anything else as the text."""
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
+    show(report, as_json, "render_optimize")
 
 
 def _bench_result(report: Any, src: str, options: dict[str, Any]) -> None:
@@ -489,344 +271,11 @@ def _bench_result(report: Any, src: str, options: dict[str, Any]) -> None:
     with progress.step("timing eager, torch.compile and the result"):
         report.bench = bench(
             report.output,
-            _options(options),
+            options_from(options),
             reference=src,
-            batch_sizes=_batch_sizes(sizes),
+            batch_sizes=batch_sizes(sizes),
             device=options["device"],
         )
-
-
-def _batch_sizes(text: str | None) -> list[int] | None:
-    """``--batch-sizes 1,8,32``: positive integers, or a usage error naming the bad part."""
-    if not text:
-        return None
-    try:
-        sizes = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise UsageError(f"--batch-sizes {text!r} is not comma-separated integers") from None
-    if any(b < 1 for b in sizes):
-        raise UsageError(f"--batch-sizes {text!r}: a batch size is 1 or more")
-    return sizes
-
-
-def _key_values(items: tuple[str, ...], option: str) -> dict[str, str]:
-    out = {}
-    for item in items:
-        k, sep, v = item.partition("=")
-        if not sep or not k:
-            raise UsageError(f"{option} expects key=value, got {item!r}")
-        out[k] = v
-    return out
-
-
-@cli.command(
-    epilog=_examples(
-        "ptconvert info pytorch_model.bin",
-        "ptconvert info model.pt2 --json",
-    )
-)
-@click.argument("path", type=click.Path(path_type=str))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-def info(path: str, as_json: bool) -> None:
-    """Describe a model file or directory without executing anything in it."""
-    from ptconvert import describe
-
-    progress.set_quiet(as_json)
-    with progress.step(f"reading {path}"):
-        result = describe(path)
-    _show(result, as_json, "render_info")
-
-
-@cli.command(
-    epilog=_examples(
-        "ptconvert formats",
-        "ptconvert formats --graph mermaid",
-    )
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-@click.option(
-    "--graph", type=click.Choice(["table", "mermaid", "dot"]), help="Print the converter graph."
-)
-def formats(as_json: bool, graph: str | None) -> None:
-    """List the formats ptconvert recognises, their usual suffixes and what each can hold."""
-    from ptconvert.formats import FORMATS
-
-    if graph:
-        from ptconvert.convert.graph import EDGES, graph_text
-
-        edges = [
-            {"from": e.src, "to": e.dst, "step": e.step, "cost": e.cost, "needs": list(e.needs)}
-            for e in EDGES
-        ]
-        if as_json:
-            _emit_json(edges)
-        elif graph == "table":
-            from ptconvert.render import render_edges
-
-            render_edges(edges)
-        else:
-            click.echo(graph_text(graph))
-        return
-
-    rows = [{"name": f.name, "suffixes": list(f.suffixes), "holds": f.holds} for f in FORMATS]
-    if as_json:
-        _emit_json(rows)
-    else:
-        from ptconvert.render import render_formats
-
-        render_formats(rows)
-
-
-@cli.command(
-    epilog=_examples(
-        "ptconvert scan model.bin",
-        "ptconvert scan downloads/ -j 4 --json",
-    )
-)
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-@click.option("-j", "jobs", type=int, default=1, help="Scan with N processes.")
-@click.option("--allow", multiple=True, help="Extend the allowlist with module.Name.")
-def scan(paths: tuple[str, ...], as_json: bool, jobs: int, allow: tuple[str, ...]) -> None:
-    """Scan pickle-based files for code that would run when they are loaded.
-
-    Exit code 0 when every file is clean, 10 when any is dangerous, 3 when any cannot be read
-    completely, 11 when any needs user code (or runs native code) to load.
-    """
-    from ptconvert.api import scan as run_scan
-
-    progress.set_quiet(as_json)
-    report = run_scan(paths, allow=allow, jobs=jobs)
-    _show(report, as_json, "render_scan")
-    code = {"clean": 0, "needs-code": 11, "error": 3, "dangerous": 10}[report.verdict]
-    if code:
-        raise click.exceptions.Exit(code)
-
-
-@cli.command(
-    epilog=_examples(
-        "ptconvert plan model.bin --to pt2",
-        "ptconvert plan hf-model/ --to aoti --dynamic-batch",
-    )
-)
-@click.argument("src", type=click.Path(path_type=str))
-@click.option("--to", "to", required=True, help="Target format.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-@conversion_options
-@model_options
-def plan(src: str, to: str, as_json: bool, **options: Any) -> None:
-    """Show the route from SRC to a format, each step, and what is missing.
-
-    It takes every option of the conversion it plans."""
-    from ptconvert.api import plan as run_plan
-
-    result = run_plan(src, to, _options(options))
-    payload = result.to_dict()
-    if as_json:
-        _emit_json(payload)
-    elif "task" in payload:  # a generation export's plan
-        click.echo(f"{src} → {to} ({payload['task']}, a {payload['kind']} model)")
-        click.echo("\n".join(f"  {i}. {step}" for i, step in enumerate(payload["steps"], 1)))
-    else:
-        from ptconvert.render import render_plan
-
-        render_plan(payload)
-    if not result.runnable:
-        raise click.exceptions.Exit(5)
-
-
-@cli.command(
-    epilog=_examples(
-        "ptconvert verify model.bin model.pt2 --model mypkg.nets:make",
-        "ptconvert verify hf-model/ model.onnx --batch-sizes 1,4",
-    )
-)
-@click.argument("reference", type=click.Path(path_type=str))
-@click.argument("candidate", type=click.Path(path_type=str))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-@model_options
-@click.option("--batch-sizes", help="Comma-separated batch sizes (default: 1,2,3,5,7 if dynamic).")
-@click.option("--atol", type=float, help="Absolute tolerance (default: by dtype).")
-@click.option("--rtol", type=float, help="Relative tolerance (default: by dtype).")
-@click.option("--warn-only", is_flag=True, help="Report a mismatch without failing.")
-@click.option(
-    "--device",
-    type=click.Choice(["cpu", "cuda"]),
-    default="cpu",
-    help="Run the candidate here (the reference stays on the CPU).",
-)
-@click.option(
-    "--input-map",
-    multiple=True,
-    help="REF=CAND: feed the reference's input REF to the candidate as CAND (repeatable).",
-)
-@click.option("--key", help="Take the reference's weights from this entry of a checkpoint dict.")
-@click.option("--keep-prefix", is_flag=True, help="Keep a prefix shared by all weight names.")
-def verify(
-    reference: str,
-    candidate: str,
-    as_json: bool,
-    batch_sizes: str | None,
-    atol: float | None,
-    rtol: float | None,
-    warn_only: bool,
-    device: str,
-    input_map: tuple[str, ...],
-    key: str | None,
-    keep_prefix: bool,
-    **options: Any,
-) -> None:
-    """Check that CANDIDATE computes (or holds) the same numbers as REFERENCE.
-
-    Both are fed exactly the example inputs CANDIDATE accepts."""
-    from ptconvert.api import verify as run_verify
-
-    progress.set_quiet(as_json)
-    opts = _spec_options(options, key=key, keep_prefix=keep_prefix)
-    sizes = _batch_sizes(batch_sizes)
-    with progress.step("verifying"):
-        report = run_verify(
-            reference,
-            candidate,
-            opts,
-            batch_sizes=sizes,
-            atol=atol,
-            rtol=rtol,
-            warn_only=warn_only,
-            device=device,
-            input_map=_key_values(input_map, "--input-map"),
-        )
-    _show(report, as_json, "render_verify")
-
-
-@cli.command(
-    epilog=_examples(
-        "ptconvert bench model.pt2 --reference model.bin --model mypkg.nets:make",
-        "ptconvert bench model.pt2 --batch-sizes 1,8,32 --plot latency.png",
-        "ptconvert bench llama.pt2 --reference llama-dir --new-tokens 32",
-    )
-)
-@click.argument("artifact", type=click.Path(path_type=str))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-@click.option(
-    "--reference", type=click.Path(), help="The eager source (weights + --model, HF dir)."
-)
-@model_options
-@click.option("--batch-sizes", help="Comma-separated batch sizes to time (e.g. 1,8,32).")
-@click.option(
-    "--compile-mode",
-    default="default",
-    type=click.Choice(["default", "reduce-overhead", "max-autotune", "none"]),
-)
-@click.option("--repeats", type=int, default=30, help="Timed rounds (interleaved).")
-@click.option("--warmup", type=int, default=5, help="Warm-up calls before timing.")
-@click.option("--threads", type=int, help="torch threads for every contender.")
-@click.option("--plot", "plot_path", type=click.Path(), help="Draw the latencies to a PNG.")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", help="Where to run.")
-@click.option(
-    "--new-tokens",
-    type=int,
-    help="A generation export: greedy tokens generated per call (default 32).",
-)
-@click.option("--prompt-length", type=int, help="A generation export: prompt tokens (default 16).")
-def bench(
-    artifact: str,
-    as_json: bool,
-    reference: str | None,
-    batch_sizes: str | None,
-    compile_mode: str,
-    repeats: int,
-    warmup: int,
-    threads: int | None,
-    plot_path: str | None,
-    device: str,
-    new_tokens: int | None,
-    prompt_length: int | None,
-    **options: Any,
-) -> None:
-    """Time ARTIFACT against eager and torch.compile on the same inputs.
-
-    A generation export (--task …-with-past: a pt2 with a static cache, an ONNX decoder with
-    past inputs, a seq2seq folder) is timed generating: time to the first token and per token
-    against transformers' generate on --reference (its Hugging Face directory), eager and
-    torch.compile'd, at batch 1 and 8 (at most the static cache's rows)."""
-    from ptconvert.api import bench as run_bench
-
-    progress.set_quiet(as_json)
-    opts = _spec_options(options)
-    sizes = _batch_sizes(batch_sizes)
-    with progress.step("timing eager, torch.compile and the artifact"):
-        report = run_bench(
-            artifact,
-            opts,
-            reference=reference,
-            batch_sizes=sizes,
-            compile_mode=compile_mode,
-            repeats=repeats,
-            warmup=warmup,
-            threads=threads,
-            device=device,
-            prompt_length=prompt_length,
-            new_tokens=new_tokens,
-        )
-    if plot_path:
-        from ptconvert.verify.bench import plot
-
-        plot(report, plot_path)
-    if not as_json and hasattr(report, "text"):  # a generation export's: first token, per token
-        click.echo(report.text())
-        return
-    _show(report, as_json, "render_bench")
-
-
-@cli.command(
-    epilog=_examples(
-        'eval "$(ptconvert completion bash)"    # in ~/.bashrc',
-        'eval "$(ptconvert completion zsh)"     # in ~/.zshrc',
-        "ptconvert completion fish > ~/.config/fish/completions/ptconvert.fish",
-    )
-)
-@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
-def completion(shell: str) -> None:
-    """Print the completion script of SHELL (commands, options, format names, files)."""
-    from click.shell_completion import get_completion_class
-
-    completer = get_completion_class(shell)
-    assert completer is not None  # the choices are click's own shells
-    click.echo(completer(cli, {}, "ptconvert", "_PTCONVERT_COMPLETE").source())
-
-
-@cli.group(epilog=_examples("ptconvert cache info", "ptconvert cache clear --json"))
-def cache() -> None:
-    """The cache of verified programs (PTCONVERT_CACHE, else ~/.cache/ptconvert)."""
-
-
-@cache.command("info")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-def cache_info(as_json: bool) -> None:
-    """Where the cache is, what it holds and its size."""
-    from ptconvert.api import cache_info as run_info
-
-    report = run_info()
-    _show(report, as_json, "render_cache")
-
-
-@cache.command("clear")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-def cache_clear(as_json: bool) -> None:
-    """Remove every entry (one another process is using is left, and named)."""
-    from ptconvert.api import cache_clear as run_clear
-
-    report = run_clear()
-    if as_json:
-        _emit_json(report.to_dict())
-        return
-    click.echo(
-        f"freed {report.freed_bytes / 2**20:.1f} MiB: {report.removed} entries removed from "
-        f"{report.root}"
-    )
-    for key in report.busy:
-        click.echo(f"left {key[:12]}: another process is using it")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -863,19 +312,19 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
-        return 130
+        return Interrupted.exit_code
     except click.ClickException as exc:
         payload = {
-            "type": "UsageError",
-            "kind": "usage",
-            "exit_code": 2,
+            "type": UsageError.__name__,
+            "kind": UsageError.kind,
+            "exit_code": UsageError.exit_code,
             "message": exc.format_message(),
         }
         if as_json:
-            _emit_json({"error": payload})
+            emit_json({"error": payload})
         else:
             exc.show()
-        return 2
+        return UsageError.exit_code
     except Exception as exc:  # a bug: say so plainly, with the traceback under --debug
         named = named_error(exc)  # unless the machine failed (no space, …) outside the API
         if named is not None and not debug:
@@ -886,14 +335,15 @@ def main(argv: list[str] | None = None) -> int:
         message = (
             f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)"
         )
-        _report_error(
-            {"type": type(exc).__name__, "kind": "internal", "exit_code": 1, "message": str(exc)},
-            message,
-            1,
-            as_json,
-        )
-        return 1
-    return 0
+        internal = {
+            "type": type(exc).__name__,
+            "kind": InternalError.kind,
+            "exit_code": InternalError.exit_code,
+            "message": str(exc),
+        }
+        _report_error(internal, message, InternalError.exit_code, as_json)
+        return InternalError.exit_code
+    return SUCCESS
 
 
 def _take(args: list[str], short: str, long: str) -> bool:
@@ -915,7 +365,7 @@ def _take(args: list[str], short: str, long: str) -> bool:
 
 def _report_error(payload: dict[str, Any], text: str, code: int, as_json: bool) -> None:
     if as_json:
-        _emit_json({"error": payload})
+        emit_json({"error": payload})
     else:
         click.echo(f"error: {text}", err=True)
 

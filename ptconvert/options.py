@@ -1,10 +1,16 @@
-"""The options of every command, as one dataclass: the CLI's flags by name (``--dynamic-batch``
-is ``dynamic_batch``), and the keywords of the API's functions."""
+"""The options of every command, each declared once as a dataclass field: its name is the API's
+keyword (``dynamic_batch``), its metadata the CLI's flag (``--dynamic-batch``: its help, type,
+choices, aliases; ``flag()``), from which cli_flags.py makes the click options.
+
+``Options`` holds what every command shares (a conversion, and what says which model a file
+holds); ``VerifyKeywords`` and ``BenchKeywords`` the keywords ``verify`` and ``bench`` take
+beside them."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -16,6 +22,7 @@ DYNAMIC_SPEC = re.compile(r"^(?P<name>\w+):(?P<axis>\d+)(?::(?P<min>\d+):(?P<max
 Method = Literal["auto", "script", "trace"]
 ExportMode = Literal["auto", "strict", "non-strict"]
 Device = Literal["cpu", "cuda"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "none"]
 
 # --task as optimum names tasks. Those that export for generation with a cache (ptconvert/
 # generation/): a decoder-only LM, a seq2seq model, a speech seq2seq model
@@ -38,46 +45,287 @@ TASK_CLASSES: dict[str, str] = {
     "image-classification": "AutoModelForImageClassification",
 }
 
+# how a flag's text becomes the field's value (cli_flags.py), beyond taking it as it is
+Parse = Literal["model_args", "key_values", "literal_values", "batch_sizes", "path"]
+_FIELD_DEFAULT: Any = object()
+
+
+def flag(
+    *decls: str,
+    help: str | None = None,
+    group: str | None = None,
+    type: Callable[[str], Any] | None = None,
+    choices: tuple[str, ...] | None = None,
+    multiple: bool = False,
+    metavar: str | None = None,
+    hidden: bool = False,
+    parse: Parse | None = None,
+    default: Any = _FIELD_DEFAULT,
+) -> dict[str, Any]:
+    """The metadata of a field that is a CLI flag: ``decls`` its names (``"-o", "--output"``),
+    ``group`` the flags shown together (Options': ``model``, what says which model and what it
+    is fed; the others, what a conversion is asked for). A bool field is a flag that turns its
+    default over (``--no-verify`` sets ``verify`` False); ``type`` int, float or Path (a path),
+    else text; ``multiple`` repeats it; ``parse`` reads the text into the field's type;
+    ``default`` the flag's own where it differs from the field's (the API's ``None``, "the
+    options' value", is the flag's ``cpu``)."""
+    return {
+        "flag": {
+            "decls": decls,
+            "help": help,
+            "group": group,
+            "type": type,
+            "choices": choices,
+            "multiple": multiple,
+            "metavar": metavar,
+            "hidden": hidden,
+            "parse": parse,
+            "default": default,
+        }
+    }
+
+
+def flag_of(f: Field[Any]) -> dict[str, Any]:
+    """What ``flag()`` declared for the field ``f``, its default filled in (None for a field
+    made by a factory: a flag given no value)."""
+    spec = dict(f.metadata["flag"])
+    if spec["default"] is _FIELD_DEFAULT:
+        spec["default"] = None if f.default is MISSING else f.default
+    return spec
+
 
 @dataclass
 class Options:
-    model: str | None = None
-    model_args: dict[str, Any] = field(default_factory=dict)
-    # a transformers class (AutoModel, LlamaForCausalLM) or an optimum task name (above)
-    task: str | None = None
-    # generation tasks, pt2: the static cache's length (None: the config's positions, at most 1024)
-    cache_length: int | None = None
-    inputs: list[str] = field(default_factory=list)
-    example_inputs: Path | None = None
-    dynamic_batch: bool = False
+    # --- which model a file holds and what it is fed (group "model") ---
+    model: str | None = field(
+        default=None,
+        metadata=flag(
+            "--model", group="model", help="Model spec: pkg.module:factory or file.py:factory."
+        ),
+    )
+    model_args: dict[str, Any] = field(
+        default_factory=dict,
+        metadata=flag(
+            "--model-arg",
+            group="model",
+            multiple=True,
+            parse="model_args",
+            help="k=v argument for the factory (repeatable).",
+        ),
+    )
+    inputs: list[str] = field(
+        default_factory=list,
+        metadata=flag(
+            "--input",
+            group="model",
+            multiple=True,
+            help="Example input: NAME:SHAPE:DTYPE[:LOW:HIGH | :=VALUE] or NAME::DTYPE=VALUE.",
+        ),
+    )
+    example_inputs: Path | None = field(
+        default=None,
+        metadata=flag(
+            "--example-inputs",
+            group="model",
+            type=Path,
+            parse="path",
+            help="Example inputs (.safetensors/.pt).",
+        ),
+    )
+    # example inputs are drawn from this seed (and the batch size)
+    seed: int = field(
+        default=0,
+        metadata=flag("--seed", group="model", type=int, help="Seed of generated example inputs."),
+    )
+    # the classes a pickle names, AOTI native code, a directory's code
+    trust: bool = field(
+        default=False,
+        metadata=flag(
+            "--trust",
+            group="model",
+            help="Trust the classes a pickle names (loaded by torch's restricted unpickler with "
+            "exactly those allowlisted), AOTI native code, a directory's own code (auto_map).",
+        ),
+    )
+    allow: list[str] = field(  # trusted classes, named one by one
+        default_factory=list,
+        metadata=flag(
+            "--allow",
+            group="model",
+            multiple=True,
+            metavar="MOD.NAME",
+            help="Trust this one class a pickle names (repeatable): --trust, class by class.",
+        ),
+    )
+    non_strict: bool = field(  # leave out checkpoint keys the model does not have (reported)
+        default=False,
+        metadata=flag(
+            "--non-strict",
+            group="model",
+            help="Leave out checkpoint keys the model does not have (reported); missing keys "
+            "stay an error.",
+        ),
+    )
+    # --- what a conversion is asked for (no group) ---
+    force: bool = field(default=False, metadata=flag("--force", help="Replace an existing output."))
+    verify: bool = field(
+        default=True, metadata=flag("--no-verify", help="Skip the parity check after converting.")
+    )
+    # programs: reuse a verified artifact of the same inputs (convert/cache.py)
+    cache: bool = field(
+        default=True,
+        metadata=flag(
+            "--no-cache",
+            help="Programs: neither reuse nor fill the cache of verified artifacts "
+            "(PTCONVERT_CACHE).",
+        ),
+    )
+    key: str | None = field(
+        default=None,
+        metadata=flag("--key", help="Take the weights from this entry of a checkpoint dict."),
+    )
+    keep_prefix: bool = field(
+        default=False, metadata=flag("--keep-prefix", help="Keep a prefix shared by all keys.")
+    )
+    # safetensors targets: shards of at most this (e.g. "5GB")
+    max_shard_size: str | None = field(
+        default=None,
+        metadata=flag("--max-shard-size", help="Write shards of at most this size (e.g. 5GB)."),
+    )
+    metadata: dict[str, str] = field(  # safetensors header metadata
+        default_factory=dict,
+        metadata=flag(
+            "--metadata",
+            multiple=True,
+            parse="key_values",
+            help="k=v safetensors metadata (repeatable).",
+        ),
+    )
+    dynamic_batch: bool = field(
+        default=False,
+        metadata=flag("--dynamic-batch", help="Make dimension 0 of batched inputs dynamic."),
+    )
     # with dynamic_batch, a Hugging Face text model's sequence (dim 1 of input_ids,
     # attention_mask, …) is dynamic too, as optimum exports them; this keeps it at the example's
-    static_sequence: bool = False
-    dynamic: list[str] = field(default_factory=list)
-    method: Method = "auto"  # torchscript: script, trace, or script falling back to trace
-    strict: ExportMode = "auto"  # export: non-strict, then strict (auto); or one of them
-    trust: bool = False  # the classes a pickle names, AOTI native code, a directory's code
-    allow: list[str] = field(default_factory=list)  # trusted classes, named one by one
-    key: str | None = None
-    non_strict: bool = False  # leave out checkpoint keys the model does not have (reported)
-    keep_prefix: bool = False
-    skip_unsupported: bool = False
-    verify: bool = True
-    force: bool = False
-    seed: int = 0  # example inputs are drawn from this seed (and the batch size)
-    max_shard_size: str | None = None  # safetensors targets: shards of at most this (e.g. "5GB")
-    metadata: dict[str, str] = field(default_factory=dict)  # safetensors header metadata
-    device: Device = "cpu"  # aoti targets are compiled for it; --bench and checks run on it
-    aoti_options: dict[str, Any] = field(default_factory=dict)  # Inductor configs (k=v)
-    opset: int | None = None  # onnx targets: the ai.onnx opset (None: the exporter's default)
-    external_data: bool = False  # onnx targets: weights in NAME.onnx.data (always over 2 GB)
-    onnx_optimize: bool = False  # onnx targets: onnxscript's graph optimizer on the result
+    static_sequence: bool = field(
+        default=False,
+        metadata=flag(
+            "--static-sequence",
+            help="With --dynamic-batch: keep a Hugging Face model's other axes (text and decoder "
+            "sequence, waveform samples, image height/width) at the example's sizes (by default "
+            "they are dynamic, up to the config's limits).",
+        ),
+    )
+    dynamic: list[str] = field(
+        default_factory=list,
+        metadata=flag("--dynamic", multiple=True, help="NAME:AXIS[:MIN:MAX] dynamic dimension."),
+    )
+    # torchscript: script, trace, or script falling back to trace
+    method: Method = field(
+        default="auto",
+        metadata=flag(
+            "--method",
+            choices=get_args(Method),
+            help="TorchScript: script, trace, or auto (script, falling back to trace).",
+        ),
+    )
+    # export: non-strict, then strict (auto); or one of them
+    strict: ExportMode = field(
+        default="auto",
+        metadata=flag(
+            "--export-mode",
+            choices=get_args(ExportMode),
+            help="torch.export: auto tries non-strict, then strict.",
+        ),
+    )
+    # a transformers class (AutoModel, LlamaForCausalLM) or an optimum task name (above)
+    task: str | None = field(
+        default=None,
+        metadata=flag(
+            "--task",
+            help="A Hugging Face directory: the transformers class to load (e.g. AutoModel), or "
+            "an optimum task: text-generation-with-past exports a causal LM with its KV cache "
+            "(pt2: a static cache; onnx: past_key_values inputs), checked by generating; "
+            "text-generation, feature-extraction, … (the graph without a cache).",
+        ),
+    )
+    # generation tasks, pt2: the static cache's length (None: the config's positions, at most 1024)
+    cache_length: int | None = field(
+        default=None,
+        metadata=flag(
+            "--cache-length",
+            type=int,
+            help="--task …-with-past --to pt2: the static cache's positions (default: the "
+            "config's, at most 1024).",
+        ),
+    )
+    # aoti targets are compiled for it; --bench and checks run on it
+    device: Device = field(
+        default="cpu",
+        metadata=flag(
+            "--device",
+            choices=get_args(Device),
+            help="Where the result runs: --to aoti compiles for it, --bench times there, and "
+            "AOTI and ONNX results are checked there (eager runs on the CPU).",
+        ),
+    )
+    aoti_options: dict[str, Any] = field(  # Inductor configs (k=v)
+        default_factory=dict,
+        metadata=flag(
+            "--aoti-option",
+            multiple=True,
+            parse="literal_values",
+            help="k=v Inductor config for --to aoti (e.g. max_autotune=true; repeatable).",
+        ),
+    )
+    # onnx targets: the ai.onnx opset (None: the exporter's default)
+    opset: int | None = field(
+        default=None,
+        metadata=flag("--opset", type=int, help="--to onnx: the ai.onnx opset (default: torch's)."),
+    )
+    # onnx targets: weights in NAME.onnx.data (always over 2 GB)
+    external_data: bool = field(
+        default=False,
+        metadata=flag(
+            "--external-data",
+            help="--to onnx: weights in NAME.onnx.data beside the model (always over 2 GB).",
+        ),
+    )
+    # onnx targets: onnxscript's graph optimizer on the result
+    onnx_optimize: bool = field(
+        default=False,
+        metadata=flag("--onnx-optimize", help="--to onnx: run onnxscript's graph optimizer."),
+    )
     # pt2/aoti/onnx: keep stack traces and source paths (of this machine) in the file
-    keep_debug_info: bool = False
-    force_memory: bool = False  # convert a program although the estimate exceeds free memory
-    cache: bool = True  # programs: reuse a verified artifact of the same inputs (convert/cache.py)
+    keep_debug_info: bool = field(
+        default=False,
+        metadata=flag(
+            "--keep-debug-info",
+            help="pt2, aoti, onnx: keep each node's stack trace (source paths of this machine).",
+        ),
+    )
+    # convert a program although the estimate exceeds free memory
+    force_memory: bool = field(
+        default=False,
+        metadata=flag(
+            "--force-memory",
+            help="Convert a program although the memory estimate exceeds what is free.",
+        ),
+    )
+    skip_unsupported: bool = field(
+        default=False,
+        metadata=flag("--skip-unsupported", help="Leave out quantized/sparse/nested tensors."),
+    )
     # the batch sizes a dynamic-batch program is compared at (None: 1, 2, 3 and more when cheap)
-    batch_sizes: list[int] | None = None
+    batch_sizes: list[int] | None = field(
+        default=None,
+        metadata=flag(
+            "--batch-sizes",
+            parse="batch_sizes",
+            help="Batch sizes to compare a dynamic-batch program with eager at (default 1, 2, "
+            "3, and 5, 7 when the model is fast), and with --bench to time (e.g. 1,8,32).",
+        ),
+    )
 
     @property
     def trusts_code(self) -> bool:
@@ -120,3 +368,118 @@ class Options:
         if not isinstance(self.seed, int):
             raise UsageError(f"seed is an integer, got {self.seed!r}")
         return self
+
+
+@dataclass
+class VerifyKeywords:
+    """The keywords ``verify`` takes beside the Options fields (the ``verify`` command's own
+    flags): the command passes them to ``api.verify``, which passes them on to
+    ``verify/check.verify`` by name."""
+
+    batch_sizes: list[int] | None = field(
+        default=None,
+        metadata=flag(
+            "--batch-sizes",
+            parse="batch_sizes",
+            help="Comma-separated batch sizes (default: 1,2,3,5,7 if dynamic).",
+        ),
+    )
+    atol: float | None = field(
+        default=None,
+        metadata=flag("--atol", type=float, help="Absolute tolerance (default: by dtype)."),
+    )
+    rtol: float | None = field(
+        default=None,
+        metadata=flag("--rtol", type=float, help="Relative tolerance (default: by dtype)."),
+    )
+    warn_only: bool = field(
+        default=False,
+        metadata=flag("--warn-only", help="Report a mismatch without failing."),
+    )
+    # the candidate's device (None: the options' device)
+    device: Device | None = field(
+        default=None,
+        metadata=flag(
+            "--device",
+            choices=get_args(Device),
+            default="cpu",
+            help="Run the candidate here (the reference stays on the CPU).",
+        ),
+    )
+    input_map: dict[str, str] | None = field(
+        default=None,
+        metadata=flag(
+            "--input-map",
+            multiple=True,
+            parse="key_values",
+            help="REF=CAND: feed the reference's input REF to the candidate as CAND (repeatable).",
+        ),
+    )
+
+
+@dataclass
+class BenchKeywords:
+    """The keywords ``bench`` takes beside the Options fields (the ``bench`` command's own
+    flags): the command passes them to ``api.bench``, which passes them on to
+    ``verify/bench.bench_artifact`` (``generation/bench.bench_generation`` for a generation
+    export) by name."""
+
+    reference: str | Path | None = field(
+        default=None,
+        metadata=flag(
+            "--reference",
+            group="source",
+            type=Path,
+            help="The eager source (weights + --model, HF dir).",
+        ),
+    )
+    batch_sizes: list[int] | None = field(
+        default=None,
+        metadata=flag(
+            "--batch-sizes",
+            parse="batch_sizes",
+            help="Comma-separated batch sizes to time (e.g. 1,8,32).",
+        ),
+    )
+    compile_mode: CompileMode = field(
+        default="default", metadata=flag("--compile-mode", choices=get_args(CompileMode))
+    )
+    repeats: int = field(
+        default=30, metadata=flag("--repeats", type=int, help="Timed rounds (interleaved).")
+    )
+    warmup: int = field(
+        default=5, metadata=flag("--warmup", type=int, help="Warm-up calls before timing.")
+    )
+    threads: int | None = field(
+        default=None,
+        metadata=flag("--threads", type=int, help="torch threads for every contender."),
+    )
+    # where every contender runs (None: the options' device)
+    device: Device | None = field(
+        default=None,
+        metadata=flag("--device", choices=get_args(Device), default="cpu", help="Where to run."),
+    )
+    # a generation export only (generation/bench.py)
+    new_tokens: int | None = field(
+        default=None,
+        metadata=flag(
+            "--new-tokens",
+            type=int,
+            help="A generation export: greedy tokens generated per call (default 32).",
+        ),
+    )
+    prompt_length: int | None = field(
+        default=None,
+        metadata=flag(
+            "--prompt-length", type=int, help="A generation export: prompt tokens (default 16)."
+        ),
+    )
+
+
+def split_keywords(
+    cls: type[VerifyKeywords | BenchKeywords], keywords: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``keywords`` parted into ``cls``'s (each field, its default where not given) and the
+    rest (the Options fields to override)."""
+    own = {f.name: keywords.get(f.name, f.default) for f in fields(cls)}
+    return own, {k: v for k, v in keywords.items() if k not in own}
