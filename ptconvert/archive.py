@@ -37,6 +37,7 @@ _SENTINELS = (0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF)  # count, size, offset: "see the z
 # A deflated member is inflated only up to what the reader asked for (a storage's declared
 # size), and not at all past this ratio once it is large: zeros deflate ~1000-fold, real
 # weights hardly at all (torch.save stores its members; only a re-zipped file deflates them).
+MAX_INFLATED = 1 << 30  # bytes a compressed stream or member may hold before we refuse it
 MAX_RATIO = 200
 RATIO_FLOOR = 16 << 20
 _STEP = 16 << 20  # inflated per call: the output goes straight into its buffer

@@ -124,9 +124,8 @@ _SCANNED = re.compile(r"(\.pkl|\.pickle|\.debug_pkl|/code/.*\.py|/models/.*\.jso
 
 def _past_scan_limit(path: Path) -> list[str]:
     """What ``convert`` refuses before reading it, said by ``info`` too: a zip member the scan
-    must read whole that holds more than it reads (``scan.containers.MAX_INFLATED``)."""
-    from ptconvert.archive import is_zip, open_zip
-    from ptconvert.scan.containers import MAX_INFLATED
+    must read whole that holds more than it reads (``archive.MAX_INFLATED``)."""
+    from ptconvert.archive import MAX_INFLATED, is_zip, open_zip
 
     if not path.is_file():
         return []

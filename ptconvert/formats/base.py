@@ -14,14 +14,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from ptconvert.archive import ZipArchive, is_zip, open_zip
 from ptconvert.errors import CorruptFileError
+from ptconvert.formats.program import IOSpec, Program
 from ptconvert.report import Report
-
-if TYPE_CHECKING:
-    from ptconvert.formats.program import Program
 
 HEAD_BYTES = 4096
 TAIL_BYTES = 65535 + 22
@@ -81,15 +79,6 @@ class TensorEntry:
     dtype: str
     shape: list[int | str]
     numel: int
-
-
-@dataclass
-class IOSpec:
-    """One input or output of a program: dims are ints or symbol names when dynamic."""
-
-    name: str
-    dtype: str | None
-    shape: list[int | str] | None
 
 
 @dataclass

@@ -35,8 +35,8 @@ from ptconvert.formats.torch_objects import (
     global_name,
     interpret,
 )
-from ptconvert.scan.allowlist import classify
-from ptconvert.scan.machine import LEGACY_MAGIC, Global, PickleRun, run_pickle
+from ptconvert.pickles.allowlist import classify
+from ptconvert.pickles.machine import LEGACY_MAGIC, Global, PickleRun, run_pickle
 
 # the members torch's legacy loader reads, by name (in any order; sys_info it never reads)
 TAR_MEMBERS = frozenset({"pickle", "tensors", "storages"})

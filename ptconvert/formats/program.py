@@ -10,10 +10,16 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ptconvert.formats.base import IOSpec
+
+@dataclass
+class IOSpec:
+    """One input or output of a program: dims are ints or symbol names when dynamic."""
+
+    name: str
+    dtype: str | None
+    shape: list[int | str] | None
 
 
 @dataclass

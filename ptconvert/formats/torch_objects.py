@@ -1,6 +1,6 @@
 """What the symbolic pickle tree means to torch: tensors, storages and (nested) state dicts.
 
-``interpret`` turns the tree of ``ptconvert.scan.machine`` into plain Python values in which each
+``interpret`` turns the tree of ``ptconvert.pickles.machine`` into plain Python values in which each
 tensor is a ``TensorRef`` (storage key, dtype, shape, stride, offset): enough to describe a
 checkpoint or copy its bytes, without importing torch or running any pickled call.
 """
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ptconvert.scan.machine import Call, Dict, Global, PersistentRef, Unknown
+from ptconvert.pickles.machine import Call, Dict, Global, PersistentRef, Unknown
 
 # torch storage class name → (dtype name, bytes per element)
 STORAGE_DTYPES: dict[str, tuple[str, int]] = {

@@ -18,7 +18,7 @@ from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
 from ptconvert.formats.checkpoint import PickledCheckpoint, describe_pickles
 from ptconvert.formats.program import Program, Signature, by_position
 from ptconvert.formats.torch_objects import TensorRef, flatten_tensors, interpret
-from ptconvert.scan.machine import run_pickle
+from ptconvert.pickles.machine import run_pickle
 
 _DEF_FORWARD = re.compile(r"def forward\(self[^,)]*(?P<args>[^)]*)\)\s*->\s*(?P<ret>[^:]+):", re.S)
 

@@ -1,1 +1,2 @@
-"""The pickle security scanner and the symbolic pickle machine every pickle read goes through."""
+"""The pickle security scanner: what a file holds and whether loading it would run code (it reads
+pickles with ``ptconvert.pickles``' machine, the one every pickle read goes through)."""

@@ -25,6 +25,7 @@ from typing import Any
 
 # an expansion past MAX_RATIO once past RATIO_FLOOR is a bomb: the limits convert applies
 from ptconvert.archive import (
+    MAX_INFLATED,
     MAX_RATIO,
     RATIO_FLOOR,
     ZipArchive,
@@ -35,11 +36,10 @@ from ptconvert.archive import (
     open_zip,
 )
 from ptconvert.errors import InputError
+from ptconvert.pickles.machine import run_pickle
 from ptconvert.report import Verdict
-from ptconvert.scan.machine import run_pickle
 
 MAX_DEPTH = 4
-MAX_INFLATED = 1 << 30  # bytes a compressed stream or member may hold before we refuse it
 _STEP = 16 << 20  # output taken per decompress call
 _CHUNK = 1 << 20
 

@@ -12,8 +12,9 @@ from pathlib import Path
 from ptconvert import progress
 from ptconvert.atomic import disk_size
 from ptconvert.errors import InputError
+from ptconvert.pickles.allowlist import denied_reason
+from ptconvert.pickles.machine import Global, PickleRun, acted, run_pickle, run_torch_pickles
 from ptconvert.report import Report, Verdict
-from ptconvert.scan.allowlist import denied_reason
 from ptconvert.scan.analysis import (
     NESTED_LOADER,
     SEVERITY_ORDER,
@@ -24,7 +25,6 @@ from ptconvert.scan.analysis import (
 )
 from ptconvert.scan.code_files import auto_map_findings, is_source, source_findings
 from ptconvert.scan.containers import FROM_BYTE_0, Problem, Stream, walk, walk_bytes, walk_source
-from ptconvert.scan.machine import Global, PickleRun, acted, run_pickle, run_torch_pickles
 
 
 @dataclass

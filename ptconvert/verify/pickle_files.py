@@ -14,7 +14,7 @@ member is inflated by ``zipfile``). The layouts, as ``torch.load`` reads them
   key, type), ndim, sizes, strides and offset) and ``pickle``, whose persistent ids are tensor
   keys. Member order does not matter.
 
-This reader shares no code with ptconvert's own (``scan/machine.py``, ``archive.py``).
+This reader shares no code with ptconvert's own (``pickles/machine.py``, ``archive.py``).
 """
 
 from __future__ import annotations

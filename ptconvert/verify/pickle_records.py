@@ -6,7 +6,7 @@ torch's rebuild functions get functions of this module that make ``Tensor`` reco
 dtype, storage offset, shape, stride); storage classes and dtypes get ``StorageType`` and
 ``DType`` records; every other name gets a fresh ``StandIn`` class whose instances only record
 what the pickle does to them. It is another implementation than ptconvert's symbolic pickle
-machine (``scan/machine.py``), so that a blind spot of that reader cannot pass its own check.
+machine (``pickles/machine.py``), so that a blind spot of that reader cannot pass its own check.
 """
 
 from __future__ import annotations

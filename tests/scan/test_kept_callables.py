@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from fixtures.scan_corpus import FIRES_UNDER, trust_gadgets
+from ptconvert.pickles.machine import run_pickle
 from ptconvert.scan.analysis import Finding, analyse, verdict
-from ptconvert.scan.machine import run_pickle
 from ptconvert.scan.scanner import scan, scan_file
 
 PLANT = b"cfixtures.scan_corpus\nplant\n"  # a function of user code: needs-code by name

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ptconvert.scan.allowlist import classify
-from ptconvert.scan.machine import Call, Global, run_pickle, run_torch_pickles
+from ptconvert.pickles.allowlist import classify
+from ptconvert.pickles.machine import Call, Global, run_pickle, run_torch_pickles
 
 
 class _Payload:

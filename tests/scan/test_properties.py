@@ -25,7 +25,7 @@ from ptconvert.archive import open_zip
 from ptconvert.errors import PtconvertError
 from ptconvert.formats import describe, detect
 from ptconvert.formats.safetensors import read_header
-from ptconvert.scan.machine import run_pickle, run_torch_pickles
+from ptconvert.pickles.machine import run_pickle, run_torch_pickles
 from ptconvert.scan.scanner import scan_file
 
 CI_EXAMPLES = 40

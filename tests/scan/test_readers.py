@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from ptconvert.pickles.machine import Call, Global, run_pickle
 from ptconvert.scan.analysis import Finding, analyse, verdict
 from ptconvert.scan.containers import tar_opens, walk_bytes
-from ptconvert.scan.machine import Call, Global, run_pickle
 from ptconvert.scan.scanner import scan_file
 
 SYSTEM = b"cposix\nsystem\n(Vtouch /nonexistent/x\ntR"  # the payload, its result on the stack
@@ -236,7 +236,7 @@ def test_a_line_of_gigabytes_is_read_without_copying_it(tmp_path: Path) -> None:
     """A string that runs far into a mapped file (a safetensors header read as UNICODE, up to the
     first newline in its tensor bytes) is judged by its first MiB and its end: what follows it is
     read, even when the cut falls inside an escape."""
-    from ptconvert.scan import machine
+    from ptconvert.pickles import machine
 
     cut = machine._LONG_LINE
     body = b"a" * (cut - 4) + b"\\u0041" + b"b" * (3 * cut)

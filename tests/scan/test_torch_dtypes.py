@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ptconvert.formats.torch_objects import DTYPE_SIZES, STORAGE_DTYPES
-from ptconvert.scan.allowlist import classify
+from ptconvert.pickles.allowlist import classify
 from ptconvert.scan.scanner import scan_file
 from ptconvert.weights.read import read_weights
 
