@@ -371,7 +371,19 @@ def _report_error(payload: dict[str, Any], text: str, code: int, as_json: bool) 
 
 
 def entry() -> None:
-    sys.exit(main())
+    code = main()
+    if "torch" in sys.modules:
+        # torch, transformers and onnxruntime take about a second to tear down at exit; every
+        # output is written, renamed into place and closed by now, and children are joined:
+        # flush what is buffered and end the process here
+        import logging
+        import os
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
