@@ -117,7 +117,7 @@ def convert(
     and checks it by generating (``check == "generation"``).
 
     >>> report = ptconvert.convert("model.bin", "pt2", model="mypkg.nets:make",
-    ...                            inputs=["x:2x3x224x224:float32"], dynamic_batch=True)
+    ...                            inputs=["x:2x8:float32"], dynamic_batch=True)
     >>> report.check, report.output
     ('parity', 'model.pt2')
     """
@@ -245,8 +245,8 @@ def convert_every(
     ``torch.compile`` on the same inputs: the CLI's ``--to all``.
 
     >>> r = ptconvert.convert_every("model.bin", "every/", model="mypkg.nets:make",
-    ...                             inputs=["x:2x8:float32"], dynamic_batch=True)
-    >>> [(row.format, row.status, row.check, row.vs_eager) for row in r.rows]
+    ...                             inputs=["x:2x8:float32"], dynamic_batch=True)  # doctest: +SKIP
+    >>> [(row.format, row.status, row.check, row.vs_eager) for row in r.rows]  # doctest: +SKIP
     [('safetensors', 'ok', 'bitwise', None), ('pt2', 'ok', 'parity', 1.1), ...]
     """
     from ptconvert.convert.every import convert_every as run
@@ -278,8 +278,8 @@ def optimize(
     as ``output``; every candidate says why it was kept or dropped.
 
     >>> r = ptconvert.optimize("model.bin", model="mypkg.nets:make",
-    ...                        inputs=["x:2x8:float32"], dynamic_batch=True)
-    >>> r.kept, [(c.runtime, c.outcome, c.vs_eager) for c in r.candidates]
+    ...                        inputs=["x:2x8:float32"], dynamic_batch=True)  # doctest: +SKIP
+    >>> r.kept, [(c.runtime, c.outcome, c.vs_eager) for c in r.candidates]  # doctest: +SKIP
     ('aoti', [('pt2', 'dropped', 1.02), ('aoti', 'kept', 2.4), ...])
     """
     from ptconvert.convert.optimize import optimize as run
@@ -364,16 +364,17 @@ def bench(artifact: str | Path, opts: Options | None = None, **overrides: Any) -
     Its own keywords are the fields of ``options.BenchKeywords``; the others override
     ``opts``' fields.
 
-    >>> r = ptconvert.bench("model.pt2", reference="model.bin", model="mypkg.nets:make")
-    >>> [(t.runtime, t.batch, t.median_ms) for t in r.timings]
+    >>> r = ptconvert.bench("model.pt2", reference="model.bin",
+    ...                     model="mypkg.nets:make")  # doctest: +SKIP
+    >>> [(t.runtime, t.batch, t.median_ms) for t in r.timings]  # doctest: +SKIP
 
     A generation export (``--task …-with-past``) is timed generating: time to the first token
     and per token, against transformers' ``generate`` on ``reference`` (its Hugging Face
     directory, required) eager and ``torch.compile``d, ``new_tokens`` greedy tokens after a
     prompt of ``prompt_length`` (a ``GenerationBenchReport``: ``tokens``, ``ratios``).
 
-    >>> r = ptconvert.bench("llama.pt2", reference="llama-dir", new_tokens=32)
-    >>> [(t.runtime, t.batch, t.per_token_ms) for t in r.tokens]
+    >>> r = ptconvert.bench("llama.pt2", reference="llama-dir", new_tokens=32)  # doctest: +SKIP
+    >>> [(t.runtime, t.batch, t.per_token_ms) for t in r.tokens]  # doctest: +SKIP
     """
     from ptconvert.generation.bench import bench_generation, generation_export
     from ptconvert.verify.bench import bench_artifact
@@ -452,8 +453,8 @@ def generate(
     holds the sequences, each step's logits and the timings.
     The check after such a conversion runs this loop.
 
-    >>> out = ptconvert.generate("llama.pt2", [[5, 17, 42]], max_new_tokens=16)
-    >>> out.sequences.shape, out.per_token_s
+    >>> out = ptconvert.generate("llama.pt2", [[5, 17, 42]], max_new_tokens=16)  # doctest: +SKIP
+    >>> out.sequences.shape, out.per_token_s  # doctest: +SKIP
     (torch.Size([1, 19]), 0.0021)
     """
     from ptconvert.generation.runner import generate as run
@@ -469,8 +470,8 @@ def cache_info() -> CacheInfo:
     without writing anything; ``problem`` says why a conversion would refuse it (exit 12).
 
     >>> info = ptconvert.cache_info()
-    >>> info.root, len(info.entries), info.total_bytes
-    ('/home/me/.cache/ptconvert', 3, 1843200)
+    >>> len(info.entries), info.total_bytes > 0, info.problem
+    (1, True, None)
     """
     from ptconvert.convert.cache import info
 
@@ -482,8 +483,8 @@ def cache_clear() -> CacheCleared:
     """Remove every cache entry, each under its lock; an entry another process is filling or
     copying is left (``busy``). Raises ``CacheError`` for a directory that is not the user's.
 
-    >>> ptconvert.cache_clear().freed_bytes
-    1843200
+    >>> ptconvert.cache_clear().freed_bytes > 0
+    True
     """
     from ptconvert.convert.cache import clear
 
