@@ -84,8 +84,13 @@ bench: setup
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/weights.py
 
-bench-programs: setup  # minutes: a 204 M-parameter decoder, raw API vs ptconvert
+# about 15 minutes: 204 M and 532 M decoders against the raw API, the check's cost on the tiny
+# models of the corpus, ONNX against optimum (which builds .venv-optimum the first time)
+bench-programs: setup
 	$(BIN)/python benchmarks/programs.py
+	$(BIN)/python benchmarks/programs.py --n-embd 1536 --n-layer 16 --rounds 1
+	$(BIN)/python benchmarks/verify_cost.py
+	$(BIN)/python benchmarks/onnx.py
 
 clean:
-	rm -rf $(VENV) $(NEWEST) $(DEMO_DIR) $(DEMO_DIR).list .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(NEWEST) .venv-optimum $(DEMO_DIR) $(DEMO_DIR).list .pytest_cache .mypy_cache .ruff_cache *.egg-info

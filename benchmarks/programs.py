@@ -4,7 +4,8 @@ Builds a GPT-2-shaped decoder with random weights (default n_embd 1024, 12 layer
 parameters, a 0.8 GB safetensors directory) and measures, interleaved in the same run, wall time
 and peak RSS of:
 
-- raw: ``from_pretrained`` + ``torch.export`` with a dynamic batch + ``torch.export.save``;
+- raw: ``from_pretrained`` + ``torch.export`` with a dynamic batch and sequence (the dims
+  ptconvert's ``--dynamic-batch`` makes dynamic for a text model) + ``torch.export.save``;
 - ``ptconvert DIR --to pt2 --dynamic-batch`` (the default verification);
 - the same with ``--no-verify``.
 
@@ -40,10 +41,14 @@ src, out = sys.argv[1], sys.argv[2]
 model = transformers.AutoModelForCausalLM.from_pretrained(src).eval()
 model.config.use_cache = False
 ids = torch.randint(0, 1000, (2, 16))
-batch = torch.export.Dim.DYNAMIC
+mask = torch.ones_like(ids)
+# what ptconvert's --dynamic-batch writes for a text model: batch and sequence dynamic
+limit = model.config.max_position_embeddings
+batch, seq = torch.export.Dim("batch_size"), torch.export.Dim("sequence_length", max=limit)
+shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
 with torch.no_grad():
     ep = torch.export.export(
-        model, (), {"input_ids": ids}, dynamic_shapes={"input_ids": {0: batch}}, strict=False
+        model, (), {"input_ids": ids, "attention_mask": mask}, dynamic_shapes=shapes, strict=False
     )
 torch.export.save(ep, out)
 """
