@@ -11,6 +11,7 @@ to a descriptor of its own (``render.TerminalProgress``), so it keeps ticking me
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -64,6 +65,12 @@ _QUIET_ENV = {
 }
 
 
+# Python loggers that speak when another library imports their package: torchao (which the
+# executorch extra installs, and transformers imports whenever it is there) on the native
+# kernels it cannot load here, and torch's pytree on the enums torchao registers
+_QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
 @contextmanager
 def quiet_libraries() -> Iterator[None]:
     """The CLI's whole run, and each API call, without the libraries' own warnings
@@ -82,11 +89,17 @@ def quiet_libraries() -> Iterator[None]:
     level = hf_logging.get_verbosity() if hf_logging is not None else None
     if hf_logging is not None:
         hf_logging.set_verbosity_error()
+    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logger.level, logging.ERROR))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
+        for logger, before in zip(loggers, levels, strict=True):
+            logger.setLevel(before)
         for key, old in env.items():
             if old is None:
                 os.environ.pop(key, None)
