@@ -59,8 +59,8 @@ test-newest: $(NEWEST_STAMP)
 	$(NEWEST_BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow and not fuzz"
 
 lint: setup
-	$(BIN)/ruff check ptconvert tests fixtures benchmarks
-	$(BIN)/ruff format --check ptconvert tests fixtures benchmarks
+	$(BIN)/ruff check ptconvert tests fixtures benchmarks tools
+	$(BIN)/ruff format --check ptconvert tests fixtures benchmarks tools
 	$(BIN)/mypy
 
 demo: setup
