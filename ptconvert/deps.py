@@ -22,6 +22,7 @@ EXTRAS: dict[str, str] = {
     "transformers": "hf",
     "matplotlib": "plot",
     "ray": "ray",
+    "executorch": "executorch",
 }
 
 

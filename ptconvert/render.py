@@ -358,6 +358,9 @@ def render_scan(report: Any, console: Console | None = None) -> None:
                 escape(x.reason),
             )
         console.print(d)
+    for f in report.files:
+        for note in f.notes:
+            console.print(f"note: {escape(f.path)}: {escape(note)}")
     counts = ", ".join(f"{n} {k}" for k, n in report.counts.items() if n)
     console.print(f"verdict: {report.verdict} ({counts or 'no files'})")
 

@@ -35,6 +35,7 @@ from ptconvert.formats.hf import (
 )
 from ptconvert.formats.onnx import OnnxFormat
 from ptconvert.formats.pt2 import AotiPackageFormat, ExportedProgramFormat
+from ptconvert.formats.pte import PteFormat
 from ptconvert.formats.safetensors import SafetensorsFormat
 from ptconvert.formats.sharded import ShardedFormat
 from ptconvert.formats.torchscript import TorchScriptFormat
@@ -49,6 +50,7 @@ FORMATS: list[Format] = [
     AotiPackageFormat(),
     OnnxFormat(),
     HuggingFaceFormat(),
+    PteFormat(),
 ]
 FORMATS_BY_NAME: dict[str, Format] = {f.name: f for f in FORMATS}
 

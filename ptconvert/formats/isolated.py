@@ -1,4 +1,5 @@
-"""Runtimes that may leak memory or crash (onnxruntime, AOTInductor) run in a spawned process.
+"""Runtimes that may leak memory or crash (onnxruntime, AOTInductor, ExecuTorch) run in a
+spawned process.
 
 The child loads the artifact and answers calls over a pipe: named input arrays in, output arrays
 out (numpy arrays we made ourselves, never a file's pickle). The child's end of the pipe is
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import time
+from pathlib import Path
 from typing import Any
 
 from ptconvert.errors import RuntimeDiedError
@@ -77,7 +79,28 @@ def _aoti_runner(path: str, device: str) -> tuple[Any, list[str] | None, list[st
     return run, keywords or None, [device]
 
 
-_RUNNERS = {"onnx": _onnx_runner, "aoti": _aoti_runner}
+def _pte_runner(path: str, device: str) -> tuple[Any, list[str] | None, list[str]]:
+    """ExecuTorch's runtime: ``forward`` takes its inputs as one flat list, in the order of the
+    exporter's pytree spec (by keyword: the spec's names; positionally: as given)."""
+    import torch
+    from executorch.runtime import Runtime
+
+    from ptconvert.formats.pte import forward_of, read_program
+
+    names = forward_of(read_program(Path(path))).input_names
+    method = Runtime.get().load_program(path).load_method("forward")
+    if method is None:
+        raise RuntimeError("the program has no forward method")
+
+    def run(feeds: dict[str, Any]) -> list[Any]:
+        order = [feeds[n] for n in names if n in feeds] if names else list(feeds.values())
+        out = method.execute([torch.from_numpy(v) for v in order])
+        return [o.detach().numpy() if isinstance(o, torch.Tensor) else o for o in out]
+
+    return run, names, ["cpu"]
+
+
+_RUNNERS = {"onnx": _onnx_runner, "aoti": _aoti_runner, "pte": _pte_runner}
 
 
 def _captured_stderr() -> Any:

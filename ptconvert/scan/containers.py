@@ -226,13 +226,19 @@ def tar_opens(data: bytes | mmap.mmap) -> bool:
 
 
 def _known_data_file(head: bytes, path: Path) -> bool:
-    """safetensors (header validated) or ONNX: formats that hold no pickle."""
+    """safetensors (header validated), ONNX or an ExecuTorch program: formats that hold no
+    pickle."""
     if len(head) >= 9 and head[5:8] == b"\0\0\0" and head[8:9] == b"{":
         from ptconvert.formats.safetensors import read_header
 
         read_header(path)  # raises InputError for a broken header: reported as unreadable
         return True
-    return _is_onnx(head)
+    return _is_onnx(head) or is_pte(head)
+
+
+def is_pte(head: bytes) -> bool:
+    """An ExecuTorch program: a flatbuffer whose file identifier is ``ET`` and two digits."""
+    return len(head) >= 8 and head[4:6] == b"ET" and head[6:8].isdigit()
 
 
 def _is_onnx(head: bytes) -> bool:

@@ -24,7 +24,15 @@ from ptconvert.scan.analysis import (
     verdict,
 )
 from ptconvert.scan.code_files import auto_map_findings, is_source, source_findings
-from ptconvert.scan.containers import FROM_BYTE_0, Problem, Stream, walk, walk_bytes, walk_source
+from ptconvert.scan.containers import (
+    FROM_BYTE_0,
+    Problem,
+    Stream,
+    is_pte,
+    walk,
+    walk_bytes,
+    walk_source,
+)
 
 
 @dataclass
@@ -33,6 +41,7 @@ class FileScan(Report):
     verdict: Verdict
     findings: list[Finding] = field(default_factory=list)
     pickles: int = 0
+    notes: list[str] = field(default_factory=list)  # what the file is, where that matters
 
     @property
     def classes(self) -> list[str]:
@@ -56,8 +65,13 @@ def scan_file(path: str | Path, allowed: frozenset[str] = frozenset()) -> FileSc
     source = is_source(path)
     findings: list[Finding] = source_findings(path) if source else auto_map_findings(path)
     pickles = 0
+    notes: list[str] = []
     pending: list[tuple[str, bytes, int]] = []
     try:
+        if not source and path.is_file() and _is_pte_file(path):
+            from ptconvert.formats.pte import scan_notes
+
+            notes = scan_notes(path)
         for item in _items(path, pending, source):
             if isinstance(item, Problem):
                 findings.append(Finding(item.severity, item.label, 0, "-", None, item.reason))
@@ -84,7 +98,12 @@ def scan_file(path: str | Path, allowed: frozenset[str] = frozenset()) -> FileSc
         if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
             raise
         findings.append(Finding("error", str(path), 0, "-", None, f"cannot be read: {exc}"))
-    return FileScan(str(path), verdict(findings), findings, pickles)
+    return FileScan(str(path), verdict(findings), findings, pickles, notes)
+
+
+def _is_pte_file(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return is_pte(fh.read(8))
 
 
 # Streams that may not be pickles at all: a first pickle that fails before doing anything is
