@@ -25,7 +25,7 @@ from ptconvert.quiet import quiet_libraries
 if TYPE_CHECKING:
     from ptconvert.convert.batch import BatchReport
     from ptconvert.convert.cache import CacheCleared, CacheInfo
-    from ptconvert.convert.engine import ConversionReport
+    from ptconvert.convert.conversion_report import ConversionReport
     from ptconvert.convert.every import EveryFormatReport
     from ptconvert.convert.graph import Plan
     from ptconvert.convert.optimize import OptimizeReport
@@ -122,7 +122,7 @@ def convert(
     ('parity', 'model.pt2')
     """
     from ptconvert.convert.engine import convert as run
-    from ptconvert.convert.engine import names_folder, program_suffixed
+    from ptconvert.convert.output_naming import names_folder, program_suffixed
 
     load_plugins()
     checked = options(opts, **overrides)
@@ -153,7 +153,12 @@ def _output_name(
     directory's weights to a name with the target's suffix (``-o model.safetensors``) are that
     one file, its weights file converted. Returns the source, the output and notes saying
     what the rule did."""
-    from ptconvert.convert.engine import byte_copy, names_folder, output_for, program_suffixed
+    from ptconvert.convert.output_naming import (
+        byte_copy,
+        names_folder,
+        output_for,
+        program_suffixed,
+    )
     from ptconvert.errors import PtconvertError
     from ptconvert.formats import FORMATS_BY_NAME, detect
     from ptconvert.formats.hf import weights_file
@@ -305,7 +310,7 @@ def plan(
     >>> p.runnable, p.missing
     (False, {'model_spec': 'pass --model pkg.module:factory ...', ...})
     """
-    from ptconvert.convert.engine import plan_for
+    from ptconvert.convert.planning import plan_for
 
     load_plugins()
     checked = options(opts, **overrides)

@@ -133,7 +133,7 @@ def output_names(
 ) -> list[Path]:
     """Each source's output under ``out_dir``, named and placed as a single conversion would
     put it beside the source; sources that would share a name keep their whole name."""
-    from ptconvert.convert.engine import output_for
+    from ptconvert.convert.output_naming import output_for
 
     outs = []
     for src in sources:

@@ -8,7 +8,6 @@ at several batch sizes.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -21,7 +20,9 @@ from ptconvert import progress
 from ptconvert.atomic import atomic_path, check_output, ensure_space, make_folder, place_together
 from ptconvert.convert.cache import cache_slot
 from ptconvert.convert.conversion_report import ConversionReport
-from ptconvert.convert.graph import EDGES, Edge, Plan, plan
+from ptconvert.convert.graph import Edge, Plan, plan
+from ptconvert.convert.output_naming import byte_copy, default_output
+from ptconvert.convert.planning import available_needs, check_memory, estimate_memory, inapplicable
 from ptconvert.convert.program_check import (
     FreshLoad,
     RangeTooWide,
@@ -29,6 +30,7 @@ from ptconvert.convert.program_check import (
     first_call,
     verify_program,
 )
+from ptconvert.convert.same_format import copy_cannot_change, verified_copy
 from ptconvert.convert.state import RunState, StepRecord
 from ptconvert.convert.steps import STEPS
 from ptconvert.errors import (
@@ -42,7 +44,7 @@ from ptconvert.errors import (
     UsageError,
     VerificationError,
 )
-from ptconvert.formats import FORMATS_BY_NAME, Detection, describe, detect
+from ptconvert.formats import FORMATS_BY_NAME, Detection, detect
 from ptconvert.memory import peak_rss_mib
 from ptconvert.model.build import user_inputs
 from ptconvert.options import Options
@@ -52,176 +54,6 @@ from ptconvert.verify.parity import ParityReport
 
 if TYPE_CHECKING:
     from ptconvert.convert.weights import WeightsReport
-
-
-def _suffix(fmt: str) -> str:
-    known = FORMATS_BY_NAME.get(fmt)
-    return known.suffix if known else f".{fmt}"
-
-
-def default_output(src: Path, to: str) -> Path:
-    return src.with_name(src.name.split(".")[0] + _suffix(to))
-
-
-def byte_copy(src_format: str, to: str) -> bool:
-    """Whether ``convert`` takes the weights path (byte copies checked bitwise), not the graph."""
-    from ptconvert.convert.weights import WEIGHT_TARGETS
-    from ptconvert.weights.read import weight_sources
-
-    return to in WEIGHT_TARGETS and src_format in weight_sources()
-
-
-def output_for(src: Path, to: str, opts: Options) -> Path:
-    """Where ``convert`` writes ``src`` converted to ``to`` when no output is given."""
-    from ptconvert.convert.weights import default_output as weights_output
-
-    try:
-        fmt = detect(src).format
-    except PtconvertError:
-        return default_output(src, to)  # the conversion will say what is wrong with it
-    if byte_copy(fmt, to):
-        return weights_output(src, to, fmt, opts.max_shard_size is not None)
-    return default_output(src, to)
-
-
-def names_folder(output: str | Path) -> bool:
-    """``-o`` names a folder: one that exists, or a name ending in ``/`` (README, "Outputs and
-    failures": the output takes its default name inside it)."""
-    return str(output).endswith(os.sep) or Path(output).is_dir()
-
-
-def program_suffixed(out: Path, to: str, *, chosen: bool = False) -> tuple[Path, list[str]]:
-    """``-o``'s rule for a program (README, "Outputs and failures"): a file name without a
-    suffix of the target format gets its first one where the format's loader refuses it
-    otherwise (torch.export.load and aoti_load_package want ``.pt2``), and for any program
-    format ptconvert ``chosen`` (``--optimize``: the user could not name it); weights, other
-    names the user gave, and a name with the suffix are kept. Returns the name and the note
-    saying what the rule did. ``api._output_name`` and ``--optimize`` both apply it."""
-    target = FORMATS_BY_NAME.get(to)
-    if target is None or target.kind != "program":
-        return out, []
-    if not (chosen or target.loader_needs_suffix):
-        return out, []
-    suffixes = target.suffixes or (target.suffix,)
-    if out.name.endswith(suffixes):
-        return out, []
-    named = out.with_name(out.name + suffixes[0])
-    return named, [f"-o {out.name} lacks the {to} suffix {suffixes[0]}: written as {named}"]
-
-
-def available_needs(src_format: str, opts: Options) -> frozenset[str]:
-    from ptconvert.convert.needs import available
-
-    return available(src_format, opts)
-
-
-def inapplicable(d: Detection) -> frozenset[Edge]:
-    """Edges that do not fit this file: a state dict is not a pickled module, and back."""
-    if not d.handler.may_hold_module:
-        return frozenset()
-    from ptconvert.formats import describe
-
-    whole_module = bool(describe(d.path).needs_code)
-    kind = "weights" if whole_module else "module"
-    return frozenset(e for e in EDGES if e.src == d.format and e.dst == kind)
-
-
-def plan_for(src: str | Path, to: str, opts: Options) -> Plan:
-    """The route ``convert`` would take, after the same checks of the options it makes."""
-    opts.validate()
-    user_inputs(opts)  # a malformed --input is said here, as the conversion would say it
-    refuse_unsafe(src)
-    d = detect(src)
-    if d.format == to and Path(src).is_file():
-        _copy_cannot_change(Path(src), to, opts)
-        copy = Edge(to, to, "copy", 0, label="a byte copy, compared with the source")
-        return Plan(to, to, [copy], source=str(src))
-    result = plan(d.format, to, available_needs(d.format, opts), inapplicable(d))
-    result.source = str(src)
-    _estimate_memory(result, d, opts)
-    result.dynamic = _planned_dims(result, d, opts)
-    return result
-
-
-def _planned_dims(route: Plan, d: Detection, opts: Options) -> dict[str, str]:
-    """What ``--dynamic-batch``/``--dynamic`` will make dynamic, in words, before the model is
-    loaded (the conversion's report says what held): a Hugging Face model's family axes with
-    the longest its config.json allows."""
-    from ptconvert.model.axes import planned_axes
-    from ptconvert.options import DYNAMIC_SPEC
-
-    if not any(e.dst == "exported" for e in route.edges):
-        return {}
-    out: dict[str, str] = {}
-    if opts.dynamic_batch:
-        out["batch"] = "dim 0 of every tensor input, 1 or more (checked after the conversion)"
-    for spec in opts.dynamic:
-        m = DYNAMIC_SPEC.match(spec)
-        if m is not None:
-            span = f"{m['min']}–{m['max']}" if m["min"] else "any size torch allows"
-            out[f"{m['name']} dim {m['axis']}"] = span
-    config = Path(d.path) / "config.json" if d.format == "hf" else None
-    if opts.dynamic_batch and not opts.static_sequence and config is not None:
-        out.update(planned_axes(_json_config(config)))
-    return out
-
-
-class _JsonConfig:
-    """config.json as attributes, as ``model.inputs`` reads a transformers config."""
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.model_type = data.get("model_type")
-        for key, value in data.items():
-            is_sub = isinstance(value, dict) and "model_type" in value
-            setattr(self, key, _JsonConfig(value) if is_sub else value)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
-
-
-def _json_config(path: Path) -> Any:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        data = {}
-    return _JsonConfig(data if isinstance(data, dict) else {})
-
-
-def _estimate_memory(route: Plan, d: Detection, opts: Options) -> None:
-    """A route that builds the model: its peak memory estimated from the size of the weights
-    the conversion reads (the --key entry, not a training checkpoint's optimizer state), read
-    symbolically, before anything is loaded."""
-    from ptconvert.memory import available_bytes, program_estimate
-    from ptconvert.weights.read import read_weights
-
-    if not any(e.dst in ("module", "exported") for e in route.edges):
-        return
-    try:
-        weights = read_weights(d.path, key=opts.key, skip_unsupported=True)
-        weight_bytes = sum(e.nbytes for e in weights.stored)
-    except PtconvertError:  # a whole pickled module, or a program: its size on disk
-        weight_bytes = describe(d.path).size_bytes
-    route.weight_bytes = weight_bytes
-    target = FORMATS_BY_NAME.get(route.dst)
-    maps = target is not None and bool(target.fresh_load_line)  # pt2: its check maps the file
-    route.memory_estimate_bytes = program_estimate(
-        weight_bytes, verify=opts.verify, copy_runs=not maps
-    )
-    route.memory_available_bytes = available_bytes()
-
-
-def _check_memory(route: Plan, opts: Options, src: Path) -> None:
-    need, free = route.memory_estimate_bytes, route.memory_available_bytes
-    if need is None or free is None or need <= free or opts.force_memory:
-        return
-    from ptconvert.errors import MissingRequirementError
-
-    raise MissingRequirementError(
-        f"converting this model needs about {need / 2**30:.1f} GiB of memory and "
-        f"{free / 2**30:.1f} GiB is available",
-        path=src,
-        hint="free memory or use a larger machine; --force-memory tries anyway",
-    )
 
 
 def convert(
@@ -279,18 +111,18 @@ def convert_program(
     refuse_unsafe(src)
     d = detect(src)
     if d.format == to and src.is_file():
-        _copy_cannot_change(src, to, opts)
+        copy_cannot_change(src, to, opts)
         out = Path(output) if output else default_output(src, to)
         check_output(out, [src], opts.force)
-        return _verified_copy(src, d, out, started, opts.force)
+        return verified_copy(src, d, out, started, opts.force)
     banned: set[Edge] = set(inapplicable(d))
     try:
         current = plan(d.format, to, available_needs(d.format, opts), frozenset(banned))
     except PtconvertError as exc:
         exc.path = exc.path or str(src)  # name the file in the message
         raise
-    _estimate_memory(current, d, opts)
-    _check_memory(current, opts, src)
+    estimate_memory(current, d, opts)
+    check_memory(current, opts, src)
     _refuse_unrunnable(current, src)
     out = Path(output) if output else default_output(src, to)
     _check_outputs(out, to, [src], opts)
@@ -639,73 +471,6 @@ def _tried_all(exc: VerificationError, rejected: list[str], records: list[StepRe
         + "; ".join([*rejected, *failed]),
         path=exc.path,
         hint=exc.hint,
-    )
-
-
-def _copy_cannot_change(src: Path, to: str, opts: Options) -> None:
-    """A file already in the format asked for is copied: options that ask for another program
-    (dynamic dims, another capture method) cannot be met by a copy."""
-    asked = [
-        flag
-        for flag, on in (
-            ("--dynamic-batch", opts.dynamic_batch),
-            ("--dynamic", bool(opts.dynamic)),
-            ("--method", opts.method != "auto"),
-        )
-        if on
-    ]
-    if asked:
-        raise UsageError(
-            f"the file is already {to}: a copy cannot apply {', '.join(asked)}",
-            path=src,
-            hint="convert from the model's source (its weights with --model, or its Hugging "
-            "Face directory) to get that program",
-        )
-
-
-def _verified_copy(
-    src: Path, d: Detection, out: Path, started: float, force: bool
-) -> ConversionReport:
-    """The file already has the format asked for: a byte copy, checked against the source and,
-    for programs, loaded in a fresh process as a user would."""
-    import filecmp
-
-    held = describe(src).files
-    if len(held) > 1:  # ONNX external data: its file names are written inside the model
-        raise UsageError(
-            f"the file is already {d.format}, with its data in "
-            f"{', '.join(Path(f['path']).name for f in held[1:])}: copy the files together",
-            path=src,
-        )
-    with atomic_path(out, replace=force) as tmp, progress.step(f"copying {d.format}"):
-        ensure_space(tmp.parent, src.stat().st_size, out)
-        shutil.copyfile(src, tmp)
-        if not filecmp.cmp(src, tmp, shallow=False):
-            raise VerificationError("the copy differs from the source", path=out)
-        note = f"the source is already {d.format}: copied byte for byte and compared"
-        # a copy's native code is not run: the source was never trusted
-        if d.handler.kind == "program" and not d.handler.runs_native_code:
-            fresh = FreshLoad(d.format, torch_only=False)
-            try:
-                fresh.load(tmp)
-                with progress.step("loading the copy in a fresh process"):
-                    fresh.finish(RunState(src, d.format))
-            finally:
-                fresh.stop()
-            note += "; the copy loads in a fresh Python process"
-    step = StepRecord(
-        "copy", f"{d.format} → {d.format}", round(time.perf_counter() - started, 3), "ok"
-    )
-    return ConversionReport(
-        str(src),
-        f"{d.format}/{d.layout}",
-        str(out),
-        d.format,
-        [f"{d.format} → {d.format}"],
-        [step],
-        round(time.perf_counter() - started, 3),
-        [note],
-        check="copy",
     )
 
 

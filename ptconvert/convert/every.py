@@ -61,8 +61,10 @@ def convert_every(
     repeats: int = 10,
     warmup: int = 2,
 ) -> EveryFormatReport:
-    from ptconvert.convert.engine import convert, output_for, plan_for
+    from ptconvert.convert.engine import convert
     from ptconvert.convert.optimize import speedup, time_beside_eager
+    from ptconvert.convert.output_naming import output_for
+    from ptconvert.convert.planning import plan_for
     from ptconvert.formats import FORMATS, FORMATS_BY_NAME, detect
     from ptconvert.verify.runtime import open_runtime
 

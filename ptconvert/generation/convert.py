@@ -101,7 +101,7 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
     """Export ``src`` (a Hugging Face directory) for ``opts.task`` to ``to``, checked by
     generating with the written file before it is put in place."""
     from ptconvert.atomic import atomic_path, check_output
-    from ptconvert.convert.engine import default_output
+    from ptconvert.convert.output_naming import default_output
     from ptconvert.generation.loading import load_model
     from ptconvert.generation.tasks import FOLDER_KINDS
     from ptconvert.scan.guard import refuse_unsafe

@@ -1,0 +1,72 @@
+"""Where a conversion writes: the default output beside the source, a folder given as ``-o``,
+and the suffix a program's loader needs (``program_suffixed``: the API and ``optimize`` use it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ptconvert.errors import (
+    PtconvertError,
+)
+from ptconvert.formats import FORMATS_BY_NAME, detect
+from ptconvert.options import Options
+
+if TYPE_CHECKING:
+    pass
+
+
+def _suffix(fmt: str) -> str:
+    known = FORMATS_BY_NAME.get(fmt)
+    return known.suffix if known else f".{fmt}"
+
+
+def default_output(src: Path, to: str) -> Path:
+    return src.with_name(src.name.split(".")[0] + _suffix(to))
+
+
+def byte_copy(src_format: str, to: str) -> bool:
+    """Whether ``convert`` takes the weights path (byte copies checked bitwise), not the graph."""
+    from ptconvert.convert.weights import WEIGHT_TARGETS
+    from ptconvert.weights.read import weight_sources
+
+    return to in WEIGHT_TARGETS and src_format in weight_sources()
+
+
+def output_for(src: Path, to: str, opts: Options) -> Path:
+    """Where ``convert`` writes ``src`` converted to ``to`` when no output is given."""
+    from ptconvert.convert.weights import default_output as weights_output
+
+    try:
+        fmt = detect(src).format
+    except PtconvertError:
+        return default_output(src, to)  # the conversion will say what is wrong with it
+    if byte_copy(fmt, to):
+        return weights_output(src, to, fmt, opts.max_shard_size is not None)
+    return default_output(src, to)
+
+
+def names_folder(output: str | Path) -> bool:
+    """``-o`` names a folder: one that exists, or a name ending in ``/`` (README, "Outputs and
+    failures": the output takes its default name inside it)."""
+    return str(output).endswith(os.sep) or Path(output).is_dir()
+
+
+def program_suffixed(out: Path, to: str, *, chosen: bool = False) -> tuple[Path, list[str]]:
+    """``-o``'s rule for a program (README, "Outputs and failures"): a file name without a
+    suffix of the target format gets its first one where the format's loader refuses it
+    otherwise (torch.export.load and aoti_load_package want ``.pt2``), and for any program
+    format ptconvert ``chosen`` (``--optimize``: the user could not name it); weights, other
+    names the user gave, and a name with the suffix are kept. Returns the name and the note
+    saying what the rule did. ``api._output_name`` and ``--optimize`` both apply it."""
+    target = FORMATS_BY_NAME.get(to)
+    if target is None or target.kind != "program":
+        return out, []
+    if not (chosen or target.loader_needs_suffix):
+        return out, []
+    suffixes = target.suffixes or (target.suffix,)
+    if out.name.endswith(suffixes):
+        return out, []
+    named = out.with_name(out.name + suffixes[0])
+    return named, [f"-o {out.name} lacks the {to} suffix {suffixes[0]}: written as {named}"]
