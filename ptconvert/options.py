@@ -23,6 +23,7 @@ Method = Literal["auto", "script", "trace"]
 ExportMode = Literal["auto", "strict", "non-strict"]
 Device = Literal["cpu", "cuda"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "none"]
+PteBackend = Literal["xnnpack", "portable"]
 
 # --task as optimum names tasks. Those that export for generation with a cache (ptconvert/
 # generation/): a decoder-only LM, a seq2seq model, a speech seq2seq model
@@ -296,6 +297,16 @@ class Options:
         default=False,
         metadata=flag("--onnx-optimize", help="--to onnx: run onnxscript's graph optimizer."),
     )
+    # pte targets: the ops XNNPACK takes delegated to it, or every op on the portable kernels
+    pte_backend: PteBackend = field(
+        default="xnnpack",
+        metadata=flag(
+            "--pte-backend",
+            choices=get_args(PteBackend),
+            help="--to pte: delegate what XNNPACK takes to it (default), or run every op on "
+            "ExecuTorch's portable kernels.",
+        ),
+    )
     # pt2/aoti/onnx: keep stack traces and source paths (of this machine) in the file
     keep_debug_info: bool = field(
         default=False,
@@ -335,7 +346,12 @@ class Options:
     def validate(self) -> Options:
         """Each value of the type and range its option takes (an API caller has no CLI to
         check them); a UsageError naming the option otherwise. Returns the options."""
-        choices = {"method": Method, "strict": ExportMode, "device": Device}
+        choices = {
+            "method": Method,
+            "strict": ExportMode,
+            "device": Device,
+            "pte_backend": PteBackend,
+        }
         for name, kind in choices.items():
             if getattr(self, name) not in get_args(kind):
                 raise UsageError(

@@ -70,7 +70,15 @@ NOT_IN_KEY: dict[str, str] = {
 }
 
 # Packages whose version changes what a conversion writes (when installed).
-KEYED_PACKAGES = ("ptconvert", "torch", "transformers", "onnx", "onnxruntime", "onnxscript")
+KEYED_PACKAGES = (
+    "ptconvert",
+    "torch",
+    "transformers",
+    "onnx",
+    "onnxruntime",
+    "onnxscript",
+    "executorch",
+)
 
 # Environment variables that change what torch.compile / Inductor / export produce: every one
 # set with these prefixes is in the key, by name and value.

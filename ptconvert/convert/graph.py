@@ -16,7 +16,7 @@ from ptconvert.errors import UnsupportedConversionError, UsageError
 from ptconvert.report import Report
 
 STAGES = ("weights", "module", "exported")
-FILE_NODES = ["pt", "safetensors", "sharded", "hf", "torchscript", "pt2", "aoti", "onnx"]
+FILE_NODES = ["pt", "safetensors", "sharded", "hf", "torchscript", "pt2", "aoti", "onnx", "pte"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,14 @@ EDGES: list[Edge] = [
     Edge("exported", "weights", "program_weights", 1, label="the program's state dict"),
     Edge("exported", "aoti", "aoti_compile", 6, ("cpp_compiler",), "AOTInductor compile + package"),
     Edge("exported", "onnx", "onnx_export", 3, ("onnx",), "torch.onnx (dynamo exporter)"),
+    Edge(
+        "exported",
+        "pte",
+        "pte_export",
+        4,
+        ("executorch",),
+        "ExecuTorch lowering (XNNPACK or portable kernels)",
+    ),
     Edge(
         "onnx",
         "weights",

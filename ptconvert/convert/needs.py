@@ -70,6 +70,11 @@ NEEDS: dict[str, Need] = {
             "pip install 'ptconvert[onnx]' (onnx, onnxscript and onnxruntime)",
             _installed("onnx", "onnxscript", "onnxruntime", "onnx_ir"),
         ),
+        Need(
+            "executorch",
+            "pip install 'ptconvert[executorch]' (ExecuTorch: its lowering and its runtime)",
+            _installed("executorch"),
+        ),
     )
 }
 

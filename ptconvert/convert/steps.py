@@ -214,6 +214,12 @@ def onnx_export(state: RunState, opts: Options) -> None:
     export_onnx(state, opts)
 
 
+def pte_export(state: RunState, opts: Options) -> None:
+    from ptconvert.convert.pte_export import pte_export as export_pte
+
+    export_pte(state, opts)
+
+
 STEPS = {
     "read_weights": read_weights_step,
     "write_safetensors": write_safetensors,
@@ -229,4 +235,5 @@ STEPS = {
     "save_pt2": save_pt2,
     "aoti_compile": aoti_compile,
     "onnx_export": onnx_export,
+    "pte_export": pte_export,
 }

@@ -310,9 +310,9 @@ def test_optimize_keeps_the_fastest_verified_artifact(samples, tmp_path, capsys)
     code, report, _ = run_cli(args, capsys)
     assert code == 0, report
     by_runtime = {c["runtime"]: c for c in report["candidates"]}
-    assert set(by_runtime) == {"pt2", "aoti", "onnx", "eager", "torch.compile"}
+    assert set(by_runtime) == {"pt2", "aoti", "onnx", "pte", "eager", "torch.compile"}
     verified = [c for c in report["candidates"] if c["check"] == "parity"]
-    assert {c["runtime"] for c in verified} == {"pt2", "aoti", "onnx"}
+    assert {c["runtime"] for c in verified} == {"pt2", "aoti", "onnx", "pte"}
     kept = [c for c in verified if c["outcome"] == "kept"]
     assert len(kept) == 1 and kept[0]["runtime"] == report["kept"]
     assert kept[0]["vs_eager"] == max(c["vs_eager"] for c in verified)

@@ -34,10 +34,11 @@ def test_every_format_is_written_verified_and_timed(
         "aoti": "ok",
         "onnx": "ok",
         "hf": "skipped",
+        "pte": "ok",
     }
     assert "--max-shard-size" in rows["sharded"]["reason"]
     assert rows["safetensors"]["check"] == "bitwise"
-    programs = ("torchscript", "pt2", "aoti", "onnx")
+    programs = ("torchscript", "pt2", "aoti", "onnx", "pte")
     assert all(rows[f]["check"] == "parity" for f in programs)
     assert set(report["baselines"]) == {"eager", "torch.compile"}
     for f in programs:
@@ -62,13 +63,15 @@ outs = [torch.jit.load(r["torchscript"])(x), torch.export.load(r["pt2"]).module(
         aoti_load_package(r["aoti"])(x)]
 s = onnxruntime.InferenceSession(r["onnx"])
 outs.append(torch.from_numpy(s.run(None, {{s.get_inputs()[0].name: x.numpy()}})[0]))
+from executorch.runtime import Runtime
+outs.append(Runtime.get().load_program(r["pte"]).load_method("forward").execute([x])[0])
 for o in outs:
     torch.testing.assert_close(o, y, rtol=1e-4, atol=1e-5)
 print("ok", len(outs))
 """
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["ok", "4"]
+    assert run.stdout.split() == ["ok", "5"]
 
 
 def test_every_format_needs_an_output_folder(

@@ -1,0 +1,162 @@
+"""``--to pte``: ExecuTorch programs from a checkpoint with ``--model`` and from tiny Hugging Face
+directories, each run by ExecuTorch's own runtime in a new Python process at batch 1 and 3 and
+compared with the eager model there; the dynamic dims bounded (ExecuTorch plans memory for the
+largest sizes), ``--pte-backend portable``, and the missing extra said as such."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fixtures.models import MLP
+from tests.conftest import run_cli
+
+pytest.importorskip("executorch")
+
+MLP_ARGS = ["--model", "fixtures.models:MLP", "--input", "x:2x8:float32"]
+
+# a new interpreter: the file loaded by ExecuTorch's runtime, forward run on each batch's
+# inputs (a list, in the program's input order); every output, or the runtime's refusal
+_RUN_FRESH = """
+import sys, torch
+from executorch.runtime import Runtime
+path, feeds, out = sys.argv[1:4]
+method = Runtime.get().load_program(path).load_method("forward")
+results = {}
+for batch, inputs in torch.load(feeds).items():
+    try:
+        results[batch] = [t.clone() for t in method.execute(inputs)]
+    except RuntimeError as exc:
+        results[batch] = str(exc)
+torch.save(results, out)
+"""
+
+
+def run_fresh(path: Path, feeds: dict[int, list[torch.Tensor]], tmp: Path) -> dict[int, Any]:
+    """Each batch's outputs of ``path``, computed by ExecuTorch in a new Python process."""
+    torch.save(feeds, tmp / "feeds.pt")
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN_FRESH, str(path), str(tmp / "feeds.pt"), str(tmp / "out.pt")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results: dict[int, Any] = torch.load(tmp / "out.pt")
+    return results
+
+
+def mlp(samples: dict[str, Path]) -> torch.nn.Module:
+    model = MLP().eval()
+    model.load_state_dict(torch.load(samples["mlp_zip"], weights_only=True))
+    return model
+
+
+def test_a_checkpoint_converts_to_a_bounded_pte_that_executorch_runs(
+    samples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "mlp.pte"
+    args = [str(samples["mlp_zip"]), "--to", "pte", *MLP_ARGS, "--dynamic-batch", "-o", str(out)]
+    code, report, _ = run_cli(args, capsys)
+    assert code == 0, report
+    assert report["route"][-1] == "exported → pte" and report["check"] == "parity"
+    assert [s["batch"] for s in report["parity"]["sizes"]] == [1, 2, 3, 5, 7]
+    assert report["dynamic_range"] == {"x dim 0": "batch 1–8"}  # the default bound, probed
+    notes = " ".join(report["notes"])
+    assert "x dim 0 up to 8" in notes and "1 × XnnpackBackend" in notes
+    assert report["interface"]["call"] == "prog.execute([x])"
+
+    model, x = mlp(samples), torch.randn(9, 8, generator=torch.Generator().manual_seed(3))
+    got = run_fresh(out, {1: [x[:1]], 3: [x[:3]], 9: [x]}, tmp_path)
+    for b in (1, 3):
+        torch.testing.assert_close(got[b][0], model(x[:b]), rtol=1e-4, atol=1e-5)
+    assert isinstance(got[9], str)  # past the bound: the runtime refuses it
+
+    code, info, _ = run_cli(["info", str(out)], capsys)
+    assert code == 0 and (info["format"], info["layout"]) == ("pte", "flatbuffer")
+    assert [(i["name"], i["dtype"], i["shape"]) for i in info["inputs"]] == [
+        ("input_0", "float32", [8, 8])
+    ]
+    assert info["metadata"]["delegates"] == {"XnnpackBackend": 1}
+    assert info["metadata"]["methods"]["forward"]["portable_ops"] == {}
+
+
+def test_the_portable_backend_runs_every_op_on_the_portable_kernels(
+    samples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "mlp.pte"
+    args = [str(samples["mlp_zip"]), "--to", "pte", *MLP_ARGS, "--pte-backend", "portable"]
+    code, report, _ = run_cli([*args, "-o", str(out)], capsys)
+    assert code == 0, report
+    assert [s["batch"] for s in report["parity"]["sizes"]] == [2]  # a static program
+    assert "every op on ExecuTorch's portable kernels" in " ".join(report["notes"])
+    code, info, _ = run_cli(["info", str(out)], capsys)
+    assert info["metadata"]["delegates"] == {}
+    assert info["metadata"]["methods"]["forward"]["portable_ops"]  # (the check ran ExecuTorch's
+    # runtime on the file in a spawned process: the other tests run it in a fresh one too)
+
+
+def test_without_the_extra_the_error_names_it(
+    samples: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "executorch", None)  # as if it were not installed
+    out = tmp_path / "mlp.pte"
+    code, report, _ = run_cli(
+        [str(samples["mlp_zip"]), "--to", "pte", *MLP_ARGS, "-o", str(out)], capsys
+    )
+    assert code == 5 and report["error"]["type"] == "MissingRequirementError"
+    assert "needs executorch" in report["error"]["message"]
+    assert "pip install 'ptconvert[executorch]'" in report["error"]["hint"]
+    assert not out.exists()
+    code, plan, _ = run_cli(["plan", str(samples["mlp_zip"]), "--to", "pte", *MLP_ARGS], capsys)
+    assert plan["missing"] == {"executorch": report["error"]["hint"]}
+
+
+# (the Auto class that loads the directory, the output compared)
+HF = {"hf_bert": ("AutoModel", "last_hidden_state"), "hf_llama": ("AutoModelForCausalLM", "logits")}
+
+
+@pytest.mark.slow  # ExecuTorch's XNNPACK lowering of a transformer takes 15-25 s
+@pytest.mark.parametrize("name", sorted(HF))
+def test_tiny_hf_models_convert_with_a_dynamic_batch_and_sequence(
+    samples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    import transformers
+
+    out = tmp_path / f"{name}.pte"
+    code, report, _ = run_cli(
+        [str(samples[name]), "--to", "pte", "--dynamic-batch", "-o", str(out)], capsys
+    )
+    assert code == 0, report
+    assert report["check"] == "parity"
+    assert [s["batch"] for s in report["parity"]["sizes"]] == [1, 2, 3, 5, 7]
+    # the batch bounded at 8, the sequence at the config's 64 positions
+    assert report["dynamic_range"]["input_ids dim 0"] == "batch 1–8"
+    assert report["dynamic_range"]["input_ids dim 1"].startswith("sequence length 2–64")
+
+    auto, output = HF[name]
+    model = getattr(transformers, auto).from_pretrained(samples[name]).eval()
+    g = torch.Generator().manual_seed(5)
+    feeds: dict[int, list[torch.Tensor]] = {}
+    for batch, length in ((1, 16), (3, 7)):
+        ids = torch.randint(0, 99, (batch, length), generator=g)
+        feeds[batch] = [ids, torch.ones_like(ids)]
+    got = run_fresh(out, feeds, tmp_path)
+    with torch.no_grad():
+        for batch, (ids, mask) in feeds.items():
+            want = getattr(model(input_ids=ids, attention_mask=mask), output)
+            torch.testing.assert_close(got[batch][0], want, rtol=1e-4, atol=1e-4)
+
+    code, info, _ = run_cli(["info", str(out)], capsys)
+    assert [i["name"] for i in info["inputs"]] == ["input_ids", "attention_mask"]
+    assert [i["shape"] for i in info["inputs"]] == [[8, 64], [8, 64]]
+    assert info["outputs"][0]["name"] == output
+    assert set(info["metadata"]["delegates"]) == {"XnnpackBackend"}
