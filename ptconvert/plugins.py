@@ -49,10 +49,10 @@ class Registry:
     ) -> None:
         """Weights out of a plugin's format: ``reader(detection, key, skip_unsupported)`` gives
         a ``weights.read.WeightSet``; ``independent(weight_set, may_load_program, exit_stack)``
-        reads the same file another way for the bitwise check (``verify.weights``)."""
+        reads the same file another way for the bitwise check (``verify.independent``)."""
         from ptconvert.convert.graph import Edge, register_edge
         from ptconvert.convert.steps import read_weights_step
-        from ptconvert.verify.weights import INDEPENDENT_READERS
+        from ptconvert.verify.independent import INDEPENDENT_READERS
         from ptconvert.weights.read import READERS
 
         if format_name in READERS:

@@ -64,9 +64,9 @@ def read_toy(d: Any, key: Any, skip: Any) -> Any:
 
 
 def read_toy_again(ws: Any, may_unpickle: Any, stack: Any) -> Any:
-    from ptconvert.verify.weights import _Reference, _torch_ref
+    from ptconvert.verify.independent import Reference, _torch_ref
 
-    return _Reference("toy", {n: _torch_ref(t, None) for n, t in _toy_tensors(ws.origin).items()})
+    return Reference("toy", {n: _torch_ref(t, None) for n, t in _toy_tensors(ws.origin).items()})
 
 
 def sign_toy(state: Any, opts: Any) -> None:
@@ -90,11 +90,11 @@ def toy_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     from ptconvert.formats import FORMATS, FORMATS_BY_NAME
 
     saved = (list(FORMATS), dict(FORMATS_BY_NAME), list(graph.EDGES), list(graph.FILE_NODES))
-    from ptconvert.verify import weights as verify_weights
+    from ptconvert.verify import independent
     from ptconvert.weights import read
 
     saved_steps, saved_needs = dict(steps.STEPS), dict(needs.NEEDS)
-    saved_readers = (dict(read.READERS), dict(verify_weights.INDEPENDENT_READERS))
+    saved_readers = (dict(read.READERS), dict(independent.INDEPENDENT_READERS))
     monkeypatch.setattr(
         importlib.metadata,
         "entry_points",
@@ -111,7 +111,7 @@ def toy_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     needs.NEEDS.clear()
     needs.NEEDS.update(saved_needs)
     for table, saved_table in zip(
-        (read.READERS, verify_weights.INDEPENDENT_READERS), saved_readers, strict=True
+        (read.READERS, independent.INDEPENDENT_READERS), saved_readers, strict=True
     ):
         table.clear()
         table.update(saved_table)

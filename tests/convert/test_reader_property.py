@@ -30,7 +30,7 @@ from ptconvert.formats.torch_objects import (
     flatten_tensors,
 )
 from ptconvert.scan.scanner import scan_file
-from ptconvert.verify.weights import _plain
+from ptconvert.verify.independent import _plain
 from ptconvert.weights.read import _Storages
 from tests.convert.test_layouts import CONVERTS, big_endian, pairs_pickler, raw, state_dict
 

@@ -26,7 +26,7 @@ import ptconvert
 from fixtures.build import write_legacy_tar
 from ptconvert.convert.weights import convert_weights
 from ptconvert.formats.torch_objects import flatten_tensors
-from ptconvert.verify import weights as verify_weights
+from ptconvert.verify import independent
 from ptconvert.verify.pickle_files import PickleFile, read_pickle_file
 from ptconvert.verify.pickle_records import ITEMSIZES, STORAGE_DTYPES, StandIn, Tensor
 from tests.convert.test_layouts import big_endian, read_safetensors
@@ -36,7 +36,7 @@ Tensors = dict[str, tuple[str, tuple[int, ...], bytes]]
 
 def records(path: Path) -> tuple[PickleFile, dict[str, Tensor]]:
     read = read_pickle_file(path)
-    tree = verify_weights._plain(read.tree, [], is_tensor=lambda v: isinstance(v, Tensor))
+    tree = independent._plain(read.tree, [], is_tensor=lambda v: isinstance(v, Tensor))
     return read, flatten_tensors(tree, is_tensor=lambda v: isinstance(v, Tensor))
 
 
@@ -46,7 +46,7 @@ def ours(path: Path) -> Tensors:
     out: Tensors = {}
     for name, t in flat.items():
         assert read.problem(t) is None, (name, read.problem(t))
-        ref = verify_weights._record_ref(read, t, verify_weights._Pages(path))
+        ref = independent._record_ref(read, t, independent._Pages(path))
         data = b"".join(bytes(c) for c in ref.chunks())
         assert len(data) == ref.nbytes
         out[name] = (ref.dtype, ref.shape, data)
@@ -58,7 +58,7 @@ def torch_reads(path: Path, weights_only: bool = True) -> Tensors:
         warnings.simplefilter("ignore")
         loaded = torch.load(path, weights_only=weights_only, map_location="cpu")
     if not weights_only:
-        loaded = verify_weights._plain(loaded, [])
+        loaded = independent._plain(loaded, [])
     flat = flatten_tensors(loaded, is_tensor=lambda v: isinstance(v, torch.Tensor))
     return {
         n: (
@@ -214,14 +214,14 @@ def test_big_tensors_come_in_bounded_chunks_from_the_map(tmp_path: Path) -> None
     read, flat = records(src)
     sizes = {}
     for name in ("big", "big_t"):
-        ref = verify_weights._record_ref(read, flat[name], verify_weights._Pages(src))
+        ref = independent._record_ref(read, flat[name], independent._Pages(src))
         chunks = list(ref.chunks())
         sizes[name] = max(len(c) for c in chunks)
         if name == "big":  # contiguous: slices of the file's map, never copied
             assert all(isinstance(c.obj, mmap.mmap) for c in chunks)
         want = big if name == "big" else big.t().contiguous()
         assert b"".join(bytes(c) for c in chunks) == bytes(want.numpy())
-    assert max(sizes.values()) <= verify_weights.CHUNK
+    assert max(sizes.values()) <= independent.CHUNK
 
 
 def test_dtype_tables_match_torch() -> None:
