@@ -24,7 +24,7 @@ from ptconvert.quiet import quiet_libraries
 
 if TYPE_CHECKING:
     from ptconvert.convert.batch import BatchReport
-    from ptconvert.convert.cache import CacheCleared, CacheInfo
+    from ptconvert.convert.cache_store import CacheCleared, CacheInfo
     from ptconvert.convert.conversion_report import ConversionReport
     from ptconvert.convert.every import EveryFormatReport
     from ptconvert.convert.graph import Plan
@@ -478,7 +478,7 @@ def cache_info() -> CacheInfo:
     >>> len(info.entries), info.total_bytes > 0, info.problem
     (1, True, None)
     """
-    from ptconvert.convert.cache import info
+    from ptconvert.convert.cache_store import info
 
     return info()
 
@@ -491,6 +491,6 @@ def cache_clear() -> CacheCleared:
     >>> ptconvert.cache_clear().freed_bytes > 0
     True
     """
-    from ptconvert.convert.cache import clear
+    from ptconvert.convert.cache_store import clear
 
     return clear()

@@ -25,7 +25,7 @@ import torch
 import ptconvert
 from fixtures.models import MLP
 from ptconvert.cli import main
-from ptconvert.convert import cache
+from ptconvert.convert import cache, cache_key, cache_store
 from ptconvert.formats import detect
 from ptconvert.options import Options
 from tests.conftest import run_cli
@@ -141,7 +141,7 @@ def test_the_key_follows_content_and_the_options_that_change_the_artifact(
     d = detect(checkpoint)
 
     def key(opts: Options, target: str = "pt2", det: Any = d, out: str = "o.pt2") -> str:
-        return cache.cache_key(det, target, tmp_path / out, opts)[0]
+        return cache_key.cache_key(det, target, tmp_path / out, opts)[0]
 
     base = key(Options(**SPEC))
     assert key(Options(**SPEC), out="elsewhere.pt2") == base  # pt2 names no companion
@@ -160,7 +160,7 @@ def test_the_key_follows_content_and_the_options_that_change_the_artifact(
     by_file = key(Options(model=f"{tmp_path / 'net.py'}:make", inputs=SPEC["inputs"]))
     (tmp_path / "net.py").write_text("from fixtures.models import MLP\nmake = MLP  # v2\n")
     assert key(Options(model=f"{tmp_path / 'net.py'}:make", inputs=SPEC["inputs"])) != by_file
-    inputs = cache.cache_key(d, "pt2", tmp_path / "o.pt2", Options(**SPEC))[1]
+    inputs = cache_key.cache_key(d, "pt2", tmp_path / "o.pt2", Options(**SPEC))[1]
     assert inputs["model_source"]  # fixtures/models.py, found without importing anything new
     assert inputs["versions"]["torch"] == str(torch.__version__)
 
@@ -198,17 +198,17 @@ def test_every_option_is_in_the_key_but_those_that_do_not_change_the_artifact(
     """Each Options field changed alone: the key changes, but for NOT_IN_KEY's (a new option
     is in the key by default)."""
     d = detect(checkpoint)
-    base = cache.cache_key(d, "pt2", tmp_path / "o.pt2", Options(**SPEC))[0]
+    base = cache_key.cache_key(d, "pt2", tmp_path / "o.pt2", Options(**SPEC))[0]
     kinds = typing.get_type_hints(Options)
     fields = dataclasses.fields(Options)
-    assert set(cache.NOT_IN_KEY) <= {f.name for f in fields}
+    assert set(cache_key.NOT_IN_KEY) <= {f.name for f in fields}
     for f in fields:
         opts = dataclasses.replace(
             Options(**SPEC), **{f.name: _another_value(f, kinds[f.name], tmp_path)}
         )
         assert getattr(opts, f.name) != getattr(Options(**SPEC), f.name), f.name
-        changed = cache.cache_key(d, "pt2", tmp_path / "o.pt2", opts)[0]
-        if f.name in cache.NOT_IN_KEY:
+        changed = cache_key.cache_key(d, "pt2", tmp_path / "o.pt2", opts)[0]
+        if f.name in cache_key.NOT_IN_KEY:
             assert changed == base, f"{f.name} is in NOT_IN_KEY but changes the key"
         else:
             assert changed != base, f"{f.name} does not change the key"
@@ -222,9 +222,9 @@ def test_the_key_follows_inductor_settings_plugins_and_the_gpu(
     d = detect(checkpoint)
 
     def key(**options: Any) -> str:
-        return cache.cache_key(d, "aoti", tmp_path / "o.pt2", Options(**SPEC, **options))[0]
+        return cache_key.cache_key(d, "aoti", tmp_path / "o.pt2", Options(**SPEC, **options))[0]
 
-    for name in [n for n in os.environ if n.startswith(cache.KEYED_ENVIRONMENT)]:
+    for name in [n for n in os.environ if n.startswith(cache_key.KEYED_ENVIRONMENT)]:
         monkeypatch.delenv(name)
     base = key()
     monkeypatch.setenv("PTCONVERT_UNRELATED", "1")
@@ -253,7 +253,7 @@ def test_the_key_follows_inductor_settings_plugins_and_the_gpu(
     monkeypatch.setattr(importlib.metadata, "entry_points", plugins("1.0"))
     with_plugin = key()
     assert with_plugin != base
-    inputs = cache.cache_key(d, "aoti", tmp_path / "o.pt2", Options(**SPEC))[1]
+    inputs = cache_key.cache_key(d, "aoti", tmp_path / "o.pt2", Options(**SPEC))[1]
     assert inputs["plugins"] == [
         {"entry_point": "toy=ptconvert_toy:register", "dist": "ptconvert-toy", "version": "1.0"}
     ]
@@ -266,7 +266,7 @@ def test_the_key_follows_inductor_settings_plugins_and_the_gpu(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     no_gpu = key(device="cuda")
     assert no_gpu != key()
-    inputs = cache.cache_key(d, "aoti", tmp_path / "o.pt2", Options(**SPEC, device="cuda"))[1]
+    inputs = cache_key.cache_key(d, "aoti", tmp_path / "o.pt2", Options(**SPEC, device="cuda"))[1]
     assert inputs["gpu"] == {"seen": False}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
@@ -320,7 +320,8 @@ def test_a_pickled_module_is_not_cached(
     for report in (first, second):
         assert any("not part of the cache key" in n for n in report.notes), report.notes
     assert not (cache_dir / "entries").exists()  # neither read nor stored
-    inputs = cache.cache_key(detect(tmp_path / "net.pt"), "pt2", tmp_path / "c.pt2", Options())[1]
+    d = detect(tmp_path / "net.pt")
+    inputs = cache_key.cache_key(d, "pt2", tmp_path / "c.pt2", Options())[1]
     assert "cached_net.Net" in inputs["imports_code"]  # what the key does not cover, said
 
 
@@ -384,23 +385,23 @@ def test_the_copy_out_places_files_together_and_sizes_come_from_disk_size(
         placed.append(([d.name for _, d in moves], [p.name for p in obsolete]))
         atomic.place_together(moves, obsolete, **how)
 
-    monkeypatch.setattr(cache, "place_together", place)
+    monkeypatch.setattr(cache_store, "place_together", place)
     out = tmp_path / "out" / "m.onnx"
-    cache._copy_out(entry, record, out, FORMATS_BY_NAME["onnx"])
+    cache_store.copy_out(entry, record, out, FORMATS_BY_NAME["onnx"])
     assert placed == [(["m.onnx.data", "m.onnx"], [])]
     assert {p.name: p.read_bytes() for p in out.parent.iterdir()} == stored  # no temporary left
     # a replaced output whose companion the stored one lacks; a corrupt file places nothing
     only_main = {"main": "m.onnx", "files": {"m.onnx": meta["m.onnx"]}}
-    cache._copy_out(entry, only_main, out, FORMATS_BY_NAME["onnx"])
+    cache_store.copy_out(entry, only_main, out, FORMATS_BY_NAME["onnx"])
     assert placed[-1] == (["m.onnx"], ["m.onnx.data"])
     assert [p.name for p in out.parent.iterdir()] == ["m.onnx"]
     (entry / "files" / "m.onnx.data").write_bytes(b"the weightS")
-    with pytest.raises(cache._Corrupt):
-        cache._copy_out(entry, record, out, FORMATS_BY_NAME["onnx"])
+    with pytest.raises(cache_store.Corrupt):
+        cache_store.copy_out(entry, record, out, FORMATS_BY_NAME["onnx"])
     assert len(placed) == 2 and [p.name for p in out.parent.iterdir()] == ["m.onnx"]
 
     sized: list[Path] = []
-    monkeypatch.setattr(cache, "disk_size", lambda p: sized.append(p) or atomic.disk_size(p))
+    monkeypatch.setattr(cache_store, "disk_size", lambda p: sized.append(p) or atomic.disk_size(p))
     ptconvert.cache_info()
     assert sized == [cache_dir]
 
@@ -413,7 +414,7 @@ def test_a_directory_is_keyed_by_every_file_it_loads_from(tmp_path: Path) -> Non
     (tmp_path / "sub" / "model.safetensors").write_bytes(b"w")
     (tmp_path / ".git").mkdir()
     (tmp_path / ".git" / "pack").write_bytes(b"a second copy of the weights")
-    files = cache._source_files(SimpleNamespace(path=tmp_path))  # type: ignore[arg-type]
+    files = cache_key._source_files(SimpleNamespace(path=tmp_path))  # type: ignore[arg-type]
     assert [name for name, _ in files] == ["config.json", "sub/model.safetensors"]
 
 
@@ -488,7 +489,7 @@ def test_four_processes_refilling_one_entry_leave_one_good_artifact(
     interrupted fill left (files, no complete.json, a tmp folder): one converts and refills it,
     three wait and copy it."""
     outs = [tmp_path / f"out{i}.pt2" for i in range(4)]
-    key = cache.cache_key(detect(checkpoint), "pt2", outs[0], Options(**SPEC))[0]
+    key = cache_key.cache_key(detect(checkpoint), "pt2", outs[0], Options(**SPEC))[0]
     (cache_dir / "entries" / key / "files").mkdir(parents=True)
     (cache_dir / "entries" / key / "files" / "out0.pt2").write_bytes(b"PK half written")
     (cache_dir / "tmp" / f"{key}.dead").mkdir(parents=True)

@@ -244,7 +244,7 @@ def output_key(src: Path, to: str, out: Path, opts: Options) -> str | None:
     """What determines the output (the cache's key: the bytes of every file the source loads
     from, the model's code, the options, the versions), or None when that cannot say it: a
     file not recognised, a pickle that imports classes of its own."""
-    from ptconvert.convert.cache import cache_key
+    from ptconvert.convert.cache_key import cache_key
     from ptconvert.formats import detect
 
     try:

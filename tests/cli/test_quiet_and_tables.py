@@ -239,7 +239,7 @@ def test_a_factory_loading_its_own_weights_on_meta_warns_nothing(
 
 
 def _reports() -> dict[str, Any]:
-    from ptconvert.convert.cache import CacheEntry, CacheInfo
+    from ptconvert.convert.cache_store import CacheEntry, CacheInfo
     from ptconvert.convert.engine import ConversionReport
     from ptconvert.convert.optimize import Candidate, OptimizeReport
     from ptconvert.convert.state import StepRecord
