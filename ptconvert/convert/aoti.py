@@ -71,7 +71,7 @@ def aoti_compile(state: RunState, opts: Options) -> None:
 def _compile(state: RunState, opts: Options) -> None:
     from torch._inductor import aoti_compile_and_package
 
-    from ptconvert.verify.ranges import user_inputs
+    from ptconvert.verify.dims import user_inputs
 
     assert state.exported is not None and state.output is not None
     ep: Any = state.exported
@@ -168,7 +168,8 @@ def accepted_at_one(ep: Any, bounds: Bounds) -> frozenset[tuple[int, int]]:
     check runs there (a minimum of 2, torch's floor), unless verification bounded them, and
     plain dims the program declares from 1 (``Dim(min=1)``: a generation export's new tokens;
     Inductor's checks would put torch's floor of 2 on them)."""
-    from ptconvert.verify.ranges import dynamic_dims, probed_at_one, user_inputs
+    from ptconvert.verify.dims import dynamic_dims, user_inputs
+    from ptconvert.verify.ranges import probed_at_one
 
     index = {name: i for i, (name, _val) in enumerate(user_inputs(ep))}
     every = dynamic_dims(ep)

@@ -382,7 +382,7 @@ def _fix_for(errors: list[str], opts: Options) -> str:
 
 def dynamic_range_words(ep: Any) -> dict[str, str]:
     """The dynamic dims of ``ep`` and the sizes torch guarantees for each, in words."""
-    from ptconvert.verify.ranges import describe, dynamic_dims
+    from ptconvert.verify.dims import describe, dynamic_dims
 
     dims = dynamic_dims(ep)
     return {d.where: describe(d, dims) for d in dims}

@@ -37,7 +37,7 @@ def symbol_names(ep: Any) -> dict[str, str]:
     transformers input's ``AXIS_NAMES``: ``sequence_length``, ``height``, …),
     ``<input>_<axis>`` otherwise."""
     from ptconvert.model.axes import AXIS_NAMES
-    from ptconvert.verify.ranges import dynamic_dims
+    from ptconvert.verify.dims import dynamic_dims
 
     names: dict[str, str] = {}
     for d in dynamic_dims(ep):
@@ -272,6 +272,6 @@ def onnx_export(state: RunState, opts: Options) -> None:
 
 
 def _named(ep: Any, names: dict[str, str]) -> list[Any]:
-    from ptconvert.verify.ranges import dynamic_dims
+    from ptconvert.verify.dims import dynamic_dims
 
     return [d for d in dynamic_dims(ep) if d.symbol in names]

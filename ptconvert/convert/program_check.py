@@ -106,7 +106,7 @@ def dynamism(state: RunState) -> tuple[bool, bool]:
     (no exported program) takes any size."""
     if state.exported is None:
         return True, True
-    from ptconvert.verify.ranges import dynamic_dims
+    from ptconvert.verify.dims import dynamic_dims
 
     dims = dynamic_dims(state.exported)
     return bool(dims), any(d.axis == 0 for d in dims)
@@ -219,7 +219,7 @@ def _pin_unbatched(state: RunState, opts: Options) -> None:
     sample = state.inputs.at(state.inputs.batch)
     tensors = [n for n, v in sample.items() if getattr(v, "dim", lambda: 0)() > 0]
     if state.exported is not None:
-        from ptconvert.verify.ranges import dynamic_dims
+        from ptconvert.verify.dims import dynamic_dims
 
         batched = {d.input for d in dynamic_dims(state.exported) if d.axis == 0}
     else:

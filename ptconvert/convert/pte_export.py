@@ -54,7 +54,7 @@ def pte_export(state: RunState, opts: Options) -> None:
 def upper_bounds(state: RunState, opts: Options) -> dict[Any, tuple[int, int]]:
     """The (min, max) each dynamic dim's symbol gets in the .pte, for the symbols whose range
     changes (none: the program is lowered as it is)."""
-    from ptconvert.verify.ranges import dynamic_dims
+    from ptconvert.verify.dims import dynamic_dims
 
     ep = state.exported
     dims = [d for d in dynamic_dims(ep) if d.symbol is not None and (d.scale, d.offset) == (1, 0)]
@@ -88,7 +88,7 @@ def upper_bounds(state: RunState, opts: Options) -> dict[Any, tuple[int, int]]:
 def _example_sizes(ep: Any) -> dict[Key, int]:
     from torch.utils._pytree import tree_leaves
 
-    from ptconvert.verify.ranges import user_inputs
+    from ptconvert.verify.dims import user_inputs
 
     args, kwargs = ep.example_inputs or ((), {})
     leaves = tree_leaves((args, kwargs))
@@ -110,7 +110,7 @@ def _export_bounded(state: RunState, bounds: dict[Any, tuple[int, int]]) -> None
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
     from ptconvert.convert.exporting import dynamic_range_words
-    from ptconvert.verify.ranges import dynamic_dims, user_inputs
+    from ptconvert.verify.dims import dynamic_dims, user_inputs
 
     ep = state.exported
     if not ep.example_inputs:

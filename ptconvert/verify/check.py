@@ -504,7 +504,7 @@ def _verify(
 
 def _unbatched(exported: Any, binding: InputBinding, inputs: Any) -> list[str]:
     """The example's tensor inputs whose dim 0 is not the program's dynamic batch."""
-    from ptconvert.verify.ranges import dynamic_dims
+    from ptconvert.verify.dims import dynamic_dims
 
     batched = {d.input for d in dynamic_dims(exported) if d.axis == 0}
     sample = inputs.at(inputs.batch)

@@ -87,11 +87,11 @@ def judge_program(
     """Compare ``candidate`` with ``reference`` at ``batches`` and, when ``ranged`` (the
     candidate's ExportedProgram) has dynamic dims, probe each of them on ``example()``; the
     sizes outside the batch range that holds are dropped, those inside compared."""
+    from ptconvert.verify.dims import dynamic_dims
     from ptconvert.verify.ranges import (
         DEFAULT_BUDGET,
         batch_sizes_that_hold,
         check_program,
-        dynamic_dims,
         shapes_of,
         verdict,
     )

@@ -13,14 +13,12 @@ import torch
 from torch import nn
 from torch.export import Dim
 
+from ptconvert.verify.dims import DynamicDim, describe, dynamic_dims
 from ptconvert.verify.parity import compare
 from ptconvert.verify.ranges import (
     DimRange,
-    DynamicDim,
     RangeReport,
     check_ranges,
-    describe,
-    dynamic_dims,
     example_sizes,
     probe_sizes,
     probed_at_one,
