@@ -88,7 +88,7 @@ def test_shell_completion_completes_commands_and_format_names() -> None:
     # a file to convert (the shell lists the files), or a command: bash lists files only
     # when no command fits (the file item first: click's bash script clears what precedes it)
     assert complete("ptconvert sc", 1) == [("file", "sc"), ("plain", "scan")]
-    assert complete("ptconvert model.bin --to p", 3) == [("plain", "pt"), ("plain", "pt2")]
+    assert complete("ptconvert model.bin --to p", 3) == [("plain", n) for n in ("pt", "pt2", "pte")]
     assert ("plain", "all") in complete("ptconvert model.bin --to ", 3)
 
 
