@@ -188,6 +188,8 @@ class PteMethod:
     instructions: int
     planned_bytes: int  # memory ExecuTorch plans for the method's values (the maximum sizes)
     constants: list[PteTensor] = field(default_factory=list)
+    # a constant method's values (no inputs, every output a literal: get_max_seq_len …)
+    returns: list[int | float | bool] | None = None
 
 
 @dataclass
@@ -231,13 +233,30 @@ def _value(values: list[_Table], index: int) -> PteTensor | str:
     return _tensor(inner)
 
 
+_LITERALS = {2: "<q", 3: "<?", 4: "<d"}  # Int, Bool, Double: their one field
+
+
+def _literal(values: list[_Table], index: int) -> int | float | bool | None:
+    """The value of an Int, Bool or Double EValue; None for anything else."""
+    if not 0 <= index < len(values):
+        return None
+    fmt = _LITERALS.get(values[index].scalar(0, "<B"))
+    inner = values[index].table(1)
+    if fmt is None or inner is None:
+        return None
+    value: int | float | bool = inner.scalar(0, fmt, False if fmt == "<?" else 0)
+    return value
+
+
 def _tensor(t: _Table) -> PteTensor:
     extra = t.table(9)
     return PteTensor(
         SCALAR_TYPES.get(t.scalar(0, "<b"), f"scalar type {t.scalar(0, '<b')}"),
         [int(s) for s in t.scalars(2, "i")],
         _DYNAMISM.get(t.scalar(8, "<b"), "?"),
-        t.scalar(5, "<I") > 0,
+        # data in the file and no place in planned memory (a mutable buffer's initial state
+        # is data in the file too, copied into its planned place)
+        t.scalar(5, "<I") > 0 and t.table(6) is None,
         extra.string(1) if extra is not None else None,
     )
 
@@ -308,12 +327,17 @@ def _method(plan: _Table, segment_size: Any, sizes: Counter[str]) -> PteMethod:
     constants = []
     for v in values:
         inner = v.table(1)
-        if v.scalar(0, "<B") == _TENSOR and inner is not None and inner.scalar(5, "<I") > 0:
-            constants.append(_tensor(inner))
+        if v.scalar(0, "<B") == _TENSOR and inner is not None:
+            tensor = _tensor(inner)
+            if tensor.constant:
+                constants.append(tensor)
+    inputs, outputs = plan.scalars(3, "i"), plan.scalars(4, "i")
+    literals = [_literal(values, i) for i in outputs]
+    returns = None if inputs or not outputs or None in literals else literals
     return PteMethod(
         plan.string(0) or "?",
-        [_value(values, i) for i in plan.scalars(3, "i")],
-        [_value(values, i) for i in plan.scalars(4, "i")],
+        [_value(values, i) for i in inputs],
+        [_value(values, i) for i in outputs],
         _spec_names(meta.string(0) if meta is not None else None),
         _spec_names(meta.string(1) if meta is not None else None),
         dict(calls),
@@ -321,6 +345,7 @@ def _method(plan: _Table, segment_size: Any, sizes: Counter[str]) -> PteMethod:
         instructions,
         sum(int(s) for s in plan.scalars(8, "q")),
         constants,
+        [v for v in literals if v is not None] if returns is not None else None,
     )
 
 
@@ -395,10 +420,13 @@ class PteFormat(Format):
             delegates.update(m.delegates)
         info.metadata = {
             "version": program.version,
-            "methods": {m.name: _method_words(m) for m in program.methods},
+            "methods": {m.name: _method_words(m) for m in program.methods if m.returns is None},
             "delegates": dict(delegates),
             "data_bytes": program.segment_bytes,
         }
+        literal = {m.name: _one(m.returns) for m in program.methods if m.returns is not None}
+        if literal:  # what an LLM runner reads: get_max_seq_len, get_max_batch_size, …
+            info.metadata["constant_methods"] = literal
         if program.named_data:
             info.metadata["named_data"] = program.named_data
         if program.inline_delegate_bytes:
@@ -435,6 +463,15 @@ class PteFormat(Format):
             dynamic=dynamic,
             max_batch=first.sizes[0] if dynamic and first is not None else None,
         )
+
+
+def _one(values: list[Any]) -> Any:
+    return values[0] if len(values) == 1 else values
+
+
+def constant_methods(path: Path) -> dict[str, Any]:
+    """The program's constant methods by name, each its value (a list when it returns several)."""
+    return {m.name: _one(m.returns) for m in read_program(path).methods if m.returns is not None}
 
 
 def scan_notes(path: Path) -> list[str]:

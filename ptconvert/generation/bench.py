@@ -77,6 +77,16 @@ def generation_export(path: Path) -> Export | None:
             str(found["task"]), fmt, "decoder", _int(found, "batch_size"),
             _int(found, "cache_length"),
         )  # fmt: skip
+    if fmt == "pte":  # the constant methods pte_cache.py writes
+        from ptconvert.generation.pte_cache import read_meta as pte_meta
+
+        found = pte_meta(path)
+        if found is None:
+            return None
+        return Export(
+            "text-generation-with-past", "pte", "decoder", _int(found, "batch_size"),
+            _int(found, "cache_length"),
+        )  # fmt: skip
     if fmt == "onnx":
         import onnx
 

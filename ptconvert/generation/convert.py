@@ -64,7 +64,8 @@ def plan(src: str | Path, to: str, opts: Options) -> GenerationPlan:
     length = opts.cache_length or "the config's positions (at most 1024)"
     cache = (
         f"static cache, batch {batch}, length {length}"
-        if to in ("pt2", "aoti")  # aoti: the program compiled by AOTInductor (aoti_cache.py)
+        # aoti: the program compiled by AOTInductor (aoti_cache.py), pte: lowered by ExecuTorch
+        if to in ("pt2", "aoti", "pte")
         else "past_key_values.N.key|value in, present.N.key|value out"
         if kind == "decoder"
         else "past_key_values.N.decoder|encoder.key|value in, present.N.… out"
@@ -115,6 +116,10 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
         Path(output) if output else (folder_output(src, to) if folder else default_output(src, to))
     )
     check_output(out, [src], opts.force)
+    if to == "pte":  # said before the model loads
+        from ptconvert.deps import require_installed
+
+        require_installed("executorch")
     with progress.step(f"loading {src.name} for {opts.task}"):
         loaded = load_model(src, opts.task, to, opts)
     model, notes = loaded.model, list(loaded.notes)
@@ -127,6 +132,10 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
             from ptconvert.generation.aoti_cache import export_package
 
             cache, interface = export_package(model, src, tmp, out, opts, notes)
+        elif to == "pte":  # the static-cache program lowered by ExecuTorch
+            from ptconvert.generation.pte_cache import export_program
+
+            cache, interface = export_program(model, tmp, opts, notes)
         else:
             cache, interface = _onnx_decoder(model, tmp, opts, notes)
         checked = _check(model, tmp, opts) if opts.verify else None

@@ -166,13 +166,20 @@ def open_stepper(artifact: str | Path, trust: bool = False) -> Stepper:
         meta = read_meta(path)
         if meta is not None and meta.get("cache") == "static":
             return AotiStaticCache(path, meta, trust)
+    if fmt == "pte":  # the static-cache program lowered by ExecuTorch
+        from ptconvert.generation.pte_cache import PteStaticCache
+        from ptconvert.generation.pte_cache import read_meta as pte_meta
+
+        meta = pte_meta(path)
+        if meta is not None:
+            return PteStaticCache(path, meta)
     if fmt == "onnx":
         from ptconvert.generation.onnx_past import OnnxWithPast
 
         return OnnxWithPast(path)
     raise UnsupportedConversionError(
-        f"{fmt} without a generation layout (a pt2 with a static cache, an ONNX decoder "
-        "with past_key_values inputs, a seq2seq export's folder)",
+        f"{fmt} without a generation layout (a pt2, AOTI package or .pte with a static "
+        "cache, an ONNX decoder with past_key_values inputs, a seq2seq export's folder)",
         path=path,
         hint="convert with --task text-generation-with-past or text2text-generation-with-past",
     )

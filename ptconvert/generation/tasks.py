@@ -9,7 +9,7 @@ from ptconvert.options import GENERATION_TASKS
 
 # the targets each generation task writes so far
 TARGETS: dict[str, tuple[str, ...]] = {
-    "decoder": ("pt2", "onnx", "aoti"),
+    "decoder": ("pt2", "onnx", "aoti", "pte"),
     "seq2seq": ("pt2", "onnx"),  # a folder: the encoder, the decoder, the configs
     "speech-seq2seq": ("pt2", "onnx"),  # Whisper: a folder as seq2seq's
 }
@@ -97,6 +97,14 @@ def describe_task(info: Any) -> None:
             info.metadata["task"] = meta["task"]
             info.metadata["cache"] = (
                 f"static, batch {meta.get('batch_size')}, {meta.get('cache_length')} positions"
+            )
+    elif info.format == "pte":  # the constant methods an ExecuTorch LLM runner reads
+        methods = info.metadata.get("constant_methods", {})
+        if methods.get("use_kv_cache") and "get_max_seq_len" in methods:
+            info.metadata["task"] = "text-generation-with-past"
+            info.metadata["cache"] = (
+                f"static, batch {methods.get('get_max_batch_size')}, "
+                f"{methods['get_max_seq_len']} positions"
             )
     elif info.format == "onnx":
         names = [i.name for i in info.inputs or []]

@@ -160,3 +160,61 @@ def test_tiny_hf_models_convert_with_a_dynamic_batch_and_sequence(
     assert [i["shape"] for i in info["inputs"]] == [[8, 64], [8, 64]]
     assert info["outputs"][0]["name"] == output
     assert set(info["metadata"]["delegates"]) == {"XnnpackBackend"}
+
+
+# a new interpreter: greedy decoding over one loaded method (the test's own loop, not
+# ptconvert's runner); the program's batch is 2, a batch of 1 is padded with its row
+_GENERATE_FRESH = """
+import sys, torch
+from executorch.runtime import Runtime
+path, prompts, out, new = sys.argv[1], torch.load(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+method = Runtime.get().load_program(path).load_method("forward")
+def call(ids, position):
+    padded = torch.cat([ids, ids[-1:].expand(2 - len(ids), ids.shape[1])]) if len(ids) < 2 else ids
+    positions = torch.arange(position, position + ids.shape[1])
+    return method.execute([padded.contiguous(), positions])[0][: len(ids), -1]
+results = []
+for ids in prompts:
+    tokens = [call(ids, 0).argmax(-1)]  # position 0: a new sequence in the same buffers
+    for k in range(new - 1):
+        tokens.append(call(tokens[-1][:, None], ids.shape[1] + k).argmax(-1))
+    results.append(torch.stack(tokens, 1))
+torch.save(results, out)
+"""
+
+
+@pytest.mark.slow  # the static-cache program's XNNPACK lowering takes ~20 s
+def test_a_llama_with_its_static_cache_generates_as_transformers(
+    samples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.generation.conftest import eager, reference
+
+    out = tmp_path / "llama.pte"
+    args = [str(samples["hf_llama"]), "--to", "pte", "--task", "text-generation-with-past"]
+    code, report, _ = run_cli([*args, "-o", str(out)], capsys)
+    assert code == 0, report
+    assert report["check"] == "generation" and report["generation"]["status"] == "pass"
+    assert report["cache"] == {"kind": "static", "batch_size": 2, "length": 64}
+
+    g = torch.Generator().manual_seed(7)
+    prompts = [
+        torch.randint(3, 99, (rows, length), generator=g) for rows, length in ((1, 4), (2, 9))
+    ]
+    torch.save(prompts, tmp_path / "prompts.pt")
+    proc = subprocess.run(
+        [sys.executable, "-c", _GENERATE_FRESH, str(out), str(tmp_path / "prompts.pt"),
+         str(tmp_path / "tokens.pt"), "12"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    model = eager(samples["hf_llama"])
+    for ids, got in zip(prompts, torch.load(tmp_path / "tokens.pt"), strict=True):
+        want = reference(model, ids, 12).sequences[:, ids.shape[1] :]
+        assert torch.equal(got, want), (got, want)
+
+    code, info, _ = run_cli(["info", str(out)], capsys)
+    assert info["metadata"]["task"] == "text-generation-with-past"
+    assert info["metadata"]["constant_methods"]["get_max_seq_len"] == 64
+    assert info["metadata"]["constant_methods"]["get_max_batch_size"] == 2

@@ -1,0 +1,148 @@
+"""ExecuTorch with a static cache (``--to pte --task text-generation-with-past``): the
+decoder-only LM's static-cache program (``static_cache.py``'s wrapper, the cache in the
+program's buffers as for AOTI) lowered by ExecuTorch (``--pte-backend``: XNNPACK or the
+portable kernels), as optimum-executorch exports LLMs.
+
+The cache tensors are mutable buffers of the method: ExecuTorch keeps them in its planned
+memory between calls of one loaded method, so the program steps like the pt2 (``input_ids``
+batch × 1 to N new tokens, ``cache_position``; position 0 starts a new sequence). Their initial
+zeros are written into the file (``InitializedMutableBufferPass``): left uninitialized, as
+ExecuTorch would, a key that is not a number at a masked position still turns the attention's
+sums into NaN. What a runner needs to know is in constant methods, under the names ExecuTorch's
+LLM runners read: ``get_max_seq_len`` (the cache's positions), ``get_max_batch_size`` (its
+rows), ``use_kv_cache``, ``get_vocab_size``, ``get_eos_ids``; ``read_meta`` reads them back from
+the flatbuffer (nothing run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ptconvert.deps import require
+from ptconvert.errors import UnsupportedConversionError, named_error
+from ptconvert.generation.runner import StaticCacheProgram
+from ptconvert.quiet import quiet_torch
+
+# the wrapper's buffers (``static_cache._own_buffers``) that the file gives their zeros
+_CACHE_BUFFERS = ["key_cache", "value_cache", "cumulative_length"]
+
+
+def export_program(
+    model: Any, tmp: Path, opts: Any, notes: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The decoder-only LM into a ``.pte`` at ``tmp``: exported with its static cache in
+    buffers, lowered, the constant methods added; the report's cache and interface."""
+    from ptconvert import progress
+    from ptconvert.generation.check import BATCHES
+    from ptconvert.generation.static_cache import cache_length, export_decoder
+
+    with quiet_torch():  # importing it loads torchao, which prints what it cannot load
+        require("executorch.exir")
+    batch = max(opts.batch_sizes or BATCHES)
+    length = cache_length(model, opts.cache_length)
+    with progress.step(f"exporting with a static cache (batch {batch}, {length} positions)"):
+        ep = export_decoder(model, batch, length, own_buffers=True)
+    eos = model.generation_config.eos_token_id
+    methods: dict[str, Any] = {
+        "get_max_seq_len": length,
+        "get_max_batch_size": batch,
+        "use_kv_cache": True,
+        "get_vocab_size": int(model.config.get_text_config().vocab_size),
+    }
+    if eos is not None:
+        methods["get_eos_ids"] = list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+    with progress.step(f"lowering with ExecuTorch ({opts.pte_backend})"):
+        program = _lower(ep, opts.pte_backend, methods)
+    try:
+        with open(tmp, "wb") as fh:
+            program.write_to_file(fh)
+    except OSError as exc:  # the filesystem (no space, read-only …): said as such, exit 9
+        raise named_error(exc, tmp) or exc from None
+    from ptconvert.formats.pte import read_program
+
+    initial = read_program(tmp).segment_bytes.get("mutable data", 0)
+    notes.append(
+        f"static cache of {batch} row(s) × {length} positions in the method's mutable buffers "
+        "(ExecuTorch keeps them between calls of one loaded method; their initial zeros are "
+        f"in the file: {initial / 2**20:.2f} MiB); lowered with {opts.pte_backend}; "
+        "constant methods get_max_seq_len, get_max_batch_size, use_kv_cache, get_vocab_size, "
+        "get_eos_ids; a smaller batch runs padded with copies of its last row "
+        "(ptconvert.generate does it)"
+    )
+    cache = {"kind": "static", "batch_size": batch, "length": length}
+    interface = {
+        "call": 'prog = Runtime.get().load_program(p).load_method("forward"); '
+        "prog.execute([ids[batch, n], arange(pos, pos + n)]) → [logits]",
+        "inputs": ["input_ids", "cache_position"],
+        "outputs": ["logits"],
+    }
+    return cache, interface
+
+
+def _lower(ep: Any, backend: str, methods: dict[str, Any]) -> Any:
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+    partitioner: list[Any] = []
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+            XnnpackPartitioner,
+        )
+
+        partitioner = [XnnpackPartitioner()]
+    try:
+        with quiet_torch():
+            edge = to_edge_transform_and_lower(
+                ep, partitioner=partitioner, constant_methods=methods
+            )
+            config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(_CACHE_BUFFERS)])
+            return edge.to_executorch(config)
+    except Exception as exc:  # ExecuTorch's errors are long: the first line says what failed
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise UnsupportedConversionError(
+            f"ExecuTorch cannot lower the static-cache program: {type(exc).__name__}: {first}",
+            hint="--pte-backend portable runs every op on the portable kernels; --to pt2 keeps "
+            "the same program for torch",
+        ) from None
+
+
+def read_meta(path: Path) -> dict[str, Any] | None:
+    """The static cache a .pte says it has (its constant methods), as ``generation.json``
+    says it of a pt2; None when it has none."""
+    from ptconvert.formats.pte import constant_methods
+
+    methods = constant_methods(path)
+    if not methods.get("use_kv_cache") or "get_max_seq_len" not in methods:
+        return None
+    eos = methods.get("get_eos_ids")
+    return {
+        "cache": "static",
+        "batch_size": int(methods.get("get_max_batch_size", 1)),
+        "cache_length": int(methods["get_max_seq_len"]),
+        "eos_token_id": eos,
+    }
+
+
+class PteStaticCache(StaticCacheProgram):
+    """A .pte with a static cache, run by ExecuTorch's runtime in its own process
+    (``formats/isolated.py``); the process holds the loaded method, so the cache buffers it
+    mutates stay between the calls. Stepped as ``StaticCacheProgram`` is."""
+
+    what = "program"
+
+    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
+        from ptconvert.deps import require_installed
+        from ptconvert.formats.isolated import IsolatedRuntime
+        from ptconvert.scan.guard import guard
+
+        guard(path)  # every file loaded goes through the scanner (a .pte: no pickle, clean)
+        require_installed("executorch")  # said here, not in the child
+        self.runtime = IsolatedRuntime("pte", str(path))
+        self._sized(path, meta)
+
+    def _run(self, input_ids: Any, cache_position: Any) -> Any:
+        (logits,) = self.runtime(input_ids=input_ids.contiguous(), cache_position=cache_position)
+        return logits
+
+    def close(self) -> None:
+        self.runtime.close()
