@@ -63,21 +63,29 @@ def test_a_too_old_torch_stops_the_check_with_the_release_it_needs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Simulated on any torch: float32 'needs torch 99.0'. The bytes are copied without torch,
-    so --no-verify still converts; the check of a safetensors source, which hands them to
-    torch, says what it needs (a pickle source is checked without torch: the records reader)."""
+    so --no-verify still converts; the check of a program source, whose own loader hands them
+    to torch, says what it needs. Pickle and safetensors sources are checked without torch (the
+    records reader; safe_open and the header's offsets): their check runs on any torch."""
     from safetensors.torch import save_file
 
+    program = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(torch.nn.Linear(3, 2), (torch.ones(1, 3),)), program)
     save_file({"w": torch.ones(3)}, tmp_path / "w.safetensors")
     monkeypatch.setitem(deps.TORCH_DTYPES_SINCE, "float32", "99.0")
-    src, out = tmp_path / "w.safetensors", tmp_path / "o.pt"
-    code, report, _ = run_cli([str(src), "--to", "pt", "-o", str(out)], capsys)
+    out = tmp_path / "o.safetensors"
+    code, report, _ = run_cli([str(program), "--to", "safetensors", "-o", str(out)], capsys)
     assert code == 5 and report["error"]["type"] == "MissingRequirementError"
     message = report["error"]["message"]
     assert "checking the float32 tensors (float32 is new in torch 99.0) needs torch" in message
     assert "--no-verify" in report["error"]["hint"]
     assert not out.exists()  # nothing left behind
-    code, _, _ = run_cli([str(src), "--to", "pt", "-o", str(out), "--no-verify"], capsys)
+    code, _, _ = run_cli(
+        [str(program), "--to", "safetensors", "-o", str(out), "--no-verify"], capsys
+    )
     assert code == 0 and out.exists()
+    src, back = tmp_path / "w.safetensors", tmp_path / "o.pt"
+    code, report, _ = run_cli([str(src), "--to", "pt", "-o", str(back)], capsys)
+    assert code == 0 and report["verification"]["status"] == "pass", report
 
 
 def _bcomplex32_checkpoint(tmp_path: Path) -> tuple[Path, bytes]:
