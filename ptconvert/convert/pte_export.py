@@ -42,7 +42,7 @@ def pte_export(state: RunState, opts: Options) -> None:
     if bounds:
         _export_bounded(state, bounds)
     started = time.perf_counter()
-    program = _lower(state, opts)
+    program = lower(state.exported, opts.pte_backend, src=state.src)
     try:
         with open(state.output, "wb") as fh:
             program.write_to_file(fh)
@@ -178,27 +178,46 @@ def _was(new: Any, old: list[Any]) -> bool:
     return any(o.key == new.key and o.max != new.max for o in old)
 
 
-def _lower(state: RunState, opts: Options) -> Any:
-    from executorch.exir import to_edge_transform_and_lower
+def lower(
+    ep: Any,
+    backend: str,
+    *,
+    src: Any = None,
+    constant_methods: dict[str, Any] | None = None,
+    mutable_buffers: list[str] | None = None,
+    what: str = "this program",
+) -> Any:
+    """``ep`` lowered by ExecuTorch for ``backend`` (xnnpack: its partitioner, the rest on the
+    portable kernels; portable: every op there), with ``constant_methods`` beside ``forward``
+    and the initial values of the ``mutable_buffers`` named kept in the file (a static cache's
+    zeros): the ExecutorchProgram to write."""
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
 
     partitioner: list[Any] = []
-    if opts.pte_backend == "xnnpack":
+    if backend == "xnnpack":
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
             XnnpackPartitioner,
         )
 
         partitioner = [XnnpackPartitioner()]
+    passes: list[Any] = []
+    if mutable_buffers:
+        from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+        passes.append(InitializedMutableBufferPass(mutable_buffers))
     try:
         with quiet_torch():
-            edge = to_edge_transform_and_lower(state.exported, partitioner=partitioner)
-            return edge.to_executorch()
+            edge = to_edge_transform_and_lower(
+                ep, partitioner=partitioner, constant_methods=constant_methods
+            )
+            return edge.to_executorch(ExecutorchBackendConfig(passes=passes))
     except Exception as exc:  # ExecuTorch's errors are long: the first line says what failed
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         raise UnsupportedConversionError(
-            f"ExecuTorch cannot lower this program: {type(exc).__name__}: {first}",
-            path=state.src,
+            f"ExecuTorch cannot lower {what}: {type(exc).__name__}: {first}",
+            path=src,
             hint="--pte-backend portable runs every op on the portable kernels"
-            if opts.pte_backend == "xnnpack"
+            if backend == "xnnpack"
             else "an operator without a portable kernel fails here",
         ) from None
 

@@ -72,12 +72,9 @@ def export_package(
     and interface."""
     from ptconvert import progress
     from ptconvert.generation.check import BATCHES
-    from ptconvert.generation.static_cache import cache_length, export_decoder, static_meta
+    from ptconvert.generation.static_cache import export_in_buffers, static_meta
 
-    batch = max(opts.batch_sizes or BATCHES)
-    length = cache_length(model, opts.cache_length)
-    with progress.step(f"exporting with a static cache (batch {batch}, {length} positions)"):
-        ep = export_decoder(model, batch, length, own_buffers=True)
+    ep, batch, length = export_in_buffers(model, opts, BATCHES)
     with progress.step("compiling with AOTInductor"):
         notes.extend(compile_package(ep, src, tmp, out, opts))
     add_meta(tmp, static_meta(model, opts, batch, length))

@@ -18,8 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ptconvert.convert.pte_export import lower
 from ptconvert.deps import require
-from ptconvert.errors import UnsupportedConversionError, named_error
+from ptconvert.errors import named_error
 from ptconvert.generation.runner import StaticCacheProgram
 from ptconvert.quiet import quiet_torch
 
@@ -34,14 +35,11 @@ def export_program(
     buffers, lowered, the constant methods added; the report's cache and interface."""
     from ptconvert import progress
     from ptconvert.generation.check import BATCHES
-    from ptconvert.generation.static_cache import cache_length, export_decoder
+    from ptconvert.generation.static_cache import export_in_buffers
 
     with quiet_torch():  # importing it loads torchao, which prints what it cannot load
         require("executorch.exir")
-    batch = max(opts.batch_sizes or BATCHES)
-    length = cache_length(model, opts.cache_length)
-    with progress.step(f"exporting with a static cache (batch {batch}, {length} positions)"):
-        ep = export_decoder(model, batch, length, own_buffers=True)
+    ep, batch, length = export_in_buffers(model, opts, BATCHES)
     eos = model.generation_config.eos_token_id
     methods: dict[str, Any] = {
         "get_max_seq_len": length,
@@ -52,7 +50,13 @@ def export_program(
     if eos is not None:
         methods["get_eos_ids"] = list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
     with progress.step(f"lowering with ExecuTorch ({opts.pte_backend})"):
-        program = _lower(ep, opts.pte_backend, methods)
+        program = lower(
+            ep,
+            opts.pte_backend,
+            constant_methods=methods,
+            mutable_buffers=_CACHE_BUFFERS,
+            what="the static-cache program",
+        )
     try:
         with open(tmp, "wb") as fh:
             program.write_to_file(fh)
@@ -77,33 +81,6 @@ def export_program(
         "outputs": ["logits"],
     }
     return cache, interface
-
-
-def _lower(ep: Any, backend: str, methods: dict[str, Any]) -> Any:
-    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
-    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
-
-    partitioner: list[Any] = []
-    if backend == "xnnpack":
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
-            XnnpackPartitioner,
-        )
-
-        partitioner = [XnnpackPartitioner()]
-    try:
-        with quiet_torch():
-            edge = to_edge_transform_and_lower(
-                ep, partitioner=partitioner, constant_methods=methods
-            )
-            config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(_CACHE_BUFFERS)])
-            return edge.to_executorch(config)
-    except Exception as exc:  # ExecuTorch's errors are long: the first line says what failed
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        raise UnsupportedConversionError(
-            f"ExecuTorch cannot lower the static-cache program: {type(exc).__name__}: {first}",
-            hint="--pte-backend portable runs every op on the portable kernels; --to pt2 keeps "
-            "the same program for torch",
-        ) from None
 
 
 def read_meta(path: Path) -> dict[str, Any] | None:

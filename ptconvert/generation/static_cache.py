@@ -37,6 +37,19 @@ def cache_length(model: Any, asked: int | None) -> int:
     return int(length)
 
 
+def export_in_buffers(model: Any, opts: Any, batches: tuple[int, ...]) -> tuple[Any, int, int]:
+    """The decoder-only LM exported with its static cache in its own buffers (for a runtime
+    that keeps them between calls: AOTInductor, ExecuTorch) at the largest batch asked
+    (``--batch-sizes``, else of ``batches``) and the cache length asked or the model's: the
+    program, its batch and its cache length."""
+    from ptconvert import progress
+
+    batch = max(opts.batch_sizes or batches)
+    length = cache_length(model, opts.cache_length)
+    with progress.step(f"exporting with a static cache (batch {batch}, {length} positions)"):
+        return export_decoder(model, batch, length, own_buffers=True), batch, length
+
+
 def export_decoder(model: Any, batch: int, length: int, *, own_buffers: bool = False) -> Any:
     """The decoder-only LM with a static cache of ``batch`` rows and ``length`` positions, as an
     ExportedProgram whose number of new tokens per call is dynamic (1 to ``length``).
