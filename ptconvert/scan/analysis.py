@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ptconvert.pickles.allowlist import LIBRARY_CLASSES, classify, danger_reason, is_pure_function
-from ptconvert.pickles.machine import Call, Dict, Event, Global, PersistentRef, PickleRun, Unknown
+from ptconvert.pickles.records import Call, Dict, Event, Global, PersistentRef, PickleRun, Unknown
 from ptconvert.report import Report, Verdict
 
 SEVERITY_ORDER: dict[Verdict, int] = {"clean": 0, "needs-code": 1, "error": 2, "dangerous": 3}

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from ptconvert.pickles.allowlist import classify
-from ptconvert.pickles.machine import Call, Global, run_pickle, run_torch_pickles
+from ptconvert.pickles.machine import run_pickle
+from ptconvert.pickles.records import Call, Global
+from ptconvert.pickles.torch_streams import run_torch_pickles
 
 
 class _Payload:

@@ -25,7 +25,8 @@ from ptconvert.archive import open_zip
 from ptconvert.errors import PtconvertError
 from ptconvert.formats import describe, detect
 from ptconvert.formats.safetensors import read_header
-from ptconvert.pickles.machine import run_pickle, run_torch_pickles
+from ptconvert.pickles.machine import run_pickle
+from ptconvert.pickles.torch_streams import run_torch_pickles
 from ptconvert.scan.scanner import scan_file
 
 CI_EXAMPLES = 40

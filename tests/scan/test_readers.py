@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from ptconvert.pickles.machine import Call, Global, run_pickle
+from ptconvert.pickles.machine import run_pickle
+from ptconvert.pickles.records import Call, Global
 from ptconvert.scan.analysis import Finding, analyse, verdict
 from ptconvert.scan.containers import tar_opens, walk_bytes
 from ptconvert.scan.scanner import scan_file
@@ -236,16 +237,16 @@ def test_a_line_of_gigabytes_is_read_without_copying_it(tmp_path: Path) -> None:
     """A string that runs far into a mapped file (a safetensors header read as UNICODE, up to the
     first newline in its tensor bytes) is judged by its first MiB and its end: what follows it is
     read, even when the cut falls inside an escape."""
-    from ptconvert.pickles import machine
+    from ptconvert.pickles.opcodes import _LONG_LINE
 
-    cut = machine._LONG_LINE
+    cut = _LONG_LINE
     body = b"a" * (cut - 4) + b"\\u0041" + b"b" * (3 * cut)
     path = tmp_path / "long.bin"
     path.write_bytes(b"V" + body + b"\n0" + SYSTEM + b".")
     result = scan_file(path)
     assert result.verdict == "dangerous", result.findings
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        run = machine.run_pickle(mm, fresh=True)
+        run = run_pickle(mm, fresh=True)
         assert run.error is None and [g.name for g in run.imports] == ["system"]
         (text,) = [e.target.args[0] for e in run.events if e.kind == "call"]
         assert text == "touch /nonexistent/x"
