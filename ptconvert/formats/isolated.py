@@ -85,7 +85,7 @@ def _pte_runner(path: str, device: str) -> tuple[Any, list[str] | None, list[str
     import torch
     from executorch.runtime import Runtime
 
-    from ptconvert.formats.pte import forward_of, read_program
+    from ptconvert.formats.pte_flatbuffer import forward_of, read_program
 
     names = forward_of(read_program(Path(path))).input_names
     method = Runtime.get().load_program(path).load_method("forward")

@@ -62,7 +62,7 @@ def export_program(
             program.write_to_file(fh)
     except OSError as exc:  # the filesystem (no space, read-only …): said as such, exit 9
         raise named_error(exc, tmp) or exc from None
-    from ptconvert.formats.pte import read_program
+    from ptconvert.formats.pte_flatbuffer import read_program
 
     initial = read_program(tmp).segment_bytes.get("mutable data", 0)
     notes.append(
