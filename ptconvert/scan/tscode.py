@@ -9,125 +9,30 @@ TorchScript importer resolves it (``torch.X`` and ``torch.autograd.X`` are ``ate
 ``ops.NS.X`` is ``NS::X``, ``getattr(obj, "X")`` is ``obj.X``, ``__torch__.*`` is code of the
 archive itself or a torchbind class under ``__torch__.torch.classes``).
 
-Policy (allowlist, fail closed): an operator is allowed only when it is listed below for its
-namespace (every ``aten``/``prim``/``quantized`` operator torch 2.13 or 2.14 registers, plus the
-profiler's record_function ops) and is not denied (file, process, network, global RNG/cache
-state, storage re-pointing, checks skipped); any other namespace is a custom op from some native
-library. Names, statements and expressions TorchScript never writes are refused too. Code that
-runs at load time, before anybody asked for the model to run, is held to stricter rules:
-``__setstate__`` (and the methods of its own class it calls), default argument values (the
+Code that runs at load time, before anybody asked for the model to run, is held to stricter
+rules: ``__setstate__`` (and the methods of its own class it calls), default argument values (the
 importer evaluates them when it compiles a method) and class-body values may only assign
-attributes of ``self`` and call allowlisted operators and pure builtins.
+attributes of ``self`` and call allowlisted operators and pure builtins. Names, statements and
+expressions TorchScript never writes are refused. What a global name resolves to is judged in
+``ts_names.py``, an operator by the policy of ``code_policy.py``.
 """
 
 from __future__ import annotations
 
 import ast
-import functools
-import re
 from dataclasses import dataclass, replace
 
-from ptconvert.report import Verdict
-from ptconvert.scan import torch_ops
+from ptconvert.scan.code_policy import DANGEROUS, ERROR, CodeFinding, denial, name_set, op_problem
 
+# scan/containers.py imports analyse_program from here until it imports it from exported_graph.py
+from ptconvert.scan.exported_graph import analyse_program  # noqa: F401
+from ptconvert.scan.ts_names import BUILTINS, global_problem
 
-def _names(text: str) -> frozenset[str]:
-    return frozenset(text.split())
-
-
-DANGEROUS: Verdict = "dangerous"
-ERROR: Verdict = "error"
-
-
-@dataclass(frozen=True)
-class CodeFinding:
-    """One problem in one code member: where, which name, and why it is refused."""
-
-    severity: Verdict  # "dangerous" | "error"
-    line: int  # 1-based line in the member
-    name: str | None  # the call/attribute judged, e.g. "torch.from_file", "ops.myns.op"
-    reason: str
-
-
-# Operators refused even though torch registers them: every spelling of them, in any namespace,
-# and as a method or attribute name of any value (``x.save(...)``, ``getattr(x, "save")``).
-_DENIED: dict[str, str] = {
-    "from_file": "maps a file into a tensor and creates it when shared=True",
-    "save": "writes a file",
-    "load": "reads a file",
-    "_load_for_lite_interpreter": "reads and runs another model file",
-    "_load_for_mobile": "reads and runs another model file",
-    "load_tensor": "reads a tensor from a named file",
-    "manual_seed": "changes the global random state",
-    "seed": "changes the global random state",
-    "_cufft_set_plan_cache_max_size": "changes process-wide CUDA state",
-    "_cufft_clear_plan_cache": "changes process-wide CUDA state",
-    "set_": "re-points a tensor at another storage",
-    "set": "re-points a tensor at another storage",
-    "set_data": "re-points a tensor at another storage",
-    "shallow_copy_data_": "re-points a tensor at another storage",  # torch 2.14
-    "rpc_async": "talks to other processes over the network",
-    "rpc_sync": "talks to other processes over the network",
-    "rpc_remote": "talks to other processes over the network",
-    "PythonOp": "calls into the Python interpreter",
-    "IgnoredPythonOp": "calls into the Python interpreter",
-    "_unsafe_index": "indexes without bounds checks",
-    "_unsafe_index_put": "indexes without bounds checks",
-    "_unsafe_masked_index": "indexes without bounds checks",
-    "_unsafe_masked_index_put_accumulate": "indexes without bounds checks",
-    "_nested_view_from_buffer": "builds a view from unchecked offsets",
-    "_nested_view_from_buffer_copy": "builds a view from unchecked offsets",
-}
-# Substrings that deny a torch/ops operator name outright (file, process, network, Python).
-_DENY_PATTERN = re.compile(
-    r"file|save|load|exec|system|spawn|popen|socket|rpc|python|shell|(?:^|_)open", re.IGNORECASE
-)
-_UNCHECKED_SPARSE = re.compile(r"^_sparse_\w*_unsafe$")
-
-# The names the TorchScript compiler and importer resolve without any import.
-_BUILTINS = _names(
-    "print tuple float int bool str complex getattr hasattr isinstance _to_tensor len hex oct round"
-    " hash id min max abs all any divmod sum list dict ord chr bin pow range zip enumerate"
-    " rangelist sorted AssertionError annotate unchecked_cast uninitialized inf nan"
-)
-# fork/awaitable run a closure defined in the same function (judged like the rest of it).
-_TASKS = frozenset({"fork", "awaitable"})
-# Type names: harmless in annotations and in annotate()/unchecked_cast()/isinstance().
-_TYPES = _names(
-    "Tensor int float bool complex str Device Stream number None NoneType Any Capsule list tuple"
-    " dict List Dict Tuple Optional Union Final Future Await RRef Generator Storage ScalarType"
-    " Layout MemoryFormat QScheme Scalar AnyEnumType AnyClassType Quantizer"
-)
 _BASES = frozenset({"Module", "NamedTuple", "Interface", "ModuleInterface", "Enum"})
-# torchbind classes real archives name (``__torch__.torch.classes.<ns>.<class>``); any other
-# class is native code from a library the loader must already have (or be tricked into) loading.
-_KNOWN_CLASSES = frozenset(
-    {
-        ("quantized", "LinearPackedParamsBase"),
-        ("quantized", "Conv2dPackedParamsBase"),
-        ("quantized", "Conv3dPackedParamsBase"),
-        ("quantized", "EmbeddingPackedParamsBase"),
-        ("rnn", "CellParamsBase"),
-        ("profiler", "_RecordFunction"),
-    }
-)
-# ``torch.<sub>.<op>``: the printer never writes these, but the brief's spellings resolve to aten.
-_TORCH_SUBMODULES = _names(
-    "nn functional _C _nn _fft _linalg _special _VariableFunctions fft linalg special"
-)
-_PROFILER_OPS = frozenset(
-    {
-        "_record_function_enter",
-        "_record_function_enter_new",
-        "_record_function_exit",
-        "_call_end_callbacks_on_jit_fut",
-    }
-)
 # Names the printer never binds locally (it renames such variables ops0, getattr0, ...).
-_RESERVED = _names(
+_RESERVED = name_set(
     "torch ops CONSTANTS __torch__ fork awaitable getattr inf nan uninitialized unchecked_cast"
 )
-_CONSTANT = re.compile(r"^c\d+$")
 _LOAD_TIME = "__setstate__"
 
 
@@ -154,103 +59,6 @@ def analyse_code_bytes(data: bytes) -> list[CodeFinding]:
     except UnicodeDecodeError as exc:
         return [CodeFinding(ERROR, 1, None, f"unparseable TorchScript code (not UTF-8: {exc})")]
     return analyse_code(source)
-
-
-# Graph targets of a serialized ExportedProgram other than operators: higher-order ops and the
-# Python operators and symbolic-shape functions torch.export writes for sizes.
-_HIGHER_ORDER = _names(
-    "cond while_loop map_impl scan associative_scan wrap_with_set_grad_enabled "
-    "wrap_with_autocast invoke_subgraph run_const_graph auto_functionalized "
-    "auto_functionalized_v2 with_effects"
-)
-_PY_TARGETS = _names(
-    "_operator.getitem _operator.add _operator.sub _operator.mul _operator.truediv "
-    "_operator.floordiv _operator.mod _operator.pow _operator.neg _operator.pos _operator.abs "
-    "_operator.eq _operator.ne _operator.lt _operator.le _operator.gt _operator.ge "
-    "_operator.and_ _operator.or_ _operator.not_ _operator.invert math.ceil math.floor "
-    "math.trunc math.sqrt torch.sym_float torch.sym_int torch.sym_max torch.sym_min "
-    "torch.sym_not torch.sym_ite torch.sym_sqrt torch._sym_sqrt"
-)
-
-
-def analyse_program(data: bytes) -> list[CodeFinding]:
-    """Findings for a serialized ExportedProgram (``models/<name>.json`` of a .pt2): every node
-    target of every graph, nested ones included, judged like TorchScript's operator calls, since
-    running the program (as verification does) calls each of them. ``line`` is the node's
-    position in its graph."""
-    import json
-
-    try:
-        program = json.loads(data)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        return [CodeFinding(ERROR, 1, None, f"serialized program is not JSON ({exc})")]
-    findings: list[CodeFinding] = []
-    stack, seen = [program], 0
-    while stack and seen < 5_000_000:
-        value = stack.pop()
-        seen += 1
-        if isinstance(value, list):
-            stack.extend(value)
-            continue
-        if not isinstance(value, dict):
-            continue
-        nodes = value.get("nodes")
-        if isinstance(nodes, list):
-            for i, node in enumerate(nodes):
-                target = node.get("target") if isinstance(node, dict) else None
-                why = _target_problem(target)
-                if why is not None:
-                    findings.append(CodeFinding(DANGEROUS, i + 1, str(target)[:200], why))
-        stack.extend(value.values())
-    return findings
-
-
-def _target_problem(target: object) -> str | None:
-    if not isinstance(target, str):
-        return "a graph node without an operator name"
-    if target in _PY_TARGETS:
-        return None
-    parts = target.split(".")
-    if len(parts) >= 4 and parts[:2] == ["torch", "ops"]:
-        namespace, op = parts[2], parts[3]
-        if namespace == "higher_order":
-            return None if op in _HIGHER_ORDER else f"unknown higher-order op {op!r}"
-        return _op_problem(namespace, op)
-    return "not an allowlisted operator: running the program would call it"
-
-
-def _denial(name: str) -> str | None:
-    """Why ``name`` is refused as an operator, method or attribute name of a value, if it is."""
-    if name in _DENIED:
-        return _DENIED[name]
-    if _UNCHECKED_SPARSE.match(name):
-        return "builds a sparse tensor without checking its indices"
-    return None
-
-
-def _denied_op(op: str) -> str | None:
-    """Why ``op`` is refused as an operator name in any namespace, if it is."""
-    denied = _denial(op)
-    if denied is None and _DENY_PATTERN.search(op):
-        denied = "names a file, process, network or Python operation"
-    return denied
-
-
-@functools.lru_cache(maxsize=8192)  # bounded: op names come from untrusted code
-def _op_problem(namespace: str, op: str) -> str | None:
-    """Why operator ``namespace::op`` is refused (None: an allowlisted tensor op)."""
-    denied = _denied_op(op)
-    if denied is not None:
-        return f"{namespace}::{op} {denied}"
-    table = _OPS.get(namespace)
-    if table is None:
-        return (
-            f"operator namespace {namespace!r} is not aten/prim/quantized: a custom op runs"
-            " native code from whatever library registered it"
-        )
-    if op not in table:
-        return f"{namespace}::{op} is not an allowlisted {namespace} operator"
-    return None
 
 
 @dataclass(frozen=True)
@@ -563,16 +371,16 @@ class _Analyser:
         root, attrs = _chain(func, ctx)
         name = _render(root, attrs)
         if isinstance(root, ast.Name) and root.id not in ctx.local:
-            if root.id in {"torch", "ops"} or (root.id in _BUILTINS and not attrs):
+            if root.id in {"torch", "ops"} or (root.id in BUILTINS and not attrs):
                 return  # operators were judged by _reference; builtins are pure
             self._flag(func, name, "calls something other than a tensor op", ctx)
         elif isinstance(root, ast.Name) and root.id == ctx.self_name and len(attrs) == 1:
             # self.m(...) only: getattr(self, "m") would escape _load_time_methods' reach
             if attrs[0] not in ctx.methods or link is not None:
                 self._flag(func, name, "calls something other than a method of its class", ctx)
-        elif attrs and link is None and _op_problem("aten", attrs[-1]) is None:
+        elif attrs and link is None and op_problem("aten", attrs[-1]) is None:
             return  # a tensor/list/str method, i.e. an aten operator on that value
-        elif attrs and link is None and _op_problem("prim", attrs[-1]) is None:
+        elif attrs and link is None and op_problem("prim", attrs[-1]) is None:
             return
         else:
             self._flag(func, name, "calls a method of another object or a local value", ctx)
@@ -582,72 +390,15 @@ class _Analyser:
         root, attrs = _chain(node, ctx)
         name = _render(root, attrs)
         if isinstance(root, ast.Name) and root.id not in ctx.local:
-            problem = self._global(root.id, attrs)
+            problem = global_problem(root.id, attrs)
             if problem is not None:
                 self._flag(node, name, problem, ctx)
         elif not isinstance(root, ast.Name):
             self._expr(root, ctx)
         for attr in attrs:  # x.save(...), getattr(x, "from_file"): refused on any value
-            denied = _denial(attr)
+            denied = denial(attr)
             if denied is not None:
                 self._flag(node, name, f"{attr!r} {denied}", ctx)
-
-    def _global(self, root: str, attrs: list[str]) -> str | None:
-        """Why a chain rooted at a global name is refused (None: allowed)."""
-        if root == "torch":
-            return _torch_problem(attrs)
-        if root == "ops":
-            return _ops_problem(attrs, "ops")
-        if root == "CONSTANTS":
-            if len(attrs) == 1 and _CONSTANT.match(attrs[0]):
-                return None
-            return "CONSTANTS is only ever indexed as CONSTANTS.c<N>"
-        if root == "__torch__":
-            if attrs[:2] == ["torch", "classes"]:
-                return _class_problem(attrs[2:])
-            return None if attrs else "bare __torch__ namespace"
-        if root in _BUILTINS or root in _TYPES or root in _TASKS:
-            return f"attribute of builtin {root!r}" if attrs else None
-        return f"unknown global name {root!r}"
-
-
-def _torch_problem(attrs: list[str]) -> str | None:
-    """``torch.X`` is ``aten::X``; ``torch.autograd`` is torch again; ``torch.ops``/``.classes``."""
-    while attrs and attrs[0] == "autograd":
-        attrs = attrs[1:]
-    if not attrs:
-        return "torch namespace used as a value (aliases defeat name checks)"
-    if attrs[0] == "ops":
-        return _ops_problem(attrs[1:], "torch.ops")
-    if attrs[0] == "classes":
-        return _class_problem(attrs[1:])
-    if len(attrs) == 1:
-        return _op_problem("aten", attrs[0])
-    *path, leaf = attrs
-    if not set(path) <= _TORCH_SUBMODULES:
-        return f"unknown torch namespace {'.'.join(path)!r}"
-    problem = _op_problem("aten", leaf)
-    if problem is None or _denied_op(leaf):
-        return problem
-    # torch.fft.fft / torch.linalg.norm / torch.special.erf are aten::fft_fft, linalg_norm, ...
-    return None if _op_problem("aten", f"{path[-1].lstrip('_')}_{leaf}") is None else problem
-
-
-def _ops_problem(attrs: list[str], spelled: str) -> str | None:
-    if len(attrs) < 2:
-        return f"{spelled} namespace used as a value (aliases defeat name checks)"
-    if len(attrs) > 2:
-        return f"{spelled}.{'.'.join(attrs)} is not an operator"
-    return _op_problem(attrs[0], attrs[1])
-
-
-def _class_problem(attrs: list[str]) -> str | None:
-    if len(attrs) >= 2 and (attrs[0], attrs[1]) in _KNOWN_CLASSES:
-        return None
-    return (
-        f"torchbind class {'.'.join(attrs) or '(none)'!r} is not one of the known quantized/"
-        "profiler classes: its methods are native code from the library that registered it"
-    )
 
 
 def _as_getattr(node: ast.AST, ctx: _Context) -> tuple[ast.expr, str] | None:
@@ -712,22 +463,3 @@ def _is_inert(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.Pass) or (
         isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
     )
-
-
-# Every operator name the supported torch versions register in these namespaces, denied ones
-# included (they are refused by _op_problem): scan/torch_ops.py, written by tools/torch_ops.py;
-# tests/scan/test_tscode.py checks it against the installed torch, so an upgrade that adds
-# operators fails loudly instead of silently.
-_ATEN_OPS = _names(torch_ops.ATEN_OPS)
-_PRIM_OPS = _names(torch_ops.PRIM_OPS)
-_QUANTIZED_OPS = _names(torch_ops.QUANTIZED_OPS)
-# TorchScript-defined builtins (frontend/builtin_functions.cpp), not in the schema registry.
-_ATEN_BUILTINS = frozenset({"_single", "_pair", "_triple", "_quadruple"})
-_PRIM_BUILTINS = frozenset({"ndim", "T", "mT", "H", "mH"})
-
-_OPS: dict[str, frozenset[str]] = {
-    "aten": _ATEN_OPS | _ATEN_BUILTINS,
-    "prim": _PRIM_OPS | _PRIM_BUILTINS,
-    "quantized": _QUANTIZED_OPS,
-    "profiler": _PROFILER_OPS,
-}

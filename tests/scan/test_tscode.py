@@ -17,14 +17,8 @@ import torch
 from torch import nn
 
 from fixtures.models import MLP, ControlFlow, SmallCNN, TransformerBlock, WritesInput
-from ptconvert.scan.tscode import (
-    _ATEN_OPS,
-    _PRIM_OPS,
-    _QUANTIZED_OPS,
-    CodeFinding,
-    analyse_code,
-    analyse_code_bytes,
-)
+from ptconvert.scan.code_policy import _ATEN_OPS, _PRIM_OPS, _QUANTIZED_OPS, CodeFinding
+from ptconvert.scan.tscode import analyse_code, analyse_code_bytes
 
 # scripting/tracing torch's own modules warns about deprecation and trace constants
 pytestmark = pytest.mark.filterwarnings(
@@ -505,7 +499,7 @@ def test_program_graphs_are_judged_like_code(tmp_path: Path) -> None:
     """A .pt2's serialized graph: real exports are clean, a file or custom operator is not."""
     import zipfile
 
-    from ptconvert.scan.tscode import analyse_program
+    from ptconvert.scan.exported_graph import analyse_program
 
     exported = torch.export.export(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()),
                                    (torch.ones(3, 2),))  # fmt: skip
