@@ -45,7 +45,7 @@ def generation_export(path: Path) -> Export | None:
     """The generation export at ``path`` (a pt2 with a static cache's ``generation.json``, an
     ONNX decoder with ``past_key_values`` inputs, a seq2seq export's folder), else None."""
     from ptconvert.errors import PtconvertError
-    from ptconvert.generation.seq2seq import DECODER_PT2, layout
+    from ptconvert.generation.seq2seq_folder import DECODER_PT2, layout
     from ptconvert.generation.static_cache import read_meta
     from ptconvert.options import GENERATION_TASKS
 

@@ -52,6 +52,7 @@ def plan(src: str | Path, to: str, opts: Options) -> GenerationPlan:
     """What ``convert`` would do for a generation task, after the checks it makes first."""
     from ptconvert.formats import detect
     from ptconvert.generation.loading import read_config
+    from ptconvert.generation.seq2seq_folder import FILES
     from ptconvert.generation.tasks import FOLDER_KINDS, check_task
     from ptconvert.scan.guard import refuse_unsafe
 
@@ -71,8 +72,7 @@ def plan(src: str | Path, to: str, opts: Options) -> GenerationPlan:
         else "past_key_values.N.decoder|encoder.key|value in, present.N.… out"
     )
     if kind in FOLDER_KINDS:
-        files = "encoder.pt2, decoder.pt2" if to == "pt2" else (
-            "encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx")  # fmt: skip
+        files = ", ".join(FILES[to])
         steps = [
             "load the directory with transformers (cache on)",
             f"export the encoder, and the decoder with its cache ({cache})",
@@ -167,6 +167,14 @@ def _seq2seq(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The encoder and the decoder into the folder ``tmp``, with the model's configs."""
     from ptconvert.generation import seq2seq
+    from ptconvert.generation.seq2seq_folder import (
+        CONFIGS,
+        DECODER_ONNX,
+        DECODER_PT2,
+        ENCODER_ONNX,
+        ENCODER_PT2,
+        WITH_PAST_ONNX,
+    )
 
     start = seq2seq.start_token(model)
     if seq2seq.is_speech(model):
@@ -189,29 +197,22 @@ def _seq2seq(
             seq2seq.export_pt2(model, tmp, batch, length, meta)
         notes.append(
             f"decoder's static cache of {batch} row(s) × {length} positions inside "
-            f"{seq2seq.DECODER_PT2} (mutated buffers; the cross-attention keys and values are "
+            f"{DECODER_PT2} (mutated buffers; the cross-attention keys and values are "
             "computed from the encoder's states in every call); a smaller batch runs padded "
             "with copies of its last row (ptconvert.generate does it)"
         )
         cache = {"kind": "static", "batch_size": batch, "length": length}
         mask = "" if seq2seq.is_speech(model) else "encoder_attention_mask, "
         interface = {
-            "call": f"{seq2seq.ENCODER_PT2}({source}) → last_hidden_state h "
-            f"once; {seq2seq.DECODER_PT2}(decoder_input_ids=ids[batch, n], "
+            "call": f"{ENCODER_PT2}({source}) → last_hidden_state h "
+            f"once; {DECODER_PT2}(decoder_input_ids=ids[batch, n], "
             f"encoder_hidden_states=h, {mask}cache_position=arange(pos, pos + "
             f"n)) → logits, from decoder_start_token_id {start}",
-            "files": [seq2seq.ENCODER_PT2, seq2seq.DECODER_PT2, *seq2seq.CONFIGS],
+            "files": [ENCODER_PT2, DECODER_PT2, *CONFIGS],
             "decoder_start_token_id": start,
         }
     else:
-        from ptconvert.generation.seq2seq_onnx import (
-            DECODER_ONNX,
-            ENCODER_ONNX,
-            PAST,
-            PRESENT,
-            WITH_PAST_ONNX,
-            export_seq2seq_onnx,
-        )
+        from ptconvert.generation.seq2seq_onnx import PAST, PRESENT, export_seq2seq_onnx
 
         with progress.step("exporting the encoder and the decoders to ONNX"):
             notes.extend(export_seq2seq_onnx(model, tmp, opts))
@@ -228,7 +229,7 @@ def _seq2seq(
             f"{start}, "
             f"{WITH_PAST_ONNX} a token a step (its present.N.decoder fed back as past, the "
             "first step's present.N.encoder as they are)",
-            "files": {**graphs, **{name: {} for name in seq2seq.CONFIGS}},
+            "files": {**graphs, **{name: {} for name in CONFIGS}},
             "decoder_start_token_id": start,
         }
         cache = {"kind": "inputs", "layers": layers,

@@ -144,7 +144,7 @@ def open_stepper(artifact: str | Path, trust: bool = False) -> Stepper:
     from ptconvert.generation.static_cache import read_meta
 
     path = Path(artifact)
-    from ptconvert.generation.seq2seq import layout
+    from ptconvert.generation.seq2seq_folder import layout
 
     folder = layout(path)
     if folder == "pt2":

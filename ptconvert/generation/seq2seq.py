@@ -29,23 +29,7 @@ from typing import Any
 
 from ptconvert.errors import UnsupportedConversionError, UsageError
 from ptconvert.generation.loading import cache_keyword, cache_layers, returned_cache
-
-ENCODER_PT2, DECODER_PT2 = "encoder.pt2", "decoder.pt2"
-CONFIGS = ("config.json", "generation_config.json")
-
-
-def layout(path: Path) -> str | None:
-    """``pt2`` or ``onnx`` for a folder written by a seq2seq generation export, else None
-    (read from the names of the files it holds)."""
-    from ptconvert.generation.seq2seq_onnx import DECODER_ONNX, ENCODER_ONNX, WITH_PAST_ONNX
-
-    if not path.is_dir():
-        return None
-    if (path / ENCODER_PT2).is_file() and (path / DECODER_PT2).is_file():
-        return "pt2"
-    if all((path / n).is_file() for n in (ENCODER_ONNX, DECODER_ONNX, WITH_PAST_ONNX)):
-        return "onnx"
-    return None
+from ptconvert.generation.seq2seq_folder import DECODER_PT2, ENCODER_PT2
 
 
 def is_speech(model: Any) -> bool:

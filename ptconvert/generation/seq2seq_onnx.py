@@ -35,11 +35,9 @@ from ptconvert.generation.seq2seq import (
     read_start_token,
     start_ids,
 )
+from ptconvert.generation.seq2seq_folder import DECODER_ONNX, ENCODER_ONNX, WITH_PAST_ONNX
 from ptconvert.options import Options
 
-ENCODER_ONNX = "encoder_model.onnx"
-DECODER_ONNX = "decoder_model.onnx"
-WITH_PAST_ONNX = "decoder_with_past_model.onnx"
 PAST = "past_key_values.{}.{}.{}"
 PRESENT = "present.{}.{}.{}"
 PAST_LENGTH = "past_decoder_sequence_length + decoder_sequence_length"

@@ -118,7 +118,7 @@ def _describe_folder(info: Any, path: Any) -> None:
     folder without one from its config.json (Whisper's: speech)."""
     task = folder_task(path)
     if info.layout == "seq2seq-pt2":
-        from ptconvert.generation.seq2seq import DECODER_PT2
+        from ptconvert.generation.seq2seq_folder import DECODER_PT2
         from ptconvert.generation.static_cache import read_meta
 
         meta = read_meta(path / DECODER_PT2) or {}
@@ -131,8 +131,10 @@ def _describe_folder(info: Any, path: Any) -> None:
     elif info.layout == "seq2seq-onnx":
         import onnx
 
+        from ptconvert.generation.seq2seq_folder import WITH_PAST_ONNX
+
         info.metadata["task"] = task
-        for name in ("decoder_with_past_model.onnx", "decoder_model_merged.onnx"):
+        for name in (WITH_PAST_ONNX, "decoder_model_merged.onnx"):
             if (path / name).is_file():
                 graph = onnx.load(str(path / name), load_external_data=False).graph
                 past = [i.name for i in graph.input if i.name.startswith("past_key_values.")]
