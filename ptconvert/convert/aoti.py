@@ -169,7 +169,7 @@ def accepted_at_one(ep: Any, bounds: Bounds) -> frozenset[tuple[int, int]]:
     plain dims the program declares from 1 (``Dim(min=1)``: a generation export's new tokens;
     Inductor's checks would put torch's floor of 2 on them)."""
     from ptconvert.verify.dims import dynamic_dims, user_inputs
-    from ptconvert.verify.ranges import probed_at_one
+    from ptconvert.verify.probes import probed_at_one
 
     index = {name: i for i, (name, _val) in enumerate(user_inputs(ep))}
     every = dynamic_dims(ep)

@@ -257,7 +257,7 @@ def _away_from_the_minimum(state: RunState, opts: Options, inputs: ExampleInputs
     smallest image a network's last feature map is often 1 wide, and torch.export fixes such a
     size, so the program would take that one size only. The range check after the conversion
     says which sizes run (the minimum itself may not)."""
-    from ptconvert.verify.ranges import resize
+    from ptconvert.verify.probes import resize
 
     sample = inputs.at(inputs.batch)
     sizes: dict[tuple[str, int], int] = {}

@@ -94,7 +94,7 @@ def _compare_cost(example_seconds: float | None, example_batch: int, sizes: list
 def probe_budget(example_seconds: float | None, seconds: float) -> int:
     """How many times the example's size a probe of a dynamic dim may reach: a probe runs the
     model about three times (eager, its fp64 copy, the program) at that size."""
-    from ptconvert.verify.ranges import DEFAULT_BUDGET
+    from ptconvert.verify.probes import DEFAULT_BUDGET
 
     if not example_seconds:
         return DEFAULT_BUDGET

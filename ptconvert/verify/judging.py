@@ -88,13 +88,9 @@ def judge_program(
     candidate's ExportedProgram) has dynamic dims, probe each of them on ``example()``; the
     sizes outside the batch range that holds are dropped, those inside compared."""
     from ptconvert.verify.dims import dynamic_dims
-    from ptconvert.verify.ranges import (
-        DEFAULT_BUDGET,
-        batch_sizes_that_hold,
-        check_program,
-        shapes_of,
-        verdict,
-    )
+    from ptconvert.verify.probes import DEFAULT_BUDGET, shapes_of
+    from ptconvert.verify.range_findings import verdict
+    from ptconvert.verify.ranges import batch_sizes_that_hold, check_program
 
     runs = eager if eager is not None else EagerRuns(made_by=make)
     dynamic = ranged is not None and bool(dynamic_dims(ranged))

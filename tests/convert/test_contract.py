@@ -312,7 +312,7 @@ def test_a_range_is_narrowed_only_where_the_file_refuses_what_it_leaves_out() ->
     from ptconvert.convert.state import RunState
     from ptconvert.errors import VerificationError
     from ptconvert.verify.dims import DynamicDim
-    from ptconvert.verify.ranges import DimRange
+    from ptconvert.verify.range_findings import DimRange
 
     dim = DynamicDim("x", 0, "s0", "s0", 2, None, symbol_min=2, rank=2)
     state = RunState(Path("model.pt"), "pt")

@@ -26,7 +26,7 @@ def test_the_default_sizes_are_chosen_by_the_models_call_time_and_the_steps() ->
 
 
 def test_probes_reach_above_the_example_as_far_as_the_steps_allow() -> None:
-    from ptconvert.verify.ranges import DEFAULT_BUDGET
+    from ptconvert.verify.probes import DEFAULT_BUDGET
 
     assert program_check.probe_budget(0.001, 0.5) == DEFAULT_BUDGET  # a tiny model: 16×
     assert program_check.probe_budget(0.5, 3.0) == 2

@@ -15,17 +15,10 @@ from torch.export import Dim
 
 from ptconvert.verify.dims import DynamicDim, describe, dynamic_dims
 from ptconvert.verify.parity import compare
-from ptconvert.verify.ranges import (
-    DimRange,
-    RangeReport,
-    check_ranges,
-    example_sizes,
-    probe_sizes,
-    probed_at_one,
-    resize,
-    runs,
-    shape_guards,
-)
+from ptconvert.verify.probes import example_sizes, probe_sizes, probed_at_one, resize
+from ptconvert.verify.range_findings import DimRange, RangeReport
+from ptconvert.verify.ranges import check_ranges, runs
+from ptconvert.verify.shape_guards import shape_guards
 
 DYN = Dim.DYNAMIC
 
@@ -315,7 +308,7 @@ def test_probing_narrows_both_ends_in_rounds_and_says_what_is_known() -> None:
 
 def test_sizes_judged_already_are_not_run_again() -> None:
     """The conversion's own comparison ran some sizes: their verdicts stand, the rest run."""
-    from ptconvert.verify.ranges import shapes_of
+    from ptconvert.verify.probes import shapes_of
 
     dim = DynamicDim("x", 0, "s0", "s0", 2, None, symbol_min=2, rank=2)
     calls: list[int] = []
