@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert.errors import UnsupportedConversionError, UsageError
-from ptconvert.generation.runner import StaticCacheProgram
-from ptconvert.generation.static_cache import META_NAME
+from ptconvert.generation.static_cache import META_NAME, StaticCacheProgram
 
 
 def check_buffers(ep: Any) -> None:
@@ -71,10 +70,9 @@ def export_package(
     with its static cache in buffers, compiled, ``generation.json`` added; the report's cache
     and interface."""
     from ptconvert import progress
-    from ptconvert.generation.check import BATCHES
     from ptconvert.generation.static_cache import export_in_buffers, static_meta
 
-    ep, batch, length = export_in_buffers(model, opts, BATCHES)
+    ep, batch, length = export_in_buffers(model, opts)
     with progress.step("compiling with AOTInductor"):
         notes.extend(compile_package(ep, src, tmp, out, opts))
     add_meta(tmp, static_meta(model, opts, batch, length))

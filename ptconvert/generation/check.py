@@ -14,9 +14,9 @@ from typing import Any
 
 from ptconvert.errors import VerificationError
 from ptconvert.generation.runner import Stepper, greedy
+from ptconvert.generation.static_cache import BATCHES
 from ptconvert.report import Report
 
-BATCHES = (1, 2)
 PROMPT_LENGTHS = (3, 7)
 FEATURE_INPUTS = (1, 2)  # a speech model's: two different feature inputs (its frames are fixed)
 NEW_TOKENS = 16

@@ -9,13 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert import progress
-from ptconvert.generation.check import (
-    BATCHES,
-    FEATURE_INPUTS,
-    NEW_TOKENS,
-    PROMPT_LENGTHS,
-    GenerationCheck,
-)
+from ptconvert.generation.check import FEATURE_INPUTS, NEW_TOKENS, PROMPT_LENGTHS, GenerationCheck
+from ptconvert.generation.static_cache import BATCHES, cache_batch
 from ptconvert.options import GENERATION_TASKS, Options
 from ptconvert.report import Report
 
@@ -61,7 +56,7 @@ def plan(src: str | Path, to: str, opts: Options) -> GenerationPlan:
     refuse_unsafe(src)
     detect(src)
     kind = check_task(opts.task, to, read_config(Path(src)), src)
-    batch = max(opts.batch_sizes or BATCHES)
+    batch = cache_batch(opts.batch_sizes)
     length = opts.cache_length or "the config's positions (at most 1024)"
     cache = (
         f"static cache, batch {batch}, length {length}"
@@ -185,7 +180,7 @@ def _seq2seq(
     if to == "pt2":
         from ptconvert.generation.static_cache import cache_length, static_meta
 
-        batch = max(opts.batch_sizes or BATCHES)
+        batch = cache_batch(opts.batch_sizes)
         length = cache_length(model, opts.cache_length)
         meta = static_meta(
             model, opts, batch, length, decoder_start_token_id=start, **seq2seq.encoder_meta(model)
@@ -249,7 +244,7 @@ def _pt2_decoder(
         static_meta,
     )
 
-    batch = max(opts.batch_sizes or BATCHES)
+    batch = cache_batch(opts.batch_sizes)
     length = cache_length(model, opts.cache_length)
     with progress.step(f"exporting with a static cache (batch {batch}, {length} positions)"):
         ep = export_decoder(model, batch, length)

@@ -21,7 +21,7 @@ from typing import Any
 from ptconvert.convert.pte_export import lower
 from ptconvert.deps import require
 from ptconvert.errors import named_error
-from ptconvert.generation.runner import StaticCacheProgram
+from ptconvert.generation.static_cache import StaticCacheProgram
 from ptconvert.quiet import quiet_torch
 
 # the wrapper's buffers (``static_cache._own_buffers``) that the file gives their zeros
@@ -34,12 +34,11 @@ def export_program(
     """The decoder-only LM into a ``.pte`` at ``tmp``: exported with its static cache in
     buffers, lowered, the constant methods added; the report's cache and interface."""
     from ptconvert import progress
-    from ptconvert.generation.check import BATCHES
     from ptconvert.generation.static_cache import export_in_buffers
 
     with quiet_torch():  # importing it loads torchao, which prints what it cannot load
         require("executorch.exir")
-    ep, batch, length = export_in_buffers(model, opts, BATCHES)
+    ep, batch, length = export_in_buffers(model, opts)
     eos = model.generation_config.eos_token_id
     methods: dict[str, Any] = {
         "get_max_seq_len": length,

@@ -76,67 +76,6 @@ def greedy(
     return Generated(sequences, steps, first, per_token)
 
 
-class StaticCacheProgram:
-    """A pt2 program with a static cache (``static_cache.py``): a batch smaller than the
-    program's is padded with copies of its last row, which are dropped again."""
-
-    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
-        from ptconvert.formats.pt2 import load_exported
-        from ptconvert.scan.guard import guard
-
-        guard(path)  # every load of a pickle goes through the scanner first
-        self.module = load_exported(path).module()
-        self._sized(path, meta)
-
-    what = "program"  # what the messages call it
-
-    def _sized(self, path: Path, meta: dict[str, Any]) -> None:
-        self.batch = int(meta["batch_size"])
-        self.length = int(meta["cache_length"])
-        self.path = path
-        self.rows = 0
-        self.position = 0
-
-    def _run(self, input_ids: Any, cache_position: Any) -> Any:
-        return self.module(input_ids=input_ids, cache_position=cache_position)
-
-    def _padded(self, ids: Any) -> Any:
-        import torch
-
-        missing = self.batch - ids.shape[0]
-        return torch.cat([ids, ids[-1:].expand(missing, ids.shape[1])]) if missing else ids
-
-    def _call(self, ids: Any) -> Any:
-        import torch
-
-        count = ids.shape[1]
-        positions = torch.arange(self.position, self.position + count)
-        logits = self._run(self._padded(ids), positions)
-        self.position += count
-        return logits[: self.rows, -1]
-
-    def start(self, input_ids: Any, max_new_tokens: int) -> Any:
-        rows, prompt = input_ids.shape
-        if rows > self.batch:
-            raise UsageError(
-                f"the {self.what}'s static cache holds {self.batch} row(s), the prompt has {rows}",
-                path=self.path,
-                hint="export with --batch-sizes up to the batch you generate at",
-            )
-        if prompt + max_new_tokens - 1 > self.length:
-            raise UsageError(
-                f"{prompt} prompt tokens and {max_new_tokens} new ones do not fit the "
-                f"{self.what}'s static cache of {self.length} positions",
-                path=self.path,
-                hint="export with a longer --cache-length",
-            )
-        self.rows, self.position = rows, 0
-        return self._call(input_ids.long())
-
-    def step(self, tokens: Any) -> Any:
-        return self._call(tokens.long())
-
-
 def open_stepper(artifact: str | Path, trust: bool = False) -> Stepper:
     """The stepper for a written artifact, from what it holds (never its name); ``trust`` lets
     an AOTI package's native code load (``--trust``)."""
@@ -157,6 +96,8 @@ def open_stepper(artifact: str | Path, trust: bool = False) -> Stepper:
         return OnnxSeq2Seq(path)
     fmt = detect(path).format
     if fmt == "pt2":
+        from ptconvert.generation.static_cache import StaticCacheProgram
+
         meta = read_meta(path)
         if meta is not None and meta.get("cache") == "static":
             return StaticCacheProgram(path, meta)

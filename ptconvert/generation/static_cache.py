@@ -11,10 +11,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ptconvert.errors import UnsupportedConversionError
+from ptconvert.errors import UnsupportedConversionError, UsageError
 
 META_NAME = "generation.json"  # the archive's extra file: task, batch, cache length
 DEFAULT_CACHE_LENGTH = 1024
+# the batches a generation export is checked at (``check.py``): a static cache holds the largest
+# of them unless ``--batch-sizes`` asks for others
+BATCHES = (1, 2)
+
+
+def cache_batch(asked: list[int] | None) -> int:
+    """The static cache's rows: the largest batch asked (``--batch-sizes``), else of
+    ``BATCHES``."""
+    return max(asked or BATCHES)
 
 
 def cache_length(model: Any, asked: int | None) -> int:
@@ -37,14 +46,13 @@ def cache_length(model: Any, asked: int | None) -> int:
     return int(length)
 
 
-def export_in_buffers(model: Any, opts: Any, batches: tuple[int, ...]) -> tuple[Any, int, int]:
+def export_in_buffers(model: Any, opts: Any) -> tuple[Any, int, int]:
     """The decoder-only LM exported with its static cache in its own buffers (for a runtime
-    that keeps them between calls: AOTInductor, ExecuTorch) at the largest batch asked
-    (``--batch-sizes``, else of ``batches``) and the cache length asked or the model's: the
-    program, its batch and its cache length."""
+    that keeps them between calls: AOTInductor, ExecuTorch) at the batch (``cache_batch``) and
+    the cache length asked or the model's: the program, its batch and its cache length."""
     from ptconvert import progress
 
-    batch = max(opts.batch_sizes or batches)
+    batch = cache_batch(opts.batch_sizes)
     length = cache_length(model, opts.cache_length)
     with progress.step(f"exporting with a static cache (batch {batch}, {length} positions)"):
         return export_decoder(model, batch, length, own_buffers=True), batch, length
@@ -169,3 +177,64 @@ def read_meta(path: Path) -> dict[str, Any] | None:
     except (OSError, zipfile.BadZipFile, ValueError):
         return None
     return meta if isinstance(meta, dict) else None
+
+
+class StaticCacheProgram:
+    """A pt2 program with a static cache (``export_decoder``'s), stepped token by token: a batch
+    smaller than the program's is padded with copies of its last row, which are dropped again."""
+
+    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
+        from ptconvert.formats.pt2 import load_exported
+        from ptconvert.scan.guard import guard
+
+        guard(path)  # every load of a pickle goes through the scanner first
+        self.module = load_exported(path).module()
+        self._sized(path, meta)
+
+    what = "program"  # what the messages call it
+
+    def _sized(self, path: Path, meta: dict[str, Any]) -> None:
+        self.batch = int(meta["batch_size"])
+        self.length = int(meta["cache_length"])
+        self.path = path
+        self.rows = 0
+        self.position = 0
+
+    def _run(self, input_ids: Any, cache_position: Any) -> Any:
+        return self.module(input_ids=input_ids, cache_position=cache_position)
+
+    def _padded(self, ids: Any) -> Any:
+        import torch
+
+        missing = self.batch - ids.shape[0]
+        return torch.cat([ids, ids[-1:].expand(missing, ids.shape[1])]) if missing else ids
+
+    def _call(self, ids: Any) -> Any:
+        import torch
+
+        count = ids.shape[1]
+        positions = torch.arange(self.position, self.position + count)
+        logits = self._run(self._padded(ids), positions)
+        self.position += count
+        return logits[: self.rows, -1]
+
+    def start(self, input_ids: Any, max_new_tokens: int) -> Any:
+        rows, prompt = input_ids.shape
+        if rows > self.batch:
+            raise UsageError(
+                f"the {self.what}'s static cache holds {self.batch} row(s), the prompt has {rows}",
+                path=self.path,
+                hint="export with --batch-sizes up to the batch you generate at",
+            )
+        if prompt + max_new_tokens - 1 > self.length:
+            raise UsageError(
+                f"{prompt} prompt tokens and {max_new_tokens} new ones do not fit the "
+                f"{self.what}'s static cache of {self.length} positions",
+                path=self.path,
+                hint="export with a longer --cache-length",
+            )
+        self.rows, self.position = rows, 0
+        return self._call(input_ids.long())
+
+    def step(self, tokens: Any) -> Any:
+        return self._call(tokens.long())
