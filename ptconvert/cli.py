@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
 
     set_verbose(verbose)
     if sys.stderr.isatty() and not as_json and not quiet:
-        from ptconvert.render import TerminalProgress
+        from ptconvert.render_progress import TerminalProgress
 
         progress.set_reporter(TerminalProgress())
     try:

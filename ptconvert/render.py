@@ -1,132 +1,22 @@
-"""Human rendering of reports with rich (the CLI's default; ``--json`` bypasses this module)."""
+"""Human rendering of reports with rich (the CLI's default; ``--json`` bypasses this module).
+
+Which rows and lines each report shows; the table they are laid out in, and the text of sizes and
+errors, are ``render_table.py``'s; the progress display while a command runs is
+``render_progress.py``'s.
+"""
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
-from rich import box
-from rich.cells import cell_len
-from rich.console import Console, ConsoleDimensions, ConsoleOptions
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from rich.text import Text
+
+from ptconvert.render_table import Grid, error_text, leaf_name, size_text
 
 if TYPE_CHECKING:  # the format registry is not needed to render a scan
     from ptconvert.formats.base import FileInfo, IOSpec
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
-
-
-def _num(value: float) -> str:
-    """A measured error in three significant digits (``6.01e-05``, ``0.0120``, ``0``)."""
-    return f"{value:#.3g}" if value else "0"
-
-
-_KEY_PART = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(\d+)\]|\.(\w+)")
-
-
-def _leaf(path: str) -> str:
-    """An output's pytree path as a name: ``['past'][0]`` → ``past.0``, ``[1]`` → ``1``."""
-    parts, at = [], 0
-    for m in _KEY_PART.finditer(path):
-        if m.start() != at:
-            return path
-        parts.append(next(g for g in m.groups() if g is not None))
-        at = m.end()
-    return ".".join(parts) if parts and at == len(path) else path
-
-
-class _Grid:
-    """A table laid out for the width it is printed at, whose numbers are never cut: one table
-    when its columns fit; else its text columns wrapped (a word longer than the column folds,
-    nothing is left out); else stacked: the other columns in groups, one table under another,
-    each with the first ``keys`` columns again, whole. ``fixed`` columns (numbers, statuses,
-    dates) are never wrapped; their headers wrap at spaces when that makes the table fit."""
-
-    _TEXT_MIN = 12  # a text column is not wrapped narrower than this (or its longest header word)
-
-    def __init__(self, *headers: str, fixed: tuple[int, ...] = (), keys: int = 1) -> None:
-        self.headers, self.fixed, self.keys = list(headers), set(fixed), keys
-        self.rows: list[list[Text]] = []
-
-    def add_row(self, *cells: str) -> None:
-        """Cells in rich markup (data escaped by the caller)."""
-        self.rows.append([Text.from_markup(c) for c in cells])
-
-    def _widths(self, i: int) -> tuple[int, int]:
-        """Column ``i``'s narrowest and natural widths (cell text, without padding): a key
-        column's is its natural one."""
-        header = self.headers[i]
-        lines = [line for row in self.rows for line in row[i].plain.splitlines()] or [""]
-        widest = max(cell_len(line) for line in lines)
-        natural = max(widest, cell_len(header))
-        word = max(cell_len(w) for w in header.split() or [""])
-        if i < self.keys:
-            return natural, natural
-        if i in self.fixed:
-            return max(widest, word), natural
-        return max(word, min(natural, self._TEXT_MIN)), natural
-
-    @staticmethod
-    def _outer(columns: int) -> int:
-        return max(2 * columns - 2, 0)  # two spaces between columns, none around
-
-    def _layout(self, columns: list[int], width: int) -> list[int] | None:
-        """Widths of ``columns`` in one table at most ``width`` wide, or None."""
-        ranges = {i: self._widths(i) for i in columns}
-        widths = {i: ranges[i][0] for i in columns}
-        room = width - self._outer(len(columns)) - sum(widths.values())
-        if room < 0:
-            return None
-        # what is left widens the text columns first, then unwraps fixed columns' headers
-        for group in ([i for i in columns if i not in self.fixed], columns):
-            while room > 0:
-                short = [i for i in group if widths[i] < ranges[i][1]]
-                if not short:
-                    break
-                for i in short[:room]:
-                    widths[i] += 1
-                room -= min(len(short), room)
-        return [widths[i] for i in columns]
-
-    def _table(self, columns: list[int], widths: list[int]) -> Table:
-        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
-        for i, w in zip(columns, widths, strict=True):
-            t.add_column(self.headers[i], width=w, overflow="fold")  # fixed: as wide as cells
-        for row in self.rows:
-            t.add_row(*(row[i] for i in columns))
-        return t
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Any]:
-        width = options.max_width
-        every = list(range(len(self.headers)))
-        widths = self._layout(every, width)
-        if widths is not None:
-            yield self._table(every, widths)
-            return
-        keys = every[: self.keys]
-        groups: list[list[int]] = [[]]  # stacked: as many columns a table as fit
-        for i in every[self.keys :]:
-            if groups[-1] and self._layout([*keys, *groups[-1], i], width) is None:
-                groups.append([])
-            groups[-1].append(i)
-        for n, group in enumerate(groups):  # a column too wide alone: at its narrowest
-            if n:
-                yield Text("")
-            columns = [*keys, *group]
-            narrowest = [self._widths(i)[0] for i in columns]
-            yield self._table(columns, self._layout(columns, width) or narrowest)
 
 
 def _spec(s: IOSpec) -> str:
@@ -147,7 +37,7 @@ def render_info(info: FileInfo, console: Console | None = None) -> None:
     t.add_row = row  # type: ignore[method-assign,assignment]
     t.add_row("path", info.path)
     t.add_row("format", f"{info.format} ({info.layout})")
-    t.add_row("size", f"{_size(info.size_bytes)} in {max(len(info.files), 1)} file(s)")
+    t.add_row("size", f"{size_text(info.size_bytes)} in {max(len(info.files), 1)} file(s)")
     if info.tensors is not None:
         t.add_row("tensors", f"{info.tensors:,}")
         t.add_row("parameters", f"{info.parameters or 0:,}")
@@ -195,7 +85,7 @@ def _short(value: Any) -> str:
 
 def render_formats(rows: list[dict[str, Any]], console: Console | None = None) -> None:
     console = console or Console()
-    t = _Grid("format", "suffixes", "holds")
+    t = Grid("format", "suffixes", "holds")
     for r in rows:
         t.add_row(r["name"], " ".join(r["suffixes"]) or "(directory)", r["holds"])
     console.print(t)
@@ -209,7 +99,7 @@ def render_batch(report: Any, console: Console | None = None) -> None:
     from pathlib import Path
 
     console = console or Console()
-    t = _Grid("model", "status", "check", "size", "seconds", "output", fixed=(1, 3, 4))
+    t = Grid("model", "status", "check", "size", "seconds", "output", fixed=(1, 3, 4))
     for item in report.items:
         style = _BATCH_STYLE[item.status]
         out = Path(item.output)
@@ -218,7 +108,7 @@ def render_batch(report: Any, console: Console | None = None) -> None:
             escape(item.src),
             f"[{style}]{item.status}[/{style}]",
             "-" if item.status in ("failed", "not-run") else item.check,
-            _size(item.size),
+            size_text(item.size),
             f"{item.seconds:.1f}",
             "-" if item.status in ("failed", "not-run") else escape(str(shown)),
         )
@@ -251,7 +141,7 @@ def render_every(report: Any, console: Console | None = None) -> None:
     console = console or Console()
     sizes = report.batch_sizes
     label = f"ms @ {'/'.join(str(b) for b in sizes)}" if sizes else "ms"
-    t = _Grid("format", "size", "check", label, "× eager", "× compile", fixed=(1, 3, 4, 5))
+    t = Grid("format", "size", "check", label, "× eager", "× compile", fixed=(1, 3, 4, 5))
 
     def ms(medians: dict[Any, float]) -> str:
         return " / ".join(f"{medians[b]:.3f}" if b in medians else "-" for b in sizes) or "-"
@@ -266,7 +156,7 @@ def render_every(report: Any, console: Console | None = None) -> None:
         style = {"ok": "", "failed": "red", "skipped": "yellow"}[r.status]
         t.add_row(
             f"[{style}]{r.format}[/{style}]" if style else r.format,
-            _size(r.size) if r.size is not None else "-",
+            size_text(r.size) if r.size is not None else "-",
             r.check if r.status == "ok" else r.status,
             ms(r.median_ms) if r.median_ms else "-",
             ratio(r.vs_eager),
@@ -300,7 +190,7 @@ def render_weights(report: Any, console: Console | None = None) -> None:
             if report.path == "fast"
             else "some tensors rebuilt in memory from their storage bytes",
         ),
-        ("tensors", f"{report.tensors} ({report.stored} stored, {_size(report.bytes)})"),
+        ("tensors", f"{report.tensors} ({report.stored} stored, {size_text(report.bytes)})"),
         ("time", f"{report.seconds:.2f} s"),
     ]
     if report.unwrapped:
@@ -316,7 +206,7 @@ def render_weights(report: Any, console: Console | None = None) -> None:
         (
             "verified",
             f"{check.status}: {check.tensors} tensors bitwise equal "
-            f"({_size(check.bytes_compared)}) to an independent reading of the source "
+            f"({size_text(check.bytes_compared)}) to an independent reading of the source "
             f"({check.reader}, {check.reader_seconds:.2f} s)"
             if check
             else "skipped (--no-verify)",
@@ -339,7 +229,7 @@ _VERDICT_STYLE = {
 def render_scan(report: Any, console: Console | None = None) -> None:
     """One row per file, then one row per finding of the files that are not clean."""
     console = console or Console()
-    t = _Grid("file", "verdict", "pickles", "findings", fixed=(1, 2, 3))
+    t = Grid("file", "verdict", "pickles", "findings", fixed=(1, 2, 3))
     for f in report.files:
         style = _VERDICT_STYLE[f.verdict]
         t.add_row(
@@ -348,7 +238,7 @@ def render_scan(report: Any, console: Console | None = None) -> None:
     console.print(t)
     details = [(f, x) for f in report.files for x in f.findings]
     if details:
-        d = _Grid("severity", "global", "opcode @ offset", "where", "why", fixed=(0, 2))
+        d = Grid("severity", "global", "opcode @ offset", "where", "why", fixed=(0, 2))
         for _, x in details[:200]:
             d.add_row(
                 x.severity,
@@ -372,7 +262,7 @@ def render_conversion(report: Any, console: Console | None = None) -> None:
         f"[bold]{escape(report.source)}[/bold] ({report.source_format}) → "
         f"[bold]{escape(report.output)}[/bold] ({report.target_format}) in {report.seconds:.1f} s"
     )
-    t = _Grid("step", "route", "status", "seconds", "notes", fixed=(2, 3))
+    t = Grid("step", "route", "status", "seconds", "notes", fixed=(2, 3))
     for s in report.steps:
         notes = "\n".join([*(s.notes or []), *([s.error] if s.error else [])])
         t.add_row(s.step, s.route, s.status, f"{s.seconds:.2f}", escape(notes))
@@ -397,7 +287,7 @@ def render_conversion(report: Any, console: Console | None = None) -> None:
 
 def render_plan(payload: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
-    t = _Grid("#", "from", "to", "step", "needs", fixed=(0, 1, 2))
+    t = Grid("#", "from", "to", "step", "needs", fixed=(0, 1, 2))
     for i, s in enumerate(payload["steps"], 1):
         t.add_row(
             str(i), s["from"], s["to"], escape(s["what"] or s["step"]), ", ".join(s["needs"]) or "-"
@@ -419,7 +309,7 @@ def render_plan(payload: dict[str, Any], console: Console | None = None) -> None
 
 def render_edges(edges: list[dict[str, Any]], console: Console | None = None) -> None:
     console = console or Console()
-    t = _Grid("from", "to", "converter", "cost", "needs", fixed=(0, 1, 3))
+    t = Grid("from", "to", "converter", "cost", "needs", fixed=(0, 1, 3))
     for e in edges:
         t.add_row(e["from"], e["to"], e["step"], str(e["cost"]), ", ".join(e["needs"]) or "-")
     console.print(t)
@@ -431,14 +321,14 @@ def render_cache(info: Any, console: Console | None = None) -> None:
     incomplete = f", {info.incomplete} incomplete (refilled when next asked for)"
     console.print(
         f"[bold]{escape(info.root)}[/bold]: {len(info.entries)} entries, "
-        f"{_size(info.total_bytes)}{incomplete if info.incomplete else ''}"
+        f"{size_text(info.total_bytes)}{incomplete if info.incomplete else ''}"
     )
     if info.problem:
         console.print(f"[bold red]unusable[/bold red]: {escape(info.problem)}")
     if info.entries:
-        t = _Grid("key", "target", "source", "size", "created (UTC)", fixed=(0, 1, 3, 4))
+        t = Grid("key", "target", "source", "size", "created (UTC)", fixed=(0, 1, 3, 4))
         for e in info.entries:
-            t.add_row(e.key[:12], e.target, escape(e.source), _size(e.bytes), e.created)
+            t.add_row(e.key[:12], e.target, escape(e.source), size_text(e.bytes), e.created)
         console.print(t)
 
 
@@ -450,7 +340,7 @@ def render_verify(report: Any, console: Console | None = None) -> None:
     )
     if report.weights is not None:
         w = report.weights
-        console.print(f"{w.tensors} tensors bitwise equal ({_size(w.bytes_compared)})")
+        console.print(f"{w.tensors} tensors bitwise equal ({size_text(w.bytes_compared)})")
         return
     # what both sides were fed: the candidate's inputs, by the reference's names (→ renamed)
     fed = [
@@ -474,7 +364,7 @@ def render_verify(report: Any, console: Console | None = None) -> None:
 def render_bench(report: Any, console: Console | None = None) -> None:
     """Latency per runtime and batch size (median, p25–p75, first call), then the speedups."""
     console = console or Console()
-    t = _Grid(
+    t = Grid(
         "batch", "runtime", "median ms", "p25–p75 ms", "first call s", fixed=(0, 2, 3, 4), keys=2
     )
     for x in report.timings:
@@ -502,10 +392,10 @@ def render_bench(report: Any, console: Console | None = None) -> None:
     )
 
 
-def parity_table(parity: Any) -> _Grid:
+def parity_table(parity: Any) -> Grid:
     """One row per batch size and output: errors against eager and against the fp64 run (the
     output named by its path, ``past.0``; "outside" also holds a size's detail)."""
-    t = _Grid(
+    t = Grid(
         "batch",
         "output",
         "status",
@@ -521,14 +411,14 @@ def parity_table(parity: Any) -> _Grid:
         if not s.outputs:
             t.add_row(str(s.batch), "-", s.status, "", "", "", "", escape(s.detail))
         for o in s.outputs:
-            rm = "-" if o.rmse_vs_fp64 is None else _num(o.rmse_vs_fp64)
-            em = "-" if o.eager_rmse_vs_fp64 is None else _num(o.eager_rmse_vs_fp64)
+            rm = "-" if o.rmse_vs_fp64 is None else error_text(o.rmse_vs_fp64)
+            em = "-" if o.eager_rmse_vs_fp64 is None else error_text(o.eager_rmse_vs_fp64)
             t.add_row(
                 str(s.batch),
-                escape(_leaf(o.name)),
+                escape(leaf_name(o.name)),
                 o.status,
-                _num(o.max_abs_error),
-                _num(o.max_rel_error),
+                error_text(o.max_abs_error),
+                error_text(o.max_rel_error),
                 rm,
                 em,
                 f"{o.outside_tolerance:.1%}",
@@ -549,7 +439,7 @@ def render_optimize(report: Any, console: Console | None = None) -> None:
         + f" in {report.seconds:.1f} s ({report.device})"
     )
     sizes = report.batch_sizes
-    t = _Grid(
+    t = Grid(
         "runtime",
         "outcome",
         "check",
@@ -570,121 +460,3 @@ def render_optimize(report: Any, console: Console | None = None) -> None:
     console.print(t)
     for note in getattr(report, "notes", []):
         console.print(f"note: {escape(note)}")
-
-
-class _OwnConsole(Console):
-    """A console on a descriptor of its own: sized by its own terminal, also while fd 2 (which
-    rich asks otherwise, with stdin and stdout) is silenced or stdout is a pipe."""
-
-    @property
-    def size(self) -> ConsoleDimensions:
-        if self._width is None:
-            try:
-                width, height = os.get_terminal_size(self.file.fileno())
-            except (AttributeError, ValueError, OSError):  # not a terminal: as rich says
-                pass
-            else:
-                if width:
-                    return ConsoleDimensions(width, height or 25)
-        return super().size
-
-    @size.setter
-    def size(self, new_size: tuple[int, int]) -> None:
-        self._width, self._height = new_size
-
-
-class TerminalProgress:
-    """The CLI's progress reporter on stderr (stdout is the report's): one rich display whose
-    lines are the steps running now, each with its name and elapsed time, and a bar where the
-    work has a size (tensors written, batch sizes compared). Steps nest (a conversion's step,
-    the comparison inside it): each is a line of the same display.
-
-    The display writes to a duplicate of fd 2 taken when the reporter is made, and rich's
-    refresh thread redraws it ten times a second: while ``quiet.quiet_torch`` points fd 2 at
-    /dev/null (torch.export, the AOTInductor compile) third-party output is silenced and the
-    spinner and the elapsed time keep moving. Nothing else is redirected through the display:
-    what others write to sys.stdout/sys.stderr goes where it would go without it."""
-
-    def __init__(self, fd: int = 2) -> None:
-        self._file = os.fdopen(os.dup(fd), "w", encoding="utf-8", errors="replace")
-        self._console: Console = _OwnConsole(file=self._file)
-        self._live: Any = None
-        self._depth = 0
-
-    @contextmanager
-    def _task(self, name: str, total: int | None, unit: str = "") -> Iterator[Any]:
-        from rich.progress import (
-            BarColumn,
-            Progress,
-            SpinnerColumn,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        if self._live is None:
-            from rich.text import Text
-
-            class SizedBar(BarColumn):  # a bar and a count only for work with a size
-                def render(self, task: Any) -> Any:
-                    return Text("") if task.total is None else super().render(task)
-
-            class Count(TextColumn):
-                def render(self, task: Any) -> Any:
-                    if not task.total:
-                        return Text("")
-                    if task.fields.get("unit") == "B":
-                        return Text(f"{_size(int(task.completed))}/{_size(int(task.total))}")
-                    return Text(f"{task.completed:.0f}/{task.total:.0f}")
-
-            class Left(TimeRemainingColumn):  # the time left of work measured in bytes
-                def render(self, task: Any) -> Any:
-                    return super().render(task) if task.fields.get("unit") else Text("")
-
-            self._live = Progress(
-                SpinnerColumn(),
-                TextColumn("[bold]{task.description}[/bold]"),
-                SizedBar(),
-                Count(""),
-                TimeElapsedColumn(),
-                Left(),
-                transient=True,
-                console=self._console,
-                # others' output goes where it would without the display: a logging handler
-                # made meanwhile keeps sys.stderr (fd 2: silenced by quiet_torch), not ours
-                redirect_stdout=False,
-                redirect_stderr=False,
-            )
-            self._live.start()
-        self._depth += 1
-        task = self._live.add_task(escape(name), total=total, unit=unit)
-        try:
-            yield task
-        finally:
-            self._live.remove_task(task)
-            self._depth -= 1
-            if self._depth == 0:
-                self._live.stop()
-                self._live = None
-
-    @contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        with self._task(name, None):
-            yield
-
-    @contextmanager
-    def status(self, name: str) -> Iterator[Callable[[str], None]]:
-        """A step whose line ``say(text)`` renames (from any thread: rich locks its tasks)."""
-        with self._task(name, None) as task:
-            live = self._live
-
-            def say(text: str) -> None:
-                with suppress(KeyError):  # the step ended meanwhile
-                    live.update(task, description=escape(text))
-
-            yield say
-
-    @contextmanager
-    def bar(self, name: str, total: int, unit: str = "") -> Iterator[Callable[..., None]]:
-        with self._task(name, total, unit) as task:
-            yield lambda amount=1: self._live.advance(task, amount)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ptconvert import progress, render
+from ptconvert import progress, render_progress
 from ptconvert.convert.batch import convert_many
 from ptconvert.options import Options
 
@@ -65,7 +65,7 @@ def _on_a_pty(run: Any) -> str:
     saved = os.dup(2)
     os.dup2(slave, 2)
     try:
-        progress.set_reporter(render.TerminalProgress())
+        progress.set_reporter(render_progress.TerminalProgress())
         run()
     finally:
         progress.set_reporter(None)

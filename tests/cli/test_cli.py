@@ -117,7 +117,7 @@ def test_progress_steps_nest_in_one_terminal_display() -> None:
 
     from rich.console import Console
 
-    from ptconvert.render import TerminalProgress
+    from ptconvert.render_progress import TerminalProgress
 
     shown = io.StringIO()
     reporter = TerminalProgress()

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from ptconvert import progress, render
+from ptconvert import progress, render, render_progress
 from ptconvert.quiet import quiet_libraries, quiet_torch
 
 PTCONVERT = [sys.executable, "-m", "ptconvert"]
@@ -55,7 +55,7 @@ def test_the_display_keeps_ticking_while_torch_is_silenced(
     saved = os.dup(2)
     os.dup2(slave, 2)
     try:
-        progress.set_reporter(render.TerminalProgress())
+        progress.set_reporter(render_progress.TerminalProgress())
         with progress.step("exported → aoti"), quiet_torch():
             os.write(2, b"torch's own chatter\n")
             time.sleep(2.3)
