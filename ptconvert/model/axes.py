@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ptconvert.model.inputs import (
+from ptconvert.model.hf_inputs import (
     _AUDIO,
     _DECODER,
     _DECODER_LENGTHS,

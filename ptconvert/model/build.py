@@ -11,7 +11,8 @@ from typing import Any
 
 from ptconvert.errors import MissingRequirementError, NoWeightsError, UsageError
 from ptconvert.formats import FORMATS_BY_NAME
-from ptconvert.model.inputs import ExampleInputs, from_file, from_hf_model, from_specs, parse_input
+from ptconvert.model.hf_inputs import from_hf_model
+from ptconvert.model.inputs import ExampleInputs, from_file, from_specs, parse_input
 from ptconvert.model.spec import (
     ModelSpec,
     choose_target,

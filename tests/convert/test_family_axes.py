@@ -126,7 +126,7 @@ def _save(kind: str, directory: Path) -> Path:
 def _axes(kind: str, tmp_path: Path) -> list[tuple[str, tuple[tuple[str, int], ...]]]:
     import transformers
 
-    from ptconvert.model.inputs import from_hf_model
+    from ptconvert.model.hf_inputs import from_hf_model
 
     directory = _save(kind, tmp_path / kind)
     model = transformers.AutoModel.from_pretrained(directory).eval()

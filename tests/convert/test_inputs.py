@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from ptconvert.errors import MissingRequirementError, UsageError
+from ptconvert.model.hf_inputs import from_hf_model
 from ptconvert.model.inputs import (
     ExampleInputs,
     InputSpec,
     check_provided,
     from_file,
-    from_hf_model,
     from_specs,
     parse_input,
     pinned,
