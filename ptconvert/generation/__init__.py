@@ -8,6 +8,9 @@ with the written artifact (``runner.generate``) and compares every token and eve
 logits with transformers' ``generate(do_sample=False)`` on the eager model.
 
 Modules: ``tasks`` (which task fits which model), ``loading`` (the eager model of a directory),
-``static_cache`` (pt2), ``onnx_past`` (ONNX), ``runner`` (the greedy loop over an artifact),
-``check`` (the comparison with transformers), ``convert`` (the conversion and its report).
+``static_cache`` (pt2), ``aoti_cache`` (AOTI), ``pte_cache`` (ExecuTorch), ``onnx_past`` (ONNX),
+``seq2seq``, ``seq2seq_onnx`` and ``seq2seq_folder`` (a seq2seq model's folder), ``targets``
+(each target's export, what a written one says of itself, its stepper), ``runner`` (the greedy
+loop over an artifact), ``check`` (the comparison with transformers), ``convert`` (the
+conversion and its report), ``bench`` (its timing against transformers).
 """

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert.errors import UnsupportedConversionError, UsageError
-from ptconvert.generation.static_cache import META_NAME, StaticCacheProgram
+from ptconvert.generation.static_cache import META_NAME, StaticCacheProgram, read_static
 
 
 def check_buffers(ep: Any) -> None:
@@ -70,9 +70,9 @@ def export_package(
     with its static cache in buffers, compiled, ``generation.json`` added; the report's cache
     and interface."""
     from ptconvert import progress
-    from ptconvert.generation.static_cache import export_in_buffers, static_meta
+    from ptconvert.generation.static_cache import export_static, static_meta
 
-    ep, batch, length = export_in_buffers(model, opts)
+    ep, batch, length = export_static(model, opts, own_buffers=True)
     with progress.step("compiling with AOTInductor"):
         notes.extend(compile_package(ep, src, tmp, out, opts))
     add_meta(tmp, static_meta(model, opts, batch, length))
@@ -98,6 +98,13 @@ def add_meta(package: Path, meta: dict[str, Any]) -> None:
         root = archive.namelist()[0].split("/", 1)[0]
     with zipfile.ZipFile(package, "a") as archive:
         archive.writestr(f"{root}/extra/{META_NAME}", json.dumps(meta))
+
+
+def open_package(path: Path, trust: bool) -> AotiStaticCache | None:
+    """The stepper of an AOTI package with a static cache (``trust``: its native code loads);
+    None for another package."""
+    meta = read_static(path)
+    return None if meta is None else AotiStaticCache(path, meta, trust)
 
 
 class AotiStaticCache(StaticCacheProgram):

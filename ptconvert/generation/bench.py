@@ -35,68 +35,31 @@ class Export:
     """What bench needs to know of a generation export, read without loading it."""
 
     task: str
-    format: str  # pt2 | onnx: the target the export was written as
+    format: str  # the target the export was written as (a folder: its layout, pt2 | onnx)
     layout: str  # decoder | seq2seq (a folder)
     batch: int | None = None  # a static cache's rows (None: any batch)
     length: int | None = None  # a static cache's positions
 
 
 def generation_export(path: Path) -> Export | None:
-    """The generation export at ``path`` (a pt2 with a static cache's ``generation.json``, an
+    """The generation export at ``path`` (a pt2, AOTI package or .pte with a static cache, an
     ONNX decoder with ``past_key_values`` inputs, a seq2seq export's folder), else None."""
     from ptconvert.errors import PtconvertError
-    from ptconvert.generation.seq2seq_folder import DECODER_PT2, layout
-    from ptconvert.generation.static_cache import read_meta
-    from ptconvert.options import GENERATION_TASKS
+    from ptconvert.generation.targets import target_of
 
-    seq2seq = next(t for t, kind in GENERATION_TASKS.items() if kind == "seq2seq")
-    folder = layout(path)
-    if folder == "pt2":
-        meta = read_meta(path / DECODER_PT2) or {}
-        return Export(
-            str(meta.get("task", seq2seq)), "pt2", "seq2seq", _int(meta, "batch_size"),
-            _int(meta, "cache_length"),
-        )  # fmt: skip
-    if folder == "onnx":  # the task from its config.json (a Whisper folder's: speech)
-        from ptconvert.generation.tasks import folder_task
-
-        return Export(folder_task(path), "onnx", "seq2seq")
-    if not path.is_file():
+    if not path.exists():
         return None
-    from ptconvert.formats import detect
-
     try:
-        fmt = detect(path).format
+        fmt, target = target_of(path)
     except PtconvertError:
         return None
-    if fmt in ("pt2", "aoti"):  # aoti: generation.json added by aoti_cache.py
-        found = read_meta(path)
-        if found is None or found.get("cache") != "static" or "task" not in found:
-            return None
-        return Export(
-            str(found["task"]), fmt, "decoder", _int(found, "batch_size"),
-            _int(found, "cache_length"),
-        )  # fmt: skip
-    if fmt == "pte":  # the constant methods pte_cache.py writes
-        from ptconvert.generation.pte_cache import read_meta as pte_meta
-
-        found = pte_meta(path)
-        if found is None:
-            return None
-        return Export(
-            "text-generation-with-past", "pte", "decoder", _int(found, "batch_size"),
-            _int(found, "cache_length"),
-        )  # fmt: skip
-    if fmt == "onnx":
-        import onnx
-
-        try:
-            graph = onnx.load(str(path), load_external_data=False).graph
-        except Exception:  # an unreadable file: bench's own path says what is wrong
-            return None
-        if any(i.name.startswith("past_key_values.") for i in graph.input):
-            return Export("text-generation-with-past", "onnx", "decoder")
-    return None
+    meta = target.read(path) if target is not None else None
+    if target is None or meta is None or "task" not in meta:
+        return None
+    return Export(
+        str(meta["task"]), fmt, target.layout, _int(meta, "batch_size"),
+        _int(meta, "cache_length"),
+    )  # fmt: skip
 
 
 def _int(meta: dict[str, Any], key: str) -> int | None:
@@ -284,8 +247,8 @@ def bench_generation(
         )
     from ptconvert.generation.check import features, prompts
     from ptconvert.generation.loading import load_model
-    from ptconvert.generation.runner import open_stepper
     from ptconvert.generation.seq2seq import feature_shape, is_speech
+    from ptconvert.generation.targets import open_stepper
     from ptconvert.scan.guard import refuse_unsafe
 
     refuse_unsafe(artifact, reference)

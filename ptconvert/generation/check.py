@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ptconvert.errors import VerificationError
-from ptconvert.generation.runner import Stepper, greedy
+from ptconvert.generation.runner import greedy
 from ptconvert.generation.static_cache import BATCHES
+from ptconvert.generation.targets import Stepper
 from ptconvert.report import Report
 
 PROMPT_LENGTHS = (3, 7)

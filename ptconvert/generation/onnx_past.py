@@ -115,6 +115,47 @@ def export_decoder_onnx(model: Any, path: Path, opts: Options) -> list[str]:
     ]
 
 
+def export_with_past(
+    model: Any, src: Path, tmp: Path, out: Path, opts: Options, notes: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The decoder with past inputs into the ONNX file ``tmp`` (``export_decoder_onnx``); the
+    report's cache and interface, read back from the written graph (``src`` and ``out``: an
+    AOTI package's, ``targets.Target``)."""
+    from ptconvert import progress
+
+    with progress.step("exporting to ONNX with past_key_values inputs"):
+        notes.extend(export_decoder_onnx(model, tmp, opts))
+    import onnx
+
+    graph = onnx.load(str(tmp), load_external_data=False).graph
+    inputs = [i.name for i in graph.input]
+    outputs = [o.name for o in graph.output]
+    layers = sum(1 for n in inputs if n.startswith("past_key_values.")) // 2
+    cache = {"kind": "inputs", "layers": layers, "past": PAST.format("N", "key|value"),
+             "present": PRESENT.format("N", "key|value")}  # fmt: skip
+    return cache, {"inputs": inputs, "outputs": outputs}
+
+
+def read_meta(path: Path) -> dict[str, Any] | None:
+    """What an ONNX decoder with past inputs says of itself: its task; None for another graph
+    (or one the onnx package cannot read)."""
+    import onnx
+
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception:  # an unreadable file: whoever loads it says what is wrong
+        return None
+    if any(i.name.startswith("past_key_values.") for i in graph.input):
+        return {"task": "text-generation-with-past"}
+    return None
+
+
+def open_decoder(path: Path, trust: bool) -> OnnxWithPast:
+    """The stepper of an ONNX decoder with past inputs (``trust``: an AOTI package's,
+    ``targets.Target``)."""
+    return OnnxWithPast(path)
+
+
 def save_checked(program: Any, path: Path) -> Any:
     """A generation graph written as one file (no external data) and run through
     ``onnx.checker``; its opset."""

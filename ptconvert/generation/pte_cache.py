@@ -29,16 +29,17 @@ _CACHE_BUFFERS = ["key_cache", "value_cache", "cumulative_length"]
 
 
 def export_program(
-    model: Any, tmp: Path, opts: Any, notes: list[str]
+    model: Any, src: Path, tmp: Path, out: Path, opts: Any, notes: list[str]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The decoder-only LM into a ``.pte`` at ``tmp``: exported with its static cache in
-    buffers, lowered, the constant methods added; the report's cache and interface."""
+    buffers, lowered, the constant methods added; the report's cache and interface (``src``
+    and ``out``: an AOTI package's, ``targets.Target``)."""
     from ptconvert import progress
-    from ptconvert.generation.static_cache import export_in_buffers
+    from ptconvert.generation.static_cache import export_static
 
     with quiet_torch():  # importing it loads torchao, which prints what it cannot load
         require("executorch.exir")
-    ep, batch, length = export_in_buffers(model, opts)
+    ep, batch, length = export_static(model, opts, own_buffers=True)
     eos = model.generation_config.eos_token_id
     methods: dict[str, Any] = {
         "get_max_seq_len": length,
@@ -92,11 +93,19 @@ def read_meta(path: Path) -> dict[str, Any] | None:
         return None
     eos = methods.get("get_eos_ids")
     return {
+        "task": "text-generation-with-past",  # the one task written as a .pte
         "cache": "static",
         "batch_size": int(methods.get("get_max_batch_size", 1)),
         "cache_length": int(methods["get_max_seq_len"]),
         "eos_token_id": eos,
     }
+
+
+def open_program(path: Path, trust: bool) -> PteStaticCache | None:
+    """The stepper of a .pte with a static cache; None for another program (``trust``: an
+    AOTI package's, ``targets.Target``)."""
+    meta = read_meta(path)
+    return None if meta is None else PteStaticCache(path, meta)
 
 
 class PteStaticCache(StaticCacheProgram):

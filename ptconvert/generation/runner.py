@@ -1,15 +1,17 @@
 """The greedy loop over a written artifact: what ``ptconvert.generate`` runs and what the check
-compares with transformers. One ``Stepper`` per layout feeds the artifact the prompt once, then
-one token a step, and returns each step's last logits; ``greedy`` picks the tokens."""
+compares with transformers. One ``Stepper`` per target (``targets.open_stepper``) feeds the
+artifact the prompt once, then one token a step, and returns each step's last logits; ``greedy``
+picks the tokens."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from ptconvert.errors import UnsupportedConversionError, UsageError
+from ptconvert.errors import UsageError
+from ptconvert.generation.targets import Stepper, open_stepper
 
 
 @dataclass
@@ -21,15 +23,6 @@ class Generated:
     logits: list[Any] = field(default_factory=list)
     first_token_s: float = 0.0
     per_token_s: float = 0.0
-
-
-class Stepper(Protocol):
-    """An artifact driven token by token: ``start`` feeds the prompt, ``step`` one new token per
-    row; both return the logits of the last position (batch × vocabulary) as a torch tensor."""
-
-    def start(self, input_ids: Any, max_new_tokens: int) -> Any: ...
-
-    def step(self, tokens: Any) -> Any: ...
 
 
 def _prefix(stepper: Stepper, input_ids: Any) -> Any:
@@ -74,56 +67,6 @@ def greedy(
     prefix = _prefix(stepper, input_ids)
     sequences = torch.cat([prefix, torch.stack(chosen, 1).to(prefix.dtype)], 1)
     return Generated(sequences, steps, first, per_token)
-
-
-def open_stepper(artifact: str | Path, trust: bool = False) -> Stepper:
-    """The stepper for a written artifact, from what it holds (never its name); ``trust`` lets
-    an AOTI package's native code load (``--trust``)."""
-    from ptconvert.formats import detect
-    from ptconvert.generation.static_cache import read_meta
-
-    path = Path(artifact)
-    from ptconvert.generation.seq2seq_folder import layout
-
-    folder = layout(path)
-    if folder == "pt2":
-        from ptconvert.generation.seq2seq import StaticSeq2Seq
-
-        return StaticSeq2Seq(path)
-    if folder == "onnx":
-        from ptconvert.generation.seq2seq_onnx import OnnxSeq2Seq
-
-        return OnnxSeq2Seq(path)
-    fmt = detect(path).format
-    if fmt == "pt2":
-        from ptconvert.generation.static_cache import StaticCacheProgram
-
-        meta = read_meta(path)
-        if meta is not None and meta.get("cache") == "static":
-            return StaticCacheProgram(path, meta)
-    if fmt == "aoti":  # the static-cache program compiled by AOTInductor
-        from ptconvert.generation.aoti_cache import AotiStaticCache
-
-        meta = read_meta(path)
-        if meta is not None and meta.get("cache") == "static":
-            return AotiStaticCache(path, meta, trust)
-    if fmt == "pte":  # the static-cache program lowered by ExecuTorch
-        from ptconvert.generation.pte_cache import PteStaticCache
-        from ptconvert.generation.pte_cache import read_meta as pte_meta
-
-        meta = pte_meta(path)
-        if meta is not None:
-            return PteStaticCache(path, meta)
-    if fmt == "onnx":
-        from ptconvert.generation.onnx_past import OnnxWithPast
-
-        return OnnxWithPast(path)
-    raise UnsupportedConversionError(
-        f"{fmt} without a generation layout (a pt2, AOTI package or .pte with a static "
-        "cache, an ONNX decoder with past_key_values inputs, a seq2seq export's folder)",
-        path=path,
-        hint="convert with --task text-generation-with-past or text2text-generation-with-past",
-    )
 
 
 def generate(

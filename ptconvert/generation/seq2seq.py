@@ -29,7 +29,7 @@ from typing import Any
 
 from ptconvert.errors import UnsupportedConversionError, UsageError
 from ptconvert.generation.loading import cache_keyword, cache_layers, returned_cache
-from ptconvert.generation.seq2seq_folder import DECODER_PT2, ENCODER_PT2
+from ptconvert.generation.seq2seq_folder import CONFIGS, DECODER_PT2, ENCODER_PT2
 
 
 def is_speech(model: Any) -> bool:
@@ -271,6 +271,70 @@ def export_pt2(model: Any, folder: Path, batch: int, length: int, meta: dict[str
         )
     save_program(encoder, folder / ENCODER_PT2, {**meta, "part": "encoder"})
     save_program(decoder, folder / DECODER_PT2, {**meta, "part": "decoder"})
+
+
+def encoder_inputs(model: Any) -> str:
+    """The encoder's inputs as the report's interface writes them."""
+    if is_speech(model):
+        mels, frames = feature_shape(model)
+        return f"input_features[batch, {mels}, {frames}]"
+    return "input_ids, attention_mask"
+
+
+def export_folder(
+    model: Any, src: Path, tmp: Path, out: Path, opts: Any, notes: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``encoder.pt2`` and ``decoder.pt2`` (static cache) into the folder ``tmp``, with the
+    model's configs; the report's cache and interface (``src`` and ``out``: an AOTI package's,
+    ``targets.Target``)."""
+    from ptconvert import progress
+    from ptconvert.generation.static_cache import cache_batch, cache_length, static_meta
+
+    start = start_token(model)
+    source = encoder_inputs(model)
+    batch = cache_batch(opts.batch_sizes)
+    length = cache_length(model, opts.cache_length)
+    meta = static_meta(
+        model, opts, batch, length, decoder_start_token_id=start, **encoder_meta(model)
+    )
+    with progress.step(
+        f"exporting the encoder and the decoder with a static cache (batch {batch}, "
+        f"{length} positions)"
+    ):
+        export_pt2(model, tmp, batch, length, meta)
+    notes.append(
+        f"decoder's static cache of {batch} row(s) × {length} positions inside "
+        f"{DECODER_PT2} (mutated buffers; the cross-attention keys and values are "
+        "computed from the encoder's states in every call); a smaller batch runs padded "
+        "with copies of its last row (ptconvert.generate does it)"
+    )
+    cache = {"kind": "static", "batch_size": batch, "length": length}
+    mask = "" if is_speech(model) else "encoder_attention_mask, "
+    interface = {
+        "call": f"{ENCODER_PT2}({source}) → last_hidden_state h "
+        f"once; {DECODER_PT2}(decoder_input_ids=ids[batch, n], "
+        f"encoder_hidden_states=h, {mask}cache_position=arange(pos, pos + "
+        f"n)) → logits, from decoder_start_token_id {start}",
+        "files": [ENCODER_PT2, DECODER_PT2, *CONFIGS],
+        "decoder_start_token_id": start,
+    }
+    write_configs(model, tmp)
+    return cache, interface
+
+
+def read_folder(path: Path) -> dict[str, Any]:
+    """What a pt2 folder says of itself: its decoder's ``generation.json`` (the task, the
+    static cache), the text seq2seq task where it names none."""
+    from ptconvert.generation.static_cache import read_meta
+    from ptconvert.options import GENERATION_TASKS
+
+    task = next(t for t, kind in GENERATION_TASKS.items() if kind == "seq2seq")
+    return {"task": task, **(read_meta(path / DECODER_PT2) or {})}
+
+
+def open_folder(path: Path, trust: bool) -> StaticSeq2Seq:
+    """The stepper of a pt2 folder (``trust``: an AOTI package's, ``targets.Target``)."""
+    return StaticSeq2Seq(path)
 
 
 def _encoder_positions(model: Any, length: int) -> int:

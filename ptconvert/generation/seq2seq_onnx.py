@@ -30,12 +30,21 @@ from ptconvert.generation.seq2seq import (
     cross_and_self_shapes,
     decoder_logits,
     encoder_example,
+    encoder_inputs,
     encoder_module,
     is_speech,
     read_start_token,
     start_ids,
+    start_token,
+    write_configs,
 )
-from ptconvert.generation.seq2seq_folder import DECODER_ONNX, ENCODER_ONNX, WITH_PAST_ONNX
+from ptconvert.generation.seq2seq_folder import (
+    CONFIGS,
+    DECODER_ONNX,
+    ENCODER_ONNX,
+    WITH_PAST_ONNX,
+)
+from ptconvert.generation.tasks import folder_task
 from ptconvert.options import Options
 
 PAST = "past_key_values.{}.{}.{}"
@@ -189,6 +198,51 @@ def export_seq2seq_onnx(model: Any, folder: Path, opts: Options) -> list[str]:
         f"first step) and {WITH_PAST_ONNX} (every later one), {layers} decoder layers of "
         "past_key_values.N.decoder|encoder.key|value (optimum's names and files)",
     ]
+
+
+def export_folder(
+    model: Any, src: Path, tmp: Path, out: Path, opts: Options, notes: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The three graphs into the folder ``tmp``, with the model's configs; the report's cache
+    and interface, read back from the written graphs (``src`` and ``out``: an AOTI package's,
+    ``targets.Target``)."""
+    from ptconvert import progress
+
+    start = start_token(model)
+    source = encoder_inputs(model)
+    with progress.step("exporting the encoder and the decoders to ONNX"):
+        notes.extend(export_seq2seq_onnx(model, tmp, opts))
+    import onnx
+
+    graphs: dict[str, Any] = {}
+    for name in (ENCODER_ONNX, DECODER_ONNX, WITH_PAST_ONNX):
+        graph = onnx.load(str(tmp / name), load_external_data=False).graph
+        graphs[name] = {"inputs": [i.name for i in graph.input],
+                        "outputs": [o.name for o in graph.output]}  # fmt: skip
+    layers = sum(1 for n in graphs[WITH_PAST_ONNX]["inputs"] if n.startswith("past")) // 4
+    interface = {
+        "call": f"{ENCODER_ONNX}({source}) once, {DECODER_ONNX} on decoder_start_token_id "
+        f"{start}, "
+        f"{WITH_PAST_ONNX} a token a step (its present.N.decoder fed back as past, the "
+        "first step's present.N.encoder as they are)",
+        "files": {**graphs, **{name: {} for name in CONFIGS}},
+        "decoder_start_token_id": start,
+    }
+    cache = {"kind": "inputs", "layers": layers,
+             "past": PAST.format("N", "decoder|encoder", "key|value"),
+             "present": PRESENT.format("N", "decoder|encoder", "key|value")}  # fmt: skip
+    write_configs(model, tmp)
+    return cache, interface
+
+
+def read_folder(path: Path) -> dict[str, Any]:
+    """What an ONNX folder says of itself: the task of its config.json (``folder_task``)."""
+    return {"task": folder_task(path)}
+
+
+def open_folder(path: Path, trust: bool) -> OnnxSeq2Seq:
+    """The stepper of an ONNX folder (``trust``: an AOTI package's, ``targets.Target``)."""
+    return OnnxSeq2Seq(path)
 
 
 def _export_all(graphs: list[Any], folder: Path, opts: Options) -> Any:

@@ -46,16 +46,43 @@ def cache_length(model: Any, asked: int | None) -> int:
     return int(length)
 
 
-def export_in_buffers(model: Any, opts: Any) -> tuple[Any, int, int]:
-    """The decoder-only LM exported with its static cache in its own buffers (for a runtime
-    that keeps them between calls: AOTInductor, ExecuTorch) at the batch (``cache_batch``) and
-    the cache length asked or the model's: the program, its batch and its cache length."""
+def export_static(model: Any, opts: Any, *, own_buffers: bool = False) -> tuple[Any, int, int]:
+    """The decoder-only LM exported with its static cache (``export_decoder``) at the batch
+    (``cache_batch``) and the cache length asked or the model's: the program, its batch and its
+    cache length. ``own_buffers``: the cache in its own buffers, for a runtime that keeps them
+    between calls (AOTInductor, ExecuTorch)."""
     from ptconvert import progress
 
     batch = cache_batch(opts.batch_sizes)
     length = cache_length(model, opts.cache_length)
     with progress.step(f"exporting with a static cache (batch {batch}, {length} positions)"):
-        return export_decoder(model, batch, length, own_buffers=True), batch, length
+        return export_decoder(model, batch, length, own_buffers=own_buffers), batch, length
+
+
+def export_program(
+    model: Any, src: Path, tmp: Path, out: Path, opts: Any, notes: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The decoder-only LM into a pt2 at ``tmp``, its static cache in lifted constants the
+    module mutates, ``generation.json`` beside the program; the report's cache and interface
+    (``src`` and ``out``: an AOTI package's, ``targets.Target``)."""
+    from ptconvert import progress
+
+    ep, batch, length = export_static(model, opts)
+    meta = static_meta(model, opts, batch, length)
+    with progress.step(f"writing {tmp.name}"):
+        save_program(ep, tmp, meta)
+    notes.append(
+        f"static cache of {batch} row(s) × {length} positions inside the program (mutated "
+        "buffers); a smaller batch runs padded with copies of its last row "
+        "(ptconvert.generate does it)"
+    )
+    cache = {"kind": "static", "batch_size": batch, "length": length}
+    interface = {
+        "call": "prog(input_ids=ids[batch, n], cache_position=arange(pos, pos + n)) → logits",
+        "inputs": ["input_ids", "cache_position"],
+        "outputs": ["logits"],
+    }
+    return cache, interface
 
 
 def export_decoder(model: Any, batch: int, length: int, *, own_buffers: bool = False) -> Any:
@@ -177,6 +204,20 @@ def read_meta(path: Path) -> dict[str, Any] | None:
     except (OSError, zipfile.BadZipFile, ValueError):
         return None
     return meta if isinstance(meta, dict) else None
+
+
+def read_static(path: Path) -> dict[str, Any] | None:
+    """The ``generation.json`` of a pt2 archive or an AOTI package with a static cache, else
+    None."""
+    meta = read_meta(path)
+    return meta if meta is not None and meta.get("cache") == "static" else None
+
+
+def open_program(path: Path, trust: bool) -> StaticCacheProgram | None:
+    """The stepper of a pt2 with a static cache; None for another pt2 (``trust``: an AOTI
+    package's, ``targets.Target``)."""
+    meta = read_static(path)
+    return None if meta is None else StaticCacheProgram(path, meta)
 
 
 class StaticCacheProgram:

@@ -44,3 +44,13 @@ def test_targets_a_task_does_not_write_and_a_task_of_another_kind_are_said(
         )
     assert "automatic-speech-recognition-with-past" in str(caught.value.hint)
     assert not (tmp_path / "w").exists()
+
+
+def test_every_target_a_task_writes_is_declared_once() -> None:
+    """The targets a task accepts (said before the model loads) are those generation/targets.py
+    declares: a decoder's as one file, a seq2seq model's as a folder."""
+    from ptconvert.generation.targets import DECODER, FOLDER
+    from ptconvert.generation.tasks import FOLDER_KINDS, TARGETS
+
+    for kind, names in TARGETS.items():
+        assert set(names) == set(FOLDER if kind in FOLDER_KINDS else DECODER), kind
