@@ -73,18 +73,18 @@ def formats(as_json: bool, graph: str | None) -> None:
     from ptconvert.formats import FORMATS
 
     if graph:
-        from ptconvert.convert.graph import EDGES, graph_text
+        from ptconvert.convert.graph import edges, graph_text
 
-        edges = [
+        rows = [
             {"from": e.src, "to": e.dst, "step": e.step, "cost": e.cost, "needs": list(e.needs)}
-            for e in EDGES
+            for e in edges()
         ]
         if as_json:
-            emit_json(edges)
+            emit_json(rows)
         elif graph == "table":
             from ptconvert.render import render_edges
 
-            render_edges(edges)
+            render_edges(rows)
         else:
             click.echo(graph_text(graph))
         return

@@ -11,9 +11,11 @@ takes a ``Registry`` and adds to it::
     from ptconvert.convert.graph import Edge
 
     def register(registry):
-        registry.add_format(ToyFormat())                                   # formats/, info
-        registry.add_edge(Edge("weights", "toy", "write_toy", 1), write_toy)  # the graph, --to
-        registry.add_need("toy_license", "pass --model-arg license=yes", licensed)  # optional
+        # detection, info, and what the format declares: read_weights + reference (a source
+        # of weights, checked bitwise), write_weights (a target): the graph's edges follow
+        registry.add_format(ToyFormat())
+        registry.add_edge(Edge("toy", "signed", "sign", 1, ("toy_key",)), sign)  # a converter
+        registry.add_need("toy_key", "pass --metadata toy_key=…", has_key)  # what it needs
 
 Plugins are loaded once, by every API call and CLI command, before anything is read. A plugin
 that fails to load fails every later call too (what it registered before failing stays).
@@ -43,27 +45,6 @@ class Registry:
         from ptconvert.convert.graph import register_edge
 
         register_edge(edge, step)
-
-    def add_weights_reader(
-        self, format_name: str, reader: Callable[..., Any], independent: Callable[..., Any]
-    ) -> None:
-        """Weights out of a plugin's format: ``reader(detection, key, skip_unsupported)`` gives
-        a ``weights.read.WeightSet``; ``independent(weight_set, may_load_program, exit_stack)``
-        reads the same file another way for the bitwise check (``verify.independent``)."""
-        from ptconvert.convert.graph import Edge, register_edge
-        from ptconvert.convert.steps import read_weights_step
-        from ptconvert.verify.independent import INDEPENDENT_READERS
-        from ptconvert.weights.read import READERS
-
-        if format_name in READERS:
-            raise UsageError(f"a weights reader for {format_name!r} is registered already")
-        READERS[format_name] = reader
-        INDEPENDENT_READERS[format_name] = independent
-        # its weights reach the graph too (with a model spec: a module, a program)
-        register_edge(
-            Edge(format_name, "weights", "read_weights", 1, label="read its weights"),
-            read_weights_step,
-        )
 
     def add_need(self, name: str, hint: str, met: Callable[[str, Any], bool]) -> None:
         """A need the plugin's edges declare: ``met(source format, options)`` says whether it

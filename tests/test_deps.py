@@ -16,8 +16,8 @@ import torch
 from ptconvert import deps
 from ptconvert.deps import _release, require_torch, torch_dtype
 from ptconvert.errors import MissingRequirementError
-from ptconvert.weights.read import ByteRange, WeightEntry, WeightSet
-from ptconvert.weights.torch_zip import write_torch_zip
+from ptconvert.formats.torch_zip import write_torch_zip
+from ptconvert.formats.weightset import ByteRange, WeightEntry, WeightSet
 from tests.conftest import run_cli
 
 

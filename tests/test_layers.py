@@ -55,10 +55,6 @@ KNOWN: dict[tuple[str, str], str] = {}
 # graph), each with why it is still there
 KNOWN_MODULE_CYCLES: list[tuple[set[str], str]] = [
     (
-        {"ptconvert.formats", "ptconvert.formats.hf", "ptconvert.formats.sharded"},
-        "the format registry and the formats that describe their weights through it; being removed",
-    ),
-    (
         {"ptconvert.pickles.machine", "ptconvert.pickles.torch_streams"},
         "machine.py lends LEGACY_MAGIC, acted and run_torch_pickles (torch_streams.py's) to "
         "formats/checkpoint.py, formats/pt.py and scan/scanner.py until they import them from "

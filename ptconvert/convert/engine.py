@@ -191,7 +191,7 @@ def _run_route(
 ) -> ConversionReport:
     """The route run step by step inside ``atomic_path`` (planned again when a step or the
     parity check fails), the output written and checked."""
-    state = RunState(src, d.format, inputs=user_inputs(opts), destination=out)
+    state = RunState(src, d.format, inputs=user_inputs(opts), destination=out, target=to)
     target = FORMATS_BY_NAME.get(to)
     records: list[StepRecord] = []
     route: list[str] = []

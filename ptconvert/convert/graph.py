@@ -16,7 +16,7 @@ from ptconvert.errors import UnsupportedConversionError, UsageError
 from ptconvert.report import Report
 
 STAGES = ("weights", "module", "exported")
-FILE_NODES = ["pt", "safetensors", "sharded", "hf", "torchscript", "pt2", "aoti", "onnx", "pte"]
+_PLUGIN_NODES: list[str] = []  # nodes a plugin's edges name that are no registered format
 
 
 @dataclass(frozen=True)
@@ -30,22 +30,8 @@ class Edge:
     reads_source: bool = False  # reads the file given (only a route's first step can)
 
 
+# the converters (plugins append theirs); the formats' own edges are ``format_edges()``
 EDGES: list[Edge] = [
-    Edge(
-        "pt",
-        "weights",
-        "read_weights",
-        1,
-        label="read tensors (opcode-level, no unpickling)",
-        reads_source=True,
-    ),
-    Edge("safetensors", "weights", "read_weights", 1, label="read tensors", reads_source=True),
-    Edge("sharded", "weights", "read_weights", 1, label="read every shard", reads_source=True),
-    Edge(
-        "hf", "weights", "read_weights", 1, label="read the directory's weights", reads_source=True
-    ),
-    Edge("weights", "safetensors", "write_safetensors", 1, label="write safetensors"),
-    Edge("weights", "pt", "write_pt", 1, label="write a torch zip checkpoint"),
     Edge("weights", "module", "build_module", 2, ("model_spec",), "build the model, load strictly"),
     # a source that is code alone: no file, the model as --model's factory builds it
     Edge("code", "module", "build_from_code", 2, ("model_spec",), "build the model from its code"),
@@ -61,7 +47,6 @@ EDGES: list[Edge] = [
     Edge("module", "exported", "export", 3, ("example_inputs",), "torch.export"),
     Edge("module", "torchscript", "script", 4, (), "torch.jit.script (or trace)"),
     Edge("torchscript", "exported", "ts_to_exported", 4, ("example_inputs",), "TS2EPConverter"),
-    Edge("torchscript", "weights", "program_weights", 1, label="extract the weights"),
     Edge(
         "pt2",
         "exported",
@@ -70,7 +55,6 @@ EDGES: list[Edge] = [
         label="torch.export.load (after the scan)",
         reads_source=True,
     ),
-    Edge("pt2", "weights", "program_weights", 1, label="extract the weights"),
     Edge("exported", "pt2", "save_pt2", 1, label="torch.export.save"),
     Edge("exported", "weights", "program_weights", 1, label="the program's state dict"),
     Edge("exported", "aoti", "aoti_compile", 6, ("cpp_compiler",), "AOTInductor compile + package"),
@@ -83,16 +67,37 @@ EDGES: list[Edge] = [
         ("executorch",),
         "ExecuTorch lowering (XNNPACK or portable kernels)",
     ),
-    Edge(
-        "onnx",
-        "weights",
-        "read_weights",
-        1,
-        ("onnx",),
-        "the initializers, by torch name",
-        reads_source=True,
-    ),
 ]
+
+
+def format_edges() -> list[Edge]:
+    """Each registered format's edges to and from the weights stage, as it declares them: read
+    (the file's tensors, or a loaded program's state dict: ``read_step``) and write."""
+    from ptconvert.formats import FORMATS
+
+    out: list[Edge] = []
+    for f in FORMATS:
+        if f.reads_weights:
+            reads_file = f.read_step == "read_weights"  # a program's state dict: any program
+            out.append(
+                Edge(f.name, "weights", f.read_step, 1, f.read_needs, f.read_label, reads_file)
+            )
+    for f in FORMATS:
+        if f.writes_weights:
+            out.append(Edge("weights", f.name, "write_weights", 1, label=f.write_label))
+    return out
+
+
+def edges() -> list[Edge]:
+    """Every edge of the graph: the formats' own, then the converters."""
+    return [*format_edges(), *EDGES]
+
+
+def file_nodes() -> list[str]:
+    """The targets ``--to`` accepts: every registered format, and a plugin edge's other nodes."""
+    from ptconvert.formats import FORMATS
+
+    return [*(f.name for f in FORMATS), *_PLUGIN_NODES]
 
 
 def register_edge(edge: Edge, step: Any) -> None:
@@ -104,8 +109,8 @@ def register_edge(edge: Edge, step: Any) -> None:
         raise UsageError(f"a converter step named {edge.step!r} is registered already")
     STEPS[edge.step] = step
     for node in (edge.src, edge.dst):
-        if node not in STAGES and node not in FILE_NODES:
-            FILE_NODES.append(node)
+        if node not in STAGES and node not in file_nodes():
+            _PLUGIN_NODES.append(node)
     EDGES.append(edge)
 
 
@@ -159,6 +164,7 @@ def _search(
     queue: list[tuple[int, int, str, list[Edge]]] = [(0, 0, src, [])]
     best: dict[str, int] = {}
     counter = 0
+    graph = edges()
     while queue:
         cost, _, node, path = heapq.heappop(queue)
         if node == dst and path:
@@ -166,7 +172,7 @@ def _search(
         if best.get(node, 1 << 30) <= cost:
             continue
         best[node] = cost
-        for e in EDGES:
+        for e in graph:
             if e.src != node or e in banned or e in path:
                 continue
             if e.reads_source and path:
@@ -184,8 +190,9 @@ def plan(
     src: str, dst: str, have: frozenset[str] = frozenset(), banned: frozenset[Edge] = frozenset()
 ) -> Plan:
     """The cheapest route from ``src`` to ``dst`` given the needs that are met."""
-    if dst not in FILE_NODES:
-        raise UsageError(f"unknown target format {dst!r} (known: {', '.join(FILE_NODES)})")
+    nodes = file_nodes()
+    if dst not in nodes:
+        raise UsageError(f"unknown target format {dst!r} (known: {', '.join(nodes)})")
     path = _search(src, dst, have, banned, relax=False)
     if path is not None:
         return Plan(src, dst, path)
@@ -209,13 +216,13 @@ def graph_text(kind: str) -> str:
     """The graph as Mermaid or DOT text."""
     if kind == "mermaid":
         lines = ["graph LR"]
-        for e in EDGES:
+        for e in edges():
             needs = f"|needs {', '.join(e.needs)}|" if e.needs else ""
             lines.append(f"  {e.src} -->{needs} {e.dst}")
         return "\n".join(lines)
     lines = ["digraph ptconvert {", "  rankdir=LR;"]
     lines += [f"  {s} [shape=ellipse, style=dashed];" for s in STAGES]
-    for e in EDGES:
+    for e in edges():
         label = e.step + (f"\\nneeds {', '.join(e.needs)}" if e.needs else "")
         lines.append(f'  {e.src} -> {e.dst} [label="{label}"];')
     lines.append("}")

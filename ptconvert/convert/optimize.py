@@ -26,10 +26,10 @@ from ptconvert.report import Check, Report
 
 def targets() -> list[str]:
     """The program formats an edge writes from the exported program (pt2, aoti, onnx)."""
-    from ptconvert.convert.graph import EDGES
+    from ptconvert.convert.graph import edges
     from ptconvert.formats import FORMATS_BY_NAME
 
-    found = [e.dst for e in EDGES if e.src == "exported" and e.dst in FORMATS_BY_NAME]
+    found = [e.dst for e in edges() if e.src == "exported" and e.dst in FORMATS_BY_NAME]
     return [t for t in dict.fromkeys(found) if FORMATS_BY_NAME[t].kind == "program"]
 
 

@@ -28,22 +28,23 @@ def default_output(src: Path, to: str) -> Path:
 
 def byte_copy(src_format: str, to: str) -> bool:
     """Whether ``convert`` takes the weights path (byte copies checked bitwise), not the graph."""
-    from ptconvert.convert.weights import WEIGHT_TARGETS
+    from ptconvert.convert.weights import weight_targets
     from ptconvert.weights.read import weight_sources
 
-    return to in WEIGHT_TARGETS and src_format in weight_sources()
+    return to in weight_targets() and src_format in weight_sources()
 
 
 def output_for(src: Path, to: str, opts: Options) -> Path:
     """Where ``convert`` writes ``src`` converted to ``to`` when no output is given."""
     from ptconvert.convert.weights import default_output as weights_output
+    from ptconvert.convert.weights import writes_directory
 
     try:
-        fmt = detect(src).format
+        d = detect(src)
     except PtconvertError:
         return default_output(src, to)  # the conversion will say what is wrong with it
-    if byte_copy(fmt, to):
-        return weights_output(src, to, fmt, opts.max_shard_size is not None)
+    if byte_copy(d.format, to):
+        return weights_output(d, to, writes_directory(d, to, opts.max_shard_size))
     return default_output(src, to)
 
 

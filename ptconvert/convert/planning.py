@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ptconvert.convert.graph import EDGES, Edge, Plan, plan
+from ptconvert.convert.graph import Edge, Plan, edges, plan
 from ptconvert.convert.same_format import copy_cannot_change
 from ptconvert.errors import (
     PtconvertError,
@@ -36,7 +36,7 @@ def inapplicable(d: Detection) -> frozenset[Edge]:
 
     whole_module = bool(describe(d.path).needs_code)
     kind = "weights" if whole_module else "module"
-    return frozenset(e for e in EDGES if e.src == d.format and e.dst == kind)
+    return frozenset(e for e in edges() if e.src == d.format and e.dst == kind)
 
 
 def plan_for(src: str | Path, to: str, opts: Options) -> Plan:

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ptconvert.formats.weightset import WeightSet
 from ptconvert.model.inputs import ExampleInputs
 from ptconvert.report import Report, StepStatus
-from ptconvert.weights.read import WeightSet
 
 # (input, axis) → (min, max or None): the sizes a dynamic dim is exported with
 Bounds = dict[tuple[str, int], tuple[int, int | None]]
@@ -30,6 +30,7 @@ class RunState:
     src: Path
     src_format: str
     output: Path | None = None  # the temporary path the final step writes
+    target: str = ""  # the route's target format (the one the final step writes)
     destination: Path | None = None  # where the output goes once it is checked
     weights: WeightSet | None = None
     module: Any = None  # nn.Module

@@ -29,18 +29,12 @@ def read_weights_step(state: RunState, opts: Options) -> None:
     state.weights = source_weights(state.src, opts)
 
 
-def write_safetensors(state: RunState, opts: Options) -> None:
-    from ptconvert.weights.write import write_safetensors as write
+def write_weights(state: RunState, opts: Options) -> None:
+    """The weights written as the target format writes them."""
+    from ptconvert.formats import FORMATS_BY_NAME
 
     assert state.weights is not None and state.output is not None
-    write(state.weights, state.output)
-
-
-def write_pt(state: RunState, opts: Options) -> None:
-    from ptconvert.weights.torch_zip import write_torch_zip
-
-    assert state.weights is not None and state.output is not None
-    write_torch_zip(state.weights, state.output)
+    FORMATS_BY_NAME[state.target].write_weights(state.weights, state.output)
 
 
 def build_module(state: RunState, opts: Options) -> None:
@@ -146,7 +140,7 @@ def _load_torchscript(state: RunState) -> Any:
 
 def program_weights(state: RunState, opts: Options) -> None:
     """The state dict of a program (TorchScript or ExportedProgram) as a weight set."""
-    from ptconvert.weights.read import weights_from_tensors
+    from ptconvert.formats.weightset import weights_from_tensors
 
     # on the way to a module the program is loaded anyway (after a clean scan): it is the
     # parity reference and brings its own sample inputs. Weights alone go through
@@ -222,8 +216,7 @@ def pte_export(state: RunState, opts: Options) -> None:
 
 STEPS = {
     "read_weights": read_weights_step,
-    "write_safetensors": write_safetensors,
-    "write_pt": write_pt,
+    "write_weights": write_weights,
     "build_module": build_module,
     "build_from_code": build_from_code,
     "unpickle_module": unpickle_module,

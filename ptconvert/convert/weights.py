@@ -1,7 +1,9 @@
-"""Weights conversion between pickle checkpoints, safetensors, sharded sets and HF directories.
+"""Weights conversion: any format whose weights can be read into any format that writes them
+(pickle checkpoints, safetensors, sharded sets, HF directories, the weights of programs, GGUF…).
 
-``convert_weights`` reads the source (byte ranges where exact, torch.load(weights_only=True)
-otherwise), writes the target atomically, then reads it back and compares every tensor bitwise.
+``convert_weights`` reads the source through its format (byte ranges where exact, tensors
+rebuilt otherwise), writes the target through its format atomically, then reads it back and
+compares every tensor bitwise with the source's independent reading.
 """
 
 from __future__ import annotations
@@ -15,18 +17,18 @@ from pathlib import Path
 from ptconvert import progress
 from ptconvert.atomic import atomic_path, check_output
 from ptconvert.errors import NoWeightsError, UnsupportedConversionError
-from ptconvert.formats import detect
-from ptconvert.formats.hf import WEIGHT_NAMES
-from ptconvert.formats.safetensors import TORCH_TO_SAFETENSORS
-from ptconvert.formats.sharded import read_index
+from ptconvert.formats import FORMATS, FORMATS_BY_NAME, Detection, detect
+from ptconvert.formats.safetensors import parse_size
+from ptconvert.formats.weightset import WeightSet
 from ptconvert.report import Check, Report
 from ptconvert.scan.guard import guard, refuse_unsafe
 from ptconvert.verify.weights import WeightsCheck, verify_weights
-from ptconvert.weights.read import WeightSet, read_weights, weight_sources
-from ptconvert.weights.torch_zip import write_torch_zip
-from ptconvert.weights.write import parse_size, write_safetensors
+from ptconvert.weights.read import read_weights, weight_sources
 
-WEIGHT_TARGETS = ("safetensors", "pt")
+
+def weight_targets() -> list[str]:
+    """The formats weights can be written as."""
+    return [f.name for f in FORMATS if f.writes_weights]
 
 
 @dataclass
@@ -51,12 +53,23 @@ class WeightsReport(Report):
     check: Check = "bitwise"  # the check that ran: "bitwise" (read back, compared) or "none"
 
 
-def default_output(src: Path, fmt: str, source_format: str, sharded: bool) -> Path:
-    if source_format == "hf" or sharded:
+def default_output(d: Detection, fmt: str, as_directory: bool) -> Path:
+    """A folder beside a source written as a folder (a directory's, shards, a config made from
+    the source), named after it; else a file named after the source, or after the folder that
+    holds it and its parts (a shard index)."""
+    src = d.path
+    if as_directory:
         return src.parent / f"{src.name.split('.')[0]}-{fmt}"
-    if source_format == "sharded":
-        return src.parent.parent / f"{src.parent.name}-{fmt}"
-    return src.with_suffix(".safetensors" if fmt == "safetensors" else ".pt")
+    container = d.handler.scanned_as(src)
+    if container != src:
+        return container.parent / f"{container.name}-{fmt}"
+    return src.with_suffix(FORMATS_BY_NAME[fmt].suffix)
+
+
+def writes_directory(d: Detection, to: str, max_shard_size: str | None) -> bool:
+    """Whether the conversion writes a folder: shards, or a source whose format keeps files
+    beside its weights (a directory's config and tokenizer, a config made from metadata)."""
+    return max_shard_size is not None or d.handler.output_is_directory(d.path, d.layout)
 
 
 def convert_weights(
@@ -82,7 +95,7 @@ def convert_weights(
     """
     started = time.perf_counter()
     src = Path(src)
-    if to not in WEIGHT_TARGETS:
+    if to not in weight_targets():
         raise UnsupportedConversionError(f"weights cannot be written as {to!r}", path=src)
     refuse_unsafe(src.parent if src.name.endswith(".index.json") else src)
     d = detect(src)
@@ -92,22 +105,22 @@ def convert_weights(
             path=src,
         )
     shard_bytes = parse_size(max_shard_size) if max_shard_size else None
-    if shard_bytes is not None and to != "safetensors":
+    if shard_bytes is not None and not FORMATS_BY_NAME[to].writes_shards:
         raise UnsupportedConversionError(
-            "--max-shard-size writes safetensors shards only", path=src
+            f"--max-shard-size writes shards of {', '.join(_shard_writers())} only", path=src
         )
-    out = Path(output) if output else default_output(src, to, d.format, shard_bytes is not None)
+    as_directory = writes_directory(d, to, max_shard_size)
+    out = Path(output) if output else default_output(d, to, as_directory)
     check_output(out, [src], force)
     with progress.step(f"scanning {src.name}"):
-        scans = guard(src.parent if d.format == "sharded" else src, trust=trust, allow=allow)
+        scans = guard(d.handler.scanned_as(src), trust=trust, allow=allow)
     with progress.step(f"reading {src.name}"):
         ws = read_weights(src, key=key, keep_prefix=keep_prefix, skip_unsupported=skip_unsupported)
     fit_target(ws, to, skip_unsupported, src)
     _skipped_note(ws)
-    as_directory = d.format == "hf" or shard_bytes is not None
     with atomic_path(out, directory=as_directory, replace=force) as tmp:
         with progress.step(f"writing {to}"):
-            files = _write(ws, src, d.format, to, tmp, shard_bytes, metadata or {})
+            files = _write(ws, d, to, tmp, as_directory, shard_bytes, metadata or {})
         check = None
         if verify:
             with progress.step("verifying every tensor bitwise"):
@@ -138,16 +151,17 @@ def convert_weights(
 def fit_target(ws: WeightSet, to: str, skip_unsupported: bool, src: Path) -> None:
     """With ``skip_unsupported``, tensors whose dtype the target cannot hold are left out with
     their aliases and reported; without it the writer names each of them in its error."""
-    if to != "safetensors" or not skip_unsupported:
-        return  # a torch checkpoint holds every dtype torch has
-    bad = {e.name: e.dtype for e in ws.entries if e.dtype not in TORCH_TO_SAFETENSORS}
+    target = FORMATS_BY_NAME[to]
+    if not skip_unsupported:
+        return
+    bad = {e.name: e.dtype for e in ws.entries if not target.holds_dtype(e.dtype)}
     for name, dtype in bad.items():
-        ws.skipped[name] = f"dtype {dtype}, which safetensors cannot hold"
+        ws.skipped[name] = f"dtype {dtype}, which {to} cannot hold"
     ws.entries = [e for e in ws.entries if e.name not in bad and e.alias_of not in bad]
     if not ws.entries:
         listed = ", ".join(f"{n!r} ({dt})" for n, dt in list(bad.items())[:10])
         raise NoWeightsError(
-            f"no tensors left once those safetensors cannot hold are left out: {listed}", path=src
+            f"no tensors left once those {to} cannot hold are left out: {listed}", path=src
         )
 
 
@@ -158,30 +172,28 @@ def _skipped_note(ws: WeightSet) -> None:
 
 def _write(
     ws: WeightSet,
-    src: Path,
-    source_format: str,
+    d: Detection,
     to: str,
     tmp: Path,
+    as_directory: bool,
     shard_bytes: int | None,
     metadata: dict[str, str],
 ) -> list[Path]:
-    if source_format != "hf":
-        if to == "pt":
-            return write_torch_zip(ws, tmp)
-        return write_safetensors(ws, tmp, max_shard_size=shard_bytes, metadata=metadata)
-    # a Hugging Face directory: copy everything but the weights, then write the weights
-    skip = set(WEIGHT_NAMES)
-    for name in WEIGHT_NAMES:
-        if name.endswith(".index.json") and (src / name).exists():
-            skip |= set(read_index(src / name)["weight_map"].values())
-    for item in sorted(src.iterdir()):
-        if item.name not in skip and item.is_file():
-            shutil.copy2(item, tmp / item.name)
-    if to == "pt":
-        return write_torch_zip(ws, tmp / "pytorch_model.bin")
-    if shard_bytes is None:
-        return write_safetensors(ws, tmp / "model.safetensors", metadata=metadata)
-    return write_safetensors(ws, tmp, max_shard_size=shard_bytes, metadata=metadata)
+    target = FORMATS_BY_NAME[to]
+    if not as_directory:
+        return target.write_weights(ws, tmp, metadata=metadata)
+    # a folder: the source's files kept beside its weights, the files made from it, the weights
+    for item in d.handler.kept_files(d.path):
+        shutil.copy2(item, tmp / item.name)
+    for name, data in ws.companions.items():
+        (tmp / name).write_bytes(data)
+    if shard_bytes is not None:
+        return target.write_weights(ws, tmp, max_shard_size=shard_bytes, metadata=metadata)
+    return target.write_weights(ws, tmp / target.folder_file, metadata=metadata)
+
+
+def _shard_writers() -> list[str]:
+    return [f.name for f in FORMATS if f.writes_shards]
 
 
 def _verify_target(tmp: Path, files: list[Path], as_directory: bool, to: str) -> Path:

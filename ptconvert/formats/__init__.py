@@ -25,8 +25,7 @@ from ptconvert.errors import (
     UnknownFormatError,
     named_error,
 )
-from ptconvert.formats.base import FileInfo, Format, Probe
-from ptconvert.formats.checkpoint import CheckpointFormat
+from ptconvert.formats.base import _REGISTRY_DESCRIBE, FileInfo, Format, Probe
 from ptconvert.formats.hf import (
     WEIGHT_NAMES,
     HuggingFaceFormat,
@@ -34,6 +33,7 @@ from ptconvert.formats.hf import (
     read_config,
 )
 from ptconvert.formats.onnx import OnnxFormat
+from ptconvert.formats.pt import PtFormat
 from ptconvert.formats.pt2 import AotiPackageFormat, ExportedProgramFormat
 from ptconvert.formats.pte import PteFormat
 from ptconvert.formats.safetensors import SafetensorsFormat
@@ -42,7 +42,7 @@ from ptconvert.formats.torchscript import TorchScriptFormat
 from ptconvert.report import Report
 
 FORMATS: list[Format] = [
-    CheckpointFormat(),
+    PtFormat(),
     SafetensorsFormat(),
     ShardedFormat(),
     TorchScriptFormat(),
@@ -118,6 +118,9 @@ def describe(path: str | Path) -> FileInfo:
     info = d.handler.info(d.path, d.layout)
     info.notes += _past_scan_limit(d.path)
     return info
+
+
+_REGISTRY_DESCRIBE.append(describe)  # formats describe their parts through it
 
 
 # members the security scan reads whole: pickles, TorchScript code, a pt2's graphs

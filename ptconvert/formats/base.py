@@ -10,18 +10,24 @@ from __future__ import annotations
 
 import heapq
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ptconvert.archive import ZipArchive, is_zip, open_zip
-from ptconvert.errors import CorruptFileError
+from ptconvert.errors import CorruptFileError, UnsupportedConversionError, VerificationError
 from ptconvert.formats.program import IOSpec, Program
 from ptconvert.report import Report
 
+if TYPE_CHECKING:
+    from ptconvert.formats.reference import Reference
+    from ptconvert.formats.weightset import WeightSet
+
 HEAD_BYTES = 4096
+_REGISTRY_DESCRIBE: list[Callable[[Path], FileInfo]] = []  # set by ptconvert.formats
 TAIL_BYTES = 65535 + 22
 
 
@@ -172,6 +178,12 @@ class Format:
     carries_model_spec: ClassVar[bool] = False  # names its model class (a config.json beside)
     may_hold_module: ClassVar[bool] = False  # may be a whole pickled nn.Module (with --trust)
 
+    def describe_part(self, path: Path) -> FileInfo:
+        """Another file (a shard, a directory's weights) as the registry describes it: a format
+        that describes its parts needs no import of the registry (which imports it)."""
+        assert _REGISTRY_DESCRIBE, "the registry (ptconvert.formats) sets how parts are described"
+        return _REGISTRY_DESCRIBE[0](path)
+
     def match(self, probe: Probe) -> str | None:
         """The layout name if ``probe`` is this format, else None. Must be cheap and safe."""
         raise NotImplementedError
@@ -197,6 +209,103 @@ class Format:
     @property
     def suffix(self) -> str:
         return self.output_suffix or (self.suffixes[0] if self.suffixes else f".{self.name}")
+
+    # -- weights: what reading a file's tensors, checking them and writing them asks of a format
+
+    # the converter graph's edge from this format to the weights stage: its label, its needs
+    read_label: ClassVar[str] = "read tensors"
+    # the step that reads them: "read_weights" (the file, symbolically) or "program_weights"
+    # (a loaded program's state dict, also for a program the route wrote)
+    read_step: ClassVar[str] = "read_weights"
+    read_needs: ClassVar[tuple[str, ...]] = ()
+    # and the one from the weights stage to it (a format whose weights ptconvert writes)
+    write_label: ClassVar[str] = ""
+    # a format that writes weights: whether it writes shards (--max-shard-size), and its file's
+    # name in a folder the conversion writes (a Hugging Face directory's weights)
+    writes_shards: ClassVar[bool] = False
+    folder_file: ClassVar[str] = ""
+    # the independent reading (``reference``) builds no torch tensor: any dtype is compared
+    # without torch knowing it
+    reference_without_torch: ClassVar[bool] = False
+
+    @property
+    def reads_weights(self) -> bool:
+        cls = type(self)
+        return cls.read_weights is not Format.read_weights or (
+            cls.weights_file is not Format.weights_file
+        )
+
+    @property
+    def writes_weights(self) -> bool:
+        return type(self).write_weights is not Format.write_weights
+
+    def read_weights(
+        self, path: Path, layout: str, key: str | None, skip_unsupported: bool
+    ) -> WeightSet:
+        """Every tensor of a file of this format, named as its state dict names them; nothing
+        executed. ``key``: the checkpoint entry to read (--key); ``skip_unsupported``: tensors a
+        weights file cannot hold are left out and listed instead of refused."""
+        raise UnsupportedConversionError(
+            f"ptconvert cannot read the weights of {self.name} files", path=path
+        )
+
+    def weights_file(self, path: Path) -> Path | None:
+        """The file this one's weights are read from when it is not ``path`` itself (a
+        directory's weights file or shard index), read through the registry."""
+        return None
+
+    def output_is_directory(self, path: Path, layout: str) -> bool:
+        """Whether its weights are written as a folder, with ``kept_files`` and the weight set's
+        ``companions`` beside them (a Hugging Face directory)."""
+        return False
+
+    def kept_files(self, path: Path) -> list[Path]:
+        """The source's files a folder written from it keeps (a directory's config and
+        tokenizer: everything but its weights)."""
+        return []
+
+    def holds_dtype(self, dtype: str) -> bool:
+        """Whether a file of this format written by ptconvert can hold tensors of ``dtype``."""
+        return True
+
+    def scanned_as(self, path: Path) -> Path:
+        """What the security scan of a file of this format reads: itself, or the folder its
+        parts lie in (a shard index: every shard)."""
+        return path
+
+    def loads_to_read(self, path: Path, layout: str) -> bool:
+        """Whether reading the weights runs the format's own loader (a scan must clear the file
+        first: the caller runs it)."""
+        return False
+
+    def reference(self, ws: WeightSet, may_load: Callable[[], bool], stack: ExitStack) -> Reference:
+        """The file read again by another implementation than ``read_weights``, for the bitwise
+        check. ``may_load()``: whether a program's own loader may run on it (the scan found it
+        clean, or --trust); ``stack`` closes what the reading opened, after the comparison."""
+        raise VerificationError(f"no independent reader for {self.name} sources", path=ws.origin)
+
+    def write_weights(
+        self,
+        ws: WeightSet,
+        out: Path,
+        *,
+        max_shard_size: int | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> list[Path]:
+        """Write ``ws`` at ``out`` (a file, or a folder of shards); the files written."""
+        raise UnsupportedConversionError(f"weights cannot be written as {self.name}", path=out)
+
+    # -- scanning
+
+    def holds_no_pickle(self, head: bytes, path: Path) -> bool:
+        """Whether ``head`` (a file's first bytes) starts a data file of this format, which holds
+        no pickle stream (the scanner still reads byte 0 as torch.load would). A header that
+        claims the format but is broken raises InputError: the file is unreadable."""
+        return False
+
+    def scan_notes(self, path: Path) -> list[str]:
+        """What ``ptconvert scan`` says about a file of this format beside its findings."""
+        return []
 
 
 def file_entry(path: Path) -> dict[str, Any]:

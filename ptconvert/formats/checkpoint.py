@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptconvert.archive import ZipArchive, is_tar, open_zip
+from ptconvert.archive import ZipArchive, open_zip
 from ptconvert.errors import CorruptFileError, TruncatedFileError
-from ptconvert.formats.base import FileInfo, Format, Probe, file_entry
+from ptconvert.formats.base import FileInfo
 from ptconvert.formats.torch_objects import (
     DTYPE_SIZES,
     STORAGE_DTYPES,
@@ -36,7 +36,9 @@ from ptconvert.formats.torch_objects import (
     interpret,
 )
 from ptconvert.pickles.allowlist import classify
-from ptconvert.pickles.machine import LEGACY_MAGIC, Global, PickleRun, run_pickle
+from ptconvert.pickles.machine import run_pickle
+from ptconvert.pickles.records import Global, PickleRun
+from ptconvert.pickles.torch_streams import LEGACY_MAGIC
 
 # the members torch's legacy loader reads, by name (in any order; sys_info it never reads)
 TAR_MEMBERS = frozenset({"pickle", "tensors", "storages"})
@@ -328,95 +330,3 @@ def describe_pickles(info: FileInfo, runs: list[PickleRun]) -> None:
         if classify(g.module or "?", g.name or "?") != "safe"
     ]
     info.needs_code.sort()
-
-
-# first opcodes of a protocol 0/1 pickle (which has no PROTO opcode to recognise it by):
-# MARK, EMPTY_DICT/LIST/TUPLE, GLOBAL, the text and binary ints and strings, NONE
-_TEXT_PICKLE_OPENERS = frozenset(bytes([c]) for c in b"(}])cLIJKMNVXSUT")
-
-
-def _legacy_magic(head: bytes) -> bool:
-    """Whether the first pickle is torch's legacy magic number, as torch itself decides: run it
-    and compare its value (the bytes differ with the protocol: ``L…L`` text, LONG1, a FRAME)."""
-    run = run_pickle(head[:64])
-    return run.error is None and type(run.root) is int and run.root == LEGACY_MAGIC
-
-
-def _parses(probe: Probe) -> bool:
-    """Whether the file opens with a pickle, which torch.load would unpickle (as the legacy magic
-    number) whatever follows it: its first pickle runs to STOP within the head, or, for a longer
-    file ending with STOP (one big pickle), runs without error until the head's bytes end."""
-    run = run_pickle(probe.head)
-    if run.error is None:
-        return True
-    return run.truncated and probe.size > len(probe.head) and probe.tail.endswith(b".")
-
-
-class CheckpointFormat(Format):
-    name = "pt"
-    may_hold_module = True
-    suffixes = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
-    holds = "any pickled object: state dicts, training checkpoints, whole modules (needs code)"
-    priority = 5
-
-    def match(self, probe: Probe) -> str | None:
-        head = probe.head
-        if probe.zip is not None:
-            return "zip" if probe.zip_has("data.pkl") else None
-        if len(head) >= 512 and is_tar(head):  # torch tries tar first (any tar format)
-            try:
-                with tarfile.open(probe.path, "r:") as tar:
-                    if set(tar.getnames()) >= TAR_MEMBERS:
-                        return "tar"
-            except tarfile.TarError:
-                pass
-        if _legacy_magic(head):
-            return "legacy"
-        if head[:1] == b"\x80" and head[1:2] and head[1] <= 5:
-            return "pickle"
-        if head[:1] in _TEXT_PICKLE_OPENERS and _parses(probe):
-            return "pickle"  # protocol 0 or 1: no PROTO opcode
-        return None
-
-    def info(self, path: Path, layout: str) -> FileInfo:
-        ckpt = read_checkpoint(path, layout)
-        info = FileInfo(str(path), self.name, layout, path.stat().st_size, [file_entry(path)])
-        tensors = ckpt.tensors
-        refs = {k: t for k, t in tensors.items() if isinstance(t, TensorRef)}
-        info.add_tensors(
-            ((k, t.dtype, list(t.shape), t.numel) for k, t in refs.items()), aliases(refs)
-        )
-        unsupported = {k: t.kind for k, t in tensors.items() if isinstance(t, UnsupportedTensor)}
-        if unsupported:
-            info.notes.append(f"{len(unsupported)} tensors are not plain strided: {unsupported}")
-        unmapped = {
-            k: f"{t.construct}: {t.reason}" for k, t in tensors.items() if isinstance(t, Unmapped)
-        }
-        if unmapped:
-            info.notes.append(
-                f"{len(unmapped)} entries hold tensor data ptconvert cannot name: {unmapped}"
-            )
-        if not tensors:
-            info.notes.append("the file holds no tensors")
-        info.contents = describe_contents(ckpt.tree)
-        describe_pickles(info, ckpt.runs)
-        if ckpt.archive is not None:
-            _check_storages(info, ckpt, tensors)
-        return info
-
-
-def _check_storages(info: FileInfo, ckpt: PickledCheckpoint, tensors: dict[str, Any]) -> None:
-    archive = ckpt.archive
-    assert archive is not None
-    for name, t in tensors.items():
-        if isinstance(t, TensorRef):
-            member = archive.member(t.storage.key)
-            if member is None:
-                info.notes.append(f"tensor {name!r}: storage member {t.storage.key} is missing")
-            elif member.size < t.storage.nbytes:
-                info.notes.append(
-                    f"tensor {name!r}: storage member {t.storage.key} holds {member.size} bytes, "
-                    f"less than the {t.storage.nbytes} it should"
-                )
-            elif why := archive.ratio_problem(member, t.storage.nbytes):
-                info.notes.append(f"tensor {name!r}: {why}: convert refuses it")

@@ -8,6 +8,7 @@ from typing import Any
 
 from ptconvert.errors import ModelDefinitionError
 from ptconvert.formats.base import FileInfo, Format, Probe, file_entry
+from ptconvert.formats.sharded import shard_paths
 
 # Weight files transformers looks for, in its order of preference.
 WEIGHT_NAMES = (
@@ -110,15 +111,28 @@ class HuggingFaceFormat(Format):
             return "directory"
         return None
 
-    def info(self, path: Path, layout: str) -> FileInfo:
-        from ptconvert.formats import describe  # the registry describes the weights
+    read_label = "read the directory's weights"
 
+    def weights_file(self, path: Path) -> Path | None:
+        return weights_file(path)
+
+    def output_is_directory(self, path: Path, layout: str) -> bool:
+        return True
+
+    def kept_files(self, path: Path) -> list[Path]:
+        skip = set(WEIGHT_NAMES)
+        for name in WEIGHT_NAMES:
+            if name.endswith(".index.json") and (path / name).exists():
+                skip |= {p.name for p in shard_paths(path / name)}
+        return [p for p in sorted(path.iterdir()) if p.name not in skip and p.is_file()]
+
+    def info(self, path: Path, layout: str) -> FileInfo:
         config = read_config(path)
         if layout in GENERATION_PARTS:
             return self.generation_info(path, layout, config)
         weights = weights_file(path)
         assert weights is not None
-        sub = describe(weights)
+        sub = self.describe_part(weights)  # the registry describes the weights
         info = FileInfo(str(path), self.name, layout, 0)
         info.files = [file_entry(p) for p in sorted(path.iterdir()) if p.is_file()]
         info.size_bytes = sum(f["size_bytes"] for f in info.files)
@@ -142,8 +156,6 @@ class HuggingFaceFormat(Format):
         converts from it): its files, and each part (the encoder, the decoder) as the registry
         describes it, format and call. The task and the cache are generation/tasks.py's lines
         (``describe_task``)."""
-        from ptconvert.formats import describe
-
         info = FileInfo(str(path), self.name, layout, 0)
         info.files = [file_entry(p) for p in sorted(path.iterdir()) if p.is_file()]
         info.size_bytes = sum(f["size_bytes"] for f in info.files)
@@ -152,7 +164,7 @@ class HuggingFaceFormat(Format):
         for name in (*encoders, *decoders):
             if not (path / name).is_file():
                 continue
-            sub = describe(path / name)
+            sub = self.describe_part(path / name)
             inputs = _names([i.name for i in sub.inputs or []])
             # a pt2's outputs are named after graph nodes: their count says enough
             outputs = (

@@ -8,8 +8,10 @@ data, and lists the external files the initializers point to.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,8 @@ from ptconvert.errors import CorruptFileError
 from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
 from ptconvert.formats.isolated import IsolatedRuntime
 from ptconvert.formats.program import Program, Signature
+from ptconvert.formats.reference import Ref, Reference, torch_ref
+from ptconvert.formats.weightset import WeightEntry, WeightSet
 
 # ModelProto field tags that may follow ir_version (field 1): producer_name … opset_import.
 _NEXT_FIELD_TAGS = frozenset({0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72, 0x7A})
@@ -80,6 +84,18 @@ class OnnxFormat(Format):
         if len(h) >= 3 and h[0] == 0x08 and h[1] < 0x20 and h[2] in _NEXT_FIELD_TAGS:
             return "protobuf"
         return None
+
+    read_label = "the initializers, by torch name"
+    read_needs = ("onnx",)
+
+    def read_weights(
+        self, path: Path, layout: str, key: str | None, skip_unsupported: bool
+    ) -> WeightSet:
+        return read_onnx_weights(path)
+
+    def reference(self, ws: WeightSet, may_load: Callable[[], bool], stack: ExitStack) -> Reference:
+        assert ws.origin is not None
+        return onnx_reference(ws.origin)
 
     def info(self, path: Path, layout: str) -> FileInfo:
         onnx = require("onnx")
@@ -160,3 +176,73 @@ def _value_info(v: Any) -> IOSpec:
         for d in tt.shape.dim
     ]
     return IOSpec(v.name, ONNX_DTYPES.get(tt.elem_type, str(tt.elem_type)), dims)
+
+
+# names an exporter makes up for constants it created (folded values, shapes, scalars)
+_GENERATED = re.compile(r"^(val_\d+|_?onnx::.*|.*_output_\d+|const(ant)?_.*|\d.*)$")
+
+
+def read_onnx_weights(path: Path) -> WeightSet:
+    """An ONNX model's initializers (external data included), under the names torch's exporter
+    gave them: the parameters' own names. Constants the exporter made up are listed as left
+    out, with their names."""
+    import torch
+
+    from ptconvert.deps import require
+
+    ir = require("onnx_ir")
+    try:
+        model = ir.load(str(path))
+    except Exception as exc:  # protobuf and file errors alike
+        raise CorruptFileError(f"not a readable ONNX model ({exc})", path=path) from None
+    entries: list[WeightEntry] = []
+    skipped: dict[str, str] = {}
+    for name, value in model.graph.initializers.items():
+        tensor = value.const_value
+        if tensor is None:
+            continue
+        if _GENERATED.match(name) or not _TORCH_NAME.match(name):
+            skipped[name] = "a constant the exporter made, not a torch parameter name"
+            continue
+        dtype = ONNX_DTYPES.get(int(tensor.dtype), "")
+        torch_dtype = getattr(torch, dtype, None)
+        if torch_dtype is None:
+            skipped[name] = f"ONNX data type {tensor.dtype} has no torch dtype"
+            continue
+        data = bytearray(tensor.tobytes())
+        t = torch.frombuffer(data, dtype=torch_dtype) if data else torch.empty(0, dtype=torch_dtype)
+        shape = tuple(int(d) for d in tensor.shape)
+        entries.append(WeightEntry(name, dtype, shape, len(data), tensor=t.reshape(shape)))
+    ws = WeightSet(entries, "torch", skipped=skipped)
+    if skipped:
+        ws.notes.append(
+            f"{len(skipped)} initializer(s) without a torch parameter name were left out: "
+            f"{sorted(skipped)[:10]}"
+        )
+    return ws
+
+
+_TORCH_NAME = re.compile(r"^[A-Za-z_][\w]*(\.[\w]+)*$")
+
+
+def onnx_reference(path: Path) -> Reference:
+    """The onnx package's own reader (``onnx.load`` with external data, ``numpy_helper``):
+    another implementation than the onnx_ir reader the conversion used."""
+    import numpy as np
+    import onnx
+    import torch
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path), load_external_data=True)
+    tensors: dict[str, Ref] = {}
+    for init in model.graph.initializer:
+        array = np.ascontiguousarray(numpy_helper.to_array(init))
+        dtype = getattr(torch, ONNX_DTYPES.get(init.data_type, ""), None)
+        if dtype is None:
+            continue
+        if array.dtype.kind not in "biufc":  # bfloat16, float8 (ml_dtypes): by their bits
+            t = torch.from_numpy(array.view(f"u{array.dtype.itemsize}")).view(dtype)
+        else:
+            t = torch.from_numpy(array)
+        tensors[init.name] = torch_ref(t)
+    return Reference("onnx.load + numpy_helper", tensors)

@@ -14,6 +14,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,13 @@ from typing import Any
 from ptconvert.archive import ZipArchive, open_zip
 from ptconvert.errors import CorruptFileError, UnsupportedConversionError
 from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
+from ptconvert.formats.checkpoint import PickledCheckpoint
+from ptconvert.formats.checkpoint_weights import read_checkpoint_weights
 from ptconvert.formats.isolated import IsolatedRuntime
 from ptconvert.formats.program import Program, Signature, by_position
+from ptconvert.formats.reference import Reference, program_reference
 from ptconvert.formats.torch_objects import DTYPE_SIZES, StorageRef, TensorRef
+from ptconvert.formats.weightset import WeightSet, weights_from_tensors
 
 # torch._export.serde.schema.ScalarType
 SCALAR_TYPES: dict[int, str] = {
@@ -193,6 +198,32 @@ class ExportedProgramFormat(Format):
         if any("/models/" in n and n.endswith(".json") for n in names):
             return "archive"
         return None
+
+    read_label = "extract the weights"
+    read_step = "program_weights"
+
+    def read_weights(
+        self, path: Path, layout: str, key: str | None, skip_unsupported: bool
+    ) -> WeightSet:
+        """Its parameters and buffers from the payload configs and the weight records, read
+        symbolically; a .pt2 of the older layout (its weights in one torch.save archive inside)
+        through torch.export.load, which the caller runs only on a scan-clean file."""
+        found = weight_refs(path)
+        if found is None:
+            ws = weights_from_tensors(dict(load_exported(path).state_dict))
+            ws.notes.append("older .pt2 layout (data/weights/<model>.pt): torch.export.load")
+            return ws
+        ckpt = PickledCheckpoint("zip", found[1], [], found[0])
+        return read_checkpoint_weights(path, layout, key, skip_unsupported, program=True, ckpt=ckpt)
+
+    def loads_to_read(self, path: Path, layout: str) -> bool:
+        return weight_refs(path) is None
+
+    def reference(self, ws: WeightSet, may_load: Callable[[], bool], stack: ExitStack) -> Reference:
+        assert ws.origin is not None
+        origin = ws.origin
+        state = lambda: dict(load_exported(origin).state_dict)  # noqa: E731
+        return program_reference(ws, may_load(), state, "torch.export.load(...).state_dict")
 
     def info(self, path: Path, layout: str) -> FileInfo:
         archive = open_zip(path)

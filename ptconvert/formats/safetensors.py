@@ -1,4 +1,6 @@
-"""safetensors: an 8-byte little-endian header length, a JSON header, then raw tensor bytes.
+"""safetensors: an 8-byte little-endian header length, a JSON header, then raw tensor bytes —
+read (byte ranges), read again independently for the check (``safe_open`` and the header's
+offsets), written (one file or shards and their index, byte ranges copied in the kernel).
 
 The header is read and bounds-checked here (no safetensors or torch import), so that ``info`` is
 fast and a hostile header length cannot make us allocate gigabytes.
@@ -10,13 +12,25 @@ import itertools
 import json
 import math
 import os
+import re
 import struct
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptconvert.errors import CorruptFileError, TruncatedFileError
+from ptconvert.atomic import ensure_space, open_output
+from ptconvert.errors import (
+    CorruptFileError,
+    TruncatedFileError,
+    UnsupportedConversionError,
+    UsageError,
+)
 from ptconvert.formats.base import FileInfo, Format, Probe, file_entry
+from ptconvert.formats.byte_copy import copy_range, tensor_bytes
+from ptconvert.formats.reference import Ref, Reference, file_range
+from ptconvert.formats.weightset import ALIASES_KEY, ByteRange, WeightEntry, WeightSet
 
 # The safetensors library refuses headers above 100 MB; so do we, before allocating.
 MAX_HEADER = 100_000_000
@@ -136,11 +150,228 @@ def _entry(path: Path, name: str, spec: Any, data_len: int) -> HeaderEntry:
     return HeaderEntry(dtype, shape, begin, end)
 
 
+def read_safetensors(paths: list[Path]) -> WeightSet:
+    """The tensors of safetensors files (one, or a sharded set's shards): each a byte range of
+    its file, tied names (our aliases metadata) as aliases."""
+    entries: list[WeightEntry] = []
+    metadata: dict[str, str] = {}
+    aliases: dict[str, str] = {}
+    for path in paths:
+        header = read_header(path)
+        metadata.update(header.metadata)
+        aliases.update(json.loads(header.metadata.get(ALIASES_KEY, "{}")))
+        for name, e in header.tensors.items():
+            source = ByteRange(path, header.data_start + e.begin)
+            shape = e.shape
+            if e.dtype == "float4_e2m1fn_x2":  # safetensors counts 4-bit values, torch pairs
+                if not shape or shape[-1] % 2:
+                    raise UnsupportedConversionError(
+                        f"tensor {name!r}: F4 shape {list(shape)} does not pack into bytes",
+                        path=path,
+                    )
+                shape = (*shape[:-1], shape[-1] // 2)
+            entries.append(WeightEntry(name, e.dtype, shape, e.end - e.begin, source))
+    by_name = {e.name: e for e in entries}
+    for alias, target in aliases.items():
+        t = by_name[target]
+        entries.append(WeightEntry(alias, t.dtype, t.shape, t.nbytes, t.source, alias_of=target))
+    metadata.pop(ALIASES_KEY, None)
+    return WeightSet(entries, "fast", metadata)
+
+
+def _header(path: Path) -> tuple[dict[str, Any], int]:
+    """The safetensors header of ``path`` (8-byte little-endian length, then JSON) and where its
+    data begins."""
+    with open(path, "rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(size))
+    return header, 8 + size
+
+
+def safetensors_reference(paths: list[Path], stack: ExitStack) -> Reference:
+    """safetensors' own ``safe_open`` validates each file and names every tensor's dtype and
+    shape; the bytes are read at the offsets of the file's header, parsed here (not by
+    ``read_safetensors``), and must agree with what ``safe_open`` says. No tensor is built: no
+    ml_dtypes, no torch (importing them costs more than comparing a GiB)."""
+    from safetensors import safe_open
+
+    tensors: dict[str, Ref] = {}
+    problems: list[str] = []
+    for path in paths:
+        with safe_open(path, "numpy") as f:  # raises on a header safetensors refuses
+            slices = {n: f.get_slice(n) for n in f.keys()}  # noqa: SIM118 (not a mapping)
+            declared = {n: (v.get_dtype(), tuple(v.get_shape())) for n, v in slices.items()}
+            metadata = f.metadata() or {}
+        header, data_start = _header(path)
+        fd = os.open(path, os.O_RDONLY)
+        stack.callback(os.close, fd)
+        for name, (code, shape) in declared.items():
+            entry = header.get(name, {})
+            if (entry.get("dtype"), tuple(entry.get("shape", ()))) != (code, shape):
+                problems.append(f"{name}: the header and safe_open disagree")
+                continue
+            begin, stop = entry["data_offsets"]
+            dtype, bits = DTYPES.get(code, (code.lower(), 8))
+            if dtype == "float4_e2m1fn_x2" and shape:
+                shape = (*shape[:-1], shape[-1] // 2)
+            nbytes = (math.prod(shape) * bits + 7) // 8
+            if stop - begin != nbytes:
+                problems.append(f"{name}: {stop - begin} bytes stored for {nbytes}")
+                continue
+            tensors[name] = Ref(dtype, shape, nbytes, file_range(fd, data_start + begin, nbytes))
+        aliases = json.loads(metadata.get(ALIASES_KEY, "{}"))
+        for alias, target in aliases.items():
+            if target in tensors:
+                tensors[alias] = tensors[target]
+    return Reference("safetensors.safe_open + the header's offsets", tensors, problems)
+
+
+def parse_size(text: str) -> int:
+    """``5GB``, ``500MB``, ``1GiB`` or a byte count → bytes (decimal units as transformers)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", text.upper())
+    if m is None:
+        raise UsageError(f"cannot read size {text!r} (use e.g. 5GB, 500MB, 1GiB)")
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+    units |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 10**3, "M": 10**6}
+    units |= {"G": 10**9, "T": 10**12}
+    return int(float(m.group(1)) * units[m.group(2)])
+
+
+def write_safetensors_file(
+    entries: list[WeightEntry], aliases: dict[str, str], metadata: dict[str, str], out: Path
+) -> None:
+    header: dict[str, Any] = {}
+    meta = {"format": "pt", **metadata}
+    if aliases:
+        meta[ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
+    header["__metadata__"] = meta
+    pos = 0
+    for e in entries:
+        shape = list(e.shape)
+        if e.dtype == "float4_e2m1fn_x2" and shape:
+            shape[-1] *= 2  # safetensors counts the 4-bit values, torch the bytes holding two
+        header[e.name] = {
+            "dtype": TORCH_TO_SAFETENSORS[e.dtype],
+            "shape": shape,
+            "data_offsets": [pos, pos + e.nbytes],
+        }
+        pos += e.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
+    ensure_space(out.parent, 8 + len(raw) + pos, out)
+    fds: dict[Path, int] = {}
+    try:
+        with open_output(out) as fh:
+            fh.write(len(raw).to_bytes(8, "little") + raw)
+            fh.flush()
+            for e in entries:
+                if e.source is not None:
+                    if e.source.path not in fds:
+                        fds[e.source.path] = os.open(e.source.path, os.O_RDONLY)
+                    fh.flush()  # buffered bytes first: the kernel copy writes at the fd's offset
+                    copy_range(
+                        fds[e.source.path], e.source.offset, fh.fileno(), e.nbytes, e.source.path
+                    )
+                    fh.seek(0, os.SEEK_END)  # and the buffered writer learns where that ended
+                else:
+                    fh.write(tensor_bytes(e.tensor))
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def shard_plan(ws: WeightSet, max_bytes: int | None) -> list[list[WeightEntry]]:
+    """Fill shards in key order up to ``max_bytes`` (a bigger tensor gets a shard of its own)."""
+    shards: list[list[WeightEntry]] = [[]]
+    size = 0
+    for e in ws.stored:
+        if max_bytes is not None and shards[-1] and size + e.nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(e)
+        size += e.nbytes
+    return shards
+
+
+def write_safetensors(
+    ws: WeightSet,
+    out: Path,
+    *,
+    max_shard_size: int | None = None,
+    metadata: dict[str, str] | None = None,
+    stem: str = "model",
+) -> list[Path]:
+    """Write ``ws`` to ``out``: one file, or (sharded) a directory of shards plus the index."""
+    bad = {e.name: e.dtype for e in ws.entries if e.dtype not in TORCH_TO_SAFETENSORS}
+    if bad:
+        listed = ", ".join(f"{n!r} ({dt})" for n, dt in list(bad.items())[:10])
+        raise UnsupportedConversionError(
+            f"safetensors cannot hold {len(bad)} of the tensors: {listed}",
+            path=ws.origin,
+            hint="pass --skip-unsupported to leave them out (they are then reported), "
+            "or convert --to pt",
+        )
+    meta = {**ws.metadata, **(metadata or {})}
+    aliases = {e.name: e.alias_of for e in ws.entries if e.alias_of is not None}
+    shards = shard_plan(ws, max_shard_size)
+    if max_shard_size is None:
+        write_safetensors_file(shards[0], aliases, meta, out)
+        return [out]
+    out.mkdir(parents=True, exist_ok=True)
+    written, weight_map = [], {}
+    for i, group in enumerate(shards, 1):
+        name = f"{stem}-{i:05d}-of-{len(shards):05d}.safetensors"
+        group_names = {e.name for e in group}
+        group_aliases = {a: t for a, t in aliases.items() if t in group_names}
+        write_safetensors_file(group, group_aliases, meta, out / name)
+        weight_map.update({e.name: name for e in group})
+        written.append(out / name)
+    total = sum(e.nbytes for e in ws.stored)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    index_path = out / f"{stem}.safetensors.index.json"
+    index_path.write_text(json.dumps(index, indent=2) + "\n")
+    return [*written, index_path]
+
+
 class SafetensorsFormat(Format):
     name = "safetensors"
     suffixes = (".safetensors",)
     holds = "weights (name → tensor), string metadata; no code"
     priority = 10
+
+    read_label = "read tensors"
+    write_label = "write safetensors"
+    writes_shards = True
+    folder_file = "model.safetensors"
+    reference_without_torch = True  # safe_open and the header's offsets: no tensor built
+
+    def read_weights(
+        self, path: Path, layout: str, key: str | None, skip_unsupported: bool
+    ) -> WeightSet:
+        return read_safetensors([path])
+
+    def reference(self, ws: WeightSet, may_load: Callable[[], bool], stack: ExitStack) -> Reference:
+        assert ws.origin is not None
+        return safetensors_reference([ws.origin], stack)
+
+    def write_weights(
+        self,
+        ws: WeightSet,
+        out: Path,
+        *,
+        max_shard_size: int | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> list[Path]:
+        return write_safetensors(ws, out, max_shard_size=max_shard_size, metadata=metadata)
+
+    def holds_dtype(self, dtype: str) -> bool:
+        return dtype in TORCH_TO_SAFETENSORS
+
+    def holds_no_pickle(self, head: bytes, path: Path) -> bool:
+        if len(head) >= 9 and head[5:8] == b"\0\0\0" and head[8:9] == b"{":
+            read_header(path)  # raises InputError for a broken header: reported as unreadable
+            return True
+        return False
 
     def match(self, probe: Probe) -> str | None:
         head = probe.head

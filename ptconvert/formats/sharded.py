@@ -1,17 +1,26 @@
 """Sharded weight sets: ``*.safetensors.index.json`` or ``pytorch_model.bin.index.json``.
 
 The index maps each tensor name to a shard file beside it (the layout transformers writes). The
-shards are described through the format registry, so this module knows no shard format itself.
+shards are described through the format registry (``describe_part``); their weights are read,
+and read again for the check, as their own format reads them.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from ptconvert.errors import CorruptFileError, InputError, TruncatedFileError
 from ptconvert.formats.base import FileInfo, Format, Probe, file_entry
+from ptconvert.formats.checkpoint_reference import pickle_reference
+from ptconvert.formats.checkpoint_weights import read_checkpoint_weights
+from ptconvert.formats.pt import PtFormat
+from ptconvert.formats.reference import Reference
+from ptconvert.formats.safetensors import read_safetensors, safetensors_reference
+from ptconvert.formats.weightset import WeightSet
 
 
 def read_index(path: Path) -> dict[str, Any]:
@@ -59,9 +68,32 @@ class ShardedFormat(Format):
             return None
         return shard_kind(sorted(set(index["weight_map"].values())))
 
-    def info(self, path: Path, layout: str) -> FileInfo:
-        from ptconvert.formats import describe  # the registry describes each shard
+    read_label = "read every shard"
+    reference_without_torch = True  # safetensors or pickle records: no tensor built
 
+    def read_weights(
+        self, path: Path, layout: str, key: str | None, skip_unsupported: bool
+    ) -> WeightSet:
+        shards = _shards(path)
+        if layout == "safetensors":
+            return read_safetensors(shards)
+        parts = [read_checkpoint_weights(s, _pt_layout(s, path), None, False) for s in shards]
+        merged = WeightSet([e for p in parts for e in p.entries], "fast")
+        if any(p.path == "torch" for p in parts):
+            merged.path = "torch"
+        return merged
+
+    def reference(self, ws: WeightSet, may_load: Callable[[], bool], stack: ExitStack) -> Reference:
+        assert ws.origin is not None
+        shards = _shards(ws.origin)
+        if ws.layout == "safetensors":
+            return safetensors_reference(shards, stack)
+        return pickle_reference(ws, shards)
+
+    def scanned_as(self, path: Path) -> Path:
+        return path.parent
+
+    def info(self, path: Path, layout: str) -> FileInfo:
         index = read_index(path)
         shards = sorted(set(index["weight_map"].values()))
         info = FileInfo(str(path), self.name, layout, path.stat().st_size, [file_entry(path)])
@@ -76,10 +108,21 @@ class ShardedFormat(Format):
                     path=path,
                     hint="download or copy every shard next to the index",
                 )
-            sub = describe(spath)
+            sub = self.describe_part(spath)
             info.files.append(file_entry(spath))
             info.size_bytes += sub.size_bytes
             info.globals = sorted({*info.globals, *sub.globals})
             info.needs_code = sorted({*info.needs_code, *sub.needs_code})
             info.merge_tensors(sub)
         return info
+
+
+def _shards(index: Path) -> list[Path]:
+    return [index.parent / s for s in sorted(set(read_index(index)["weight_map"].values()))]
+
+
+def _pt_layout(shard: Path, index: Path) -> str:
+    layout = PtFormat().match(Probe(shard))
+    if layout is None:
+        raise CorruptFileError(f"shard {shard.name!r} is not a torch checkpoint", path=index)
+    return layout

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ptconvert.pickles.machine import Call, Dict, Global, PersistentRef, Unknown
+from ptconvert.pickles.records import Call, Dict, Global, PersistentRef, Unknown
 
 # torch storage class name → (dtype name, bytes per element)
 STORAGE_DTYPES: dict[str, tuple[str, int]] = {

@@ -8,16 +8,21 @@ through the symbolic machine and the signature is parsed from the serialized Tor
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ptconvert.archive import ZipArchive, open_zip
 from ptconvert.errors import CorruptFileError
 from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
-from ptconvert.formats.checkpoint import PickledCheckpoint, describe_pickles
+from ptconvert.formats.checkpoint import PickledCheckpoint, describe_pickles, read_checkpoint
+from ptconvert.formats.checkpoint_weights import read_checkpoint_weights
 from ptconvert.formats.program import Program, Signature, by_position
+from ptconvert.formats.reference import Reference, program_reference
 from ptconvert.formats.torch_objects import TensorRef, flatten_tensors, interpret
+from ptconvert.formats.weightset import WeightSet
 from ptconvert.pickles.machine import run_pickle
 
 _DEF_FORWARD = re.compile(r"def forward\(self[^,)]*(?P<args>[^)]*)\)\s*->\s*(?P<ret>[^:]+):", re.S)
@@ -39,6 +44,35 @@ class TorchScriptFormat(Format):
         if probe.zip_has("constants.pkl") or any("/code/" in n for n in z.names):
             return "zip"
         return None
+
+    read_label = "extract the weights"
+    read_step = "program_weights"
+
+    def read_weights(
+        self, path: Path, layout: str, key: str | None, skip_unsupported: bool
+    ) -> WeightSet:
+        """Its ``state_dict()`` (parameters and buffers), from the attributes pickle read
+        symbolically (the program is never loaded for its weights); other tensor attributes
+        (runtime state) are named in a note, not written."""
+        ckpt = read_checkpoint(path, layout)
+        tree, dropped = module_state(ckpt) if key is None else (ckpt.tree, [])
+        ws = read_checkpoint_weights(
+            path, layout, key, skip_unsupported, program=True, ckpt=replace(ckpt, tree=tree)
+        )
+        if dropped:
+            ws.notes.append(
+                f"{len(dropped)} tensor attributes that are not parameters or buffers left out "
+                f"(the module's state_dict() does not hold them): {', '.join(dropped[:10])}"
+            )
+        return ws
+
+    def reference(self, ws: WeightSet, may_load: Callable[[], bool], stack: ExitStack) -> Reference:
+        def state() -> dict[str, Any]:
+            import torch
+
+            return dict(torch.jit.load(str(ws.origin), map_location="cpu").state_dict())
+
+        return program_reference(ws, may_load(), state, "torch.jit.load(...).state_dict()")
 
     def info(self, path: Path, layout: str) -> FileInfo:
         archive = open_zip(path)

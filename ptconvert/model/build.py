@@ -11,6 +11,7 @@ from typing import Any
 
 from ptconvert.errors import MissingRequirementError, NoWeightsError, UsageError
 from ptconvert.formats import FORMATS_BY_NAME
+from ptconvert.formats.weightset import WeightSet
 from ptconvert.model.hf_inputs import from_hf_model
 from ptconvert.model.inputs import ExampleInputs, from_file, from_specs, parse_input
 from ptconvert.model.spec import (
@@ -24,7 +25,7 @@ from ptconvert.model.wrappers import named_outputs
 from ptconvert.options import Options
 from ptconvert.scan.guard import guard
 from ptconvert.scan.trusted_load import trusted_load
-from ptconvert.weights.read import WeightSet, as_tensors, read_weights
+from ptconvert.weights.read import as_tensors, read_weights
 
 
 @dataclass

@@ -13,7 +13,9 @@ from ptconvert import progress
 from ptconvert.atomic import disk_size
 from ptconvert.errors import InputError
 from ptconvert.pickles.allowlist import denied_reason
-from ptconvert.pickles.machine import Global, PickleRun, acted, run_pickle, run_torch_pickles
+from ptconvert.pickles.machine import run_pickle
+from ptconvert.pickles.records import Global, PickleRun
+from ptconvert.pickles.torch_streams import acted, run_torch_pickles
 from ptconvert.report import Report, Verdict
 from ptconvert.scan.analysis import (
     NESTED_LOADER,

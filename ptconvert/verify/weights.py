@@ -1,10 +1,11 @@
 """Bitwise verification of a weights conversion against an independent reading of the source.
 
 The output is read back with ptconvert's own reader; the source is read again by another
-implementation (pickle checkpoints: stdlib ``pickle`` and ``zipfile`` through ``pickle_files``,
-which imports and calls nothing a pickle names, with or without ``--trust``; ``safe_open`` for
-safetensors; the program's own loader after a clean scan), so that a blind spot of ptconvert's
-symbolic reader, a tensor it cannot see, cannot pass its own check. Names (after the declared
+implementation, its format's ``reference`` (pickle checkpoints: stdlib ``pickle`` and ``zipfile``
+through ``pickles/stdlib_checkpoint.py``, which imports and calls nothing a pickle names, with or
+without ``--trust``; ``safe_open`` for safetensors; the program's own loader after a clean scan;
+the onnx package for ONNX), so that a blind spot of ptconvert's symbolic reader, a tensor it cannot
+see, cannot pass its own check. Names (after the declared
 unwrap, prefix strip and aliases), dtypes, shapes and bytes must agree; tensors left out on purpose
 (``--skip-unsupported``) are excluded by name, with whatever lies under that name.
 
@@ -22,22 +23,16 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ptconvert.deps import torch_dtype
 from ptconvert.errors import VerificationError
+from ptconvert.formats import FORMATS_BY_NAME
+from ptconvert.formats.byte_copy import tensor_bytes
+from ptconvert.formats.reference import CHUNK, Ref, Reference
+from ptconvert.formats.weightset import ByteRange, WeightEntry, WeightSet
 from ptconvert.report import Report
-from ptconvert.weights.read import (
-    ByteRange,
-    WeightEntry,
-    WeightSet,
-    read_weights,
-)
-from ptconvert.weights.write import tensor_bytes
-
-if TYPE_CHECKING:
-    pass
-from ptconvert.verify.independent import CHUNK, Ref, reference
+from ptconvert.weights.read import read_weights
 
 
 @dataclass
@@ -110,7 +105,35 @@ def verify_weights(
 def _read_without_torch(ws: WeightSet) -> bool:
     """Whether the source's independent reader builds no tensor (pickle records, safetensors'
     header and bytes), so that any dtype can be compared without torch knowing it."""
-    return ws.format in ("pt", "safetensors", "sharded")
+    fmt = FORMATS_BY_NAME.get(ws.format)
+    return fmt is not None and fmt.reference_without_torch
+
+
+def reference(ws: WeightSet, scans: list[Any] | None, trust: bool, stack: ExitStack) -> Reference:
+    """The source read by its format's independent reader, with the declared prefix strip."""
+    if ws.origin is None:
+        raise VerificationError("the source of these weights is not a file: nothing to compare")
+    tick = time.perf_counter()
+    ref = FORMATS_BY_NAME[ws.format].reference(ws, lambda: _may_load(ws, scans, trust), stack)
+    ref.seconds += time.perf_counter() - tick
+    if ws.stripped_prefix:
+        cut = len(ws.stripped_prefix)
+        wrong = [n for n in ref.tensors if not n.startswith(ws.stripped_prefix)]
+        if wrong:
+            ref.problems.append(f"names without the stripped prefix: {wrong[:5]}")
+        ref.tensors = {n[cut:]: r for n, r in ref.tensors.items()}
+    return ref
+
+
+def _may_load(ws: WeightSet, scans: list[Any] | None, trust: bool) -> bool:
+    """Whether a program's own loader may run on the source: the scan found it clean, or
+    ``trust``."""
+    if scans is None:
+        from ptconvert.scan.guard import guard
+
+        assert ws.origin is not None
+        scans = guard(FORMATS_BY_NAME[ws.format].scanned_as(ws.origin), trust=trust)
+    return trust or all(getattr(r, "verdict", "") == "clean" for r in scans)
 
 
 def _skipped(name: str, skipped: dict[str, str]) -> bool:

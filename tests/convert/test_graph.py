@@ -12,7 +12,7 @@ import torch
 
 from fixtures.models import MLP, ControlFlow, FirstColumns, LabelledGate, SmallCNN, seeded
 from ptconvert.convert.engine import convert_program
-from ptconvert.convert.graph import EDGES, plan
+from ptconvert.convert.graph import edges, plan
 from ptconvert.errors import MissingRequirementError, VerificationError
 from ptconvert.options import Options
 from tests.conftest import run_cli
@@ -43,7 +43,7 @@ def test_formats_graph_outputs(capsys) -> None:
 
     assert main(["formats", "--graph", "mermaid"]) == 0
     text = capsys.readouterr().out
-    assert text.startswith("graph LR") and text.count("-->") == len(EDGES)
+    assert text.startswith("graph LR") and text.count("-->") == len(edges())
     assert main(["formats", "--graph", "dot"]) == 0
     assert "digraph ptconvert" in capsys.readouterr().out
 

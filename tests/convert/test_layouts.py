@@ -398,7 +398,7 @@ def test_tensors_in_a_set_are_an_error_naming_it(tmp_path: Path) -> None:
 
 def test_a_blind_reader_cannot_pass_its_own_check(tmp_path: Path, monkeypatch) -> None:
     """Were the symbolic reader to miss a tensor, the independent reading still sees it."""
-    from ptconvert.weights import read as weights_read
+    from ptconvert.formats import checkpoint_weights as weights_read
 
     src = tmp_path / "sd.pt"
     torch.save(state_dict(), src)

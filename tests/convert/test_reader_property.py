@@ -23,6 +23,8 @@ from fixtures.scan_corpus import benign_corpus
 from ptconvert.errors import PtconvertError
 from ptconvert.formats import detect
 from ptconvert.formats.checkpoint import read_checkpoint
+from ptconvert.formats.checkpoint_reference import _plain
+from ptconvert.formats.checkpoint_weights import Storages
 from ptconvert.formats.torch_objects import (
     TensorRef,
     Unmapped,
@@ -30,8 +32,6 @@ from ptconvert.formats.torch_objects import (
     flatten_tensors,
 )
 from ptconvert.scan.scanner import scan_file
-from ptconvert.verify.independent import _plain
-from ptconvert.weights.read import _Storages
 from tests.convert.test_layouts import CONVERTS, big_endian, pairs_pickler, raw, state_dict
 
 
@@ -40,11 +40,11 @@ def torch_tensors(path: Path, weights_only: bool = True) -> dict[str, torch.Tens
         warnings.simplefilter("ignore")
         loaded = torch.load(path, weights_only=weights_only, map_location="cpu")
     if not weights_only:  # objects (a Namespace, a module) as the dicts of their attributes
-        loaded = _plain(loaded, [])
+        loaded = _plain(loaded, [], lambda v: isinstance(v, torch.Tensor))
     return flatten_tensors(loaded, is_tensor=lambda v: isinstance(v, torch.Tensor))
 
 
-def symbolic_bytes(storages: _Storages, name: str, t: TensorRef) -> bytes:
+def symbolic_bytes(storages: Storages, name: str, t: TensorRef) -> bytes:
     source, _ = storages.locate(name, t)
     if source is None:
         return bytes(raw(storages.rebuild(t)).numpy())
@@ -63,7 +63,7 @@ def mismatches(path: Path, weights_only: bool = True) -> list[str]:
     problems = [f"names two tensors flatten to: {collisions}"] if collisions else []
     if set(ours) != set(theirs):
         problems.append(f"names: ours {sorted(ours)[:8]} ≠ torch {sorted(theirs)[:8]}")
-    storages = _Storages(ckpt, d.path)
+    storages = Storages(ckpt, d.path)
     for name in sorted(set(ours) & set(theirs)):
         mine, t = ours[name], theirs[name]
         if isinstance(mine, Unmapped):

@@ -235,7 +235,7 @@ def test_unsupported_tensor_is_named(tmp_path: Path) -> None:
 
 def test_verification_catches_a_corrupted_output(samples, tmp_path: Path, monkeypatch) -> None:
     from ptconvert.errors import VerificationError
-    from ptconvert.weights import write as weights_write
+    from ptconvert.formats import safetensors as weights_write
 
     real = weights_write.write_safetensors_file
 
@@ -333,7 +333,7 @@ def test_torch_zip_writer_zip64_records(samples, tmp_path: Path, monkeypatch) ->
     """Checkpoints over 4 GiB need zip64 records: force them on a small file."""
     import zipfile
 
-    from ptconvert.weights import torch_zip
+    from ptconvert.formats import torch_zip
 
     monkeypatch.setattr(torch_zip, "_ZIP64_LIMIT", 16)
     out = tmp_path / "w64.pt"

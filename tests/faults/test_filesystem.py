@@ -19,7 +19,7 @@ import pytest
 import ptconvert
 from ptconvert import atomic
 from ptconvert.errors import NoSpaceError
-from ptconvert.weights import write
+from ptconvert.formats import safetensors as write
 from tests.conftest import run_cli
 from tests.faults.conftest import REPO, checkpoint, cli, temporaries
 
@@ -99,7 +99,7 @@ def test_no_space_while_writing_is_a_named_error_and_leaves_nothing(
 ) -> None:
     """The free space was there when the write began (another process took it meanwhile)."""
     monkeypatch.setattr(write, "ensure_space", lambda *a, **k: None)
-    monkeypatch.setattr("ptconvert.weights.torch_zip.ensure_space", lambda *a, **k: None)
+    monkeypatch.setattr("ptconvert.formats.torch_zip.ensure_space", lambda *a, **k: None)
     src, small = checkpoint(tmp_path / "m.pt", 1), mount("small", "256k")
     out = small / f"m.{to}"
     code, report, _ = run_cli([str(src), "--to", to, "-o", str(out)], capsys)

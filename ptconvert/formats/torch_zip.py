@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ptconvert.atomic import ensure_space, open_output
-from ptconvert.weights.read import WeightEntry, WeightSet
-from ptconvert.weights.write import copy_range, tensor_bytes
+from ptconvert.formats.byte_copy import copy_range, tensor_bytes
+from ptconvert.formats.weightset import WeightEntry, WeightSet
 
 ROOT = "archive"
 ALIGN = 64

@@ -1,4 +1,4 @@
-"""The independent reader of pickle checkpoints (verify/pickle_files.py, pickle_records.py).
+"""The independent reader of pickle checkpoints (pickles/stdlib_checkpoint.py, stdlib_unpickler.py).
 
 It must read what torch.load reads (names, dtypes, shapes, bytes) in every layout, read whole
 pickled modules without importing their code, and never import or call anything a pickle names,
@@ -25,10 +25,11 @@ import torch
 import ptconvert
 from fixtures.build import write_legacy_tar
 from ptconvert.convert.weights import convert_weights
+from ptconvert.formats import checkpoint_reference as independent
+from ptconvert.formats.reference import CHUNK, Pages
 from ptconvert.formats.torch_objects import flatten_tensors
-from ptconvert.verify import independent
-from ptconvert.verify.pickle_files import PickleFile, read_pickle_file
-from ptconvert.verify.pickle_records import ITEMSIZES, STORAGE_DTYPES, StandIn, Tensor
+from ptconvert.pickles.stdlib_checkpoint import PickleFile, read_pickle_file
+from ptconvert.pickles.stdlib_unpickler import ITEMSIZES, STORAGE_DTYPES, StandIn, Tensor
 from tests.convert.test_layouts import big_endian, read_safetensors
 
 Tensors = dict[str, tuple[str, tuple[int, ...], bytes]]
@@ -46,7 +47,7 @@ def ours(path: Path) -> Tensors:
     out: Tensors = {}
     for name, t in flat.items():
         assert read.problem(t) is None, (name, read.problem(t))
-        ref = independent._record_ref(read, t, independent._Pages(path))
+        ref = independent._record_ref(read, t, Pages(path))
         data = b"".join(bytes(c) for c in ref.chunks())
         assert len(data) == ref.nbytes
         out[name] = (ref.dtype, ref.shape, data)
@@ -58,7 +59,7 @@ def torch_reads(path: Path, weights_only: bool = True) -> Tensors:
         warnings.simplefilter("ignore")
         loaded = torch.load(path, weights_only=weights_only, map_location="cpu")
     if not weights_only:
-        loaded = independent._plain(loaded, [])
+        loaded = independent._plain(loaded, [], lambda v: isinstance(v, torch.Tensor))
     flat = flatten_tensors(loaded, is_tensor=lambda v: isinstance(v, torch.Tensor))
     return {
         n: (
@@ -214,14 +215,14 @@ def test_big_tensors_come_in_bounded_chunks_from_the_map(tmp_path: Path) -> None
     read, flat = records(src)
     sizes = {}
     for name in ("big", "big_t"):
-        ref = independent._record_ref(read, flat[name], independent._Pages(src))
+        ref = independent._record_ref(read, flat[name], Pages(src))
         chunks = list(ref.chunks())
         sizes[name] = max(len(c) for c in chunks)
         if name == "big":  # contiguous: slices of the file's map, never copied
             assert all(isinstance(c.obj, mmap.mmap) for c in chunks)
         want = big if name == "big" else big.t().contiguous()
         assert b"".join(bytes(c) for c in chunks) == bytes(want.numpy())
-    assert max(sizes.values()) <= independent.CHUNK
+    assert max(sizes.values()) <= CHUNK
 
 
 def test_dtype_tables_match_torch() -> None:
@@ -352,7 +353,7 @@ def test_nothing_a_pickle_names_is_imported_or_called(
     monkeypatch.setattr("builtins.__import__", watch)
     src = tmp_path / "evil.pkl"
     src.write_bytes(evil_pickle(marker))
-    from ptconvert.verify.pickle_records import RecordUnpickler
+    from ptconvert.pickles.stdlib_unpickler import RecordUnpickler
 
     with open(src, "rb") as fh:
         tree = RecordUnpickler(fh).load()
@@ -412,7 +413,7 @@ def test_a_build_on_a_tensor_record_is_refused(tmp_path: Path) -> None:
 def test_a_build_on_the_readers_own_globals_is_refused() -> None:
     """A BUILD on what find_class gives (``collections.defaultdict``, ``torch.Size``) must not
     set attributes on the reader's own class or function for the rest of the process."""
-    from ptconvert.verify.pickle_records import RecordUnpickler, _DefaultDict, size
+    from ptconvert.pickles.stdlib_unpickler import RecordUnpickler, _DefaultDict, size
 
     defaults = size.__defaults__
     for head in (b"ccollections\ndefaultdict\n", b"ctorch\nSize\n"):

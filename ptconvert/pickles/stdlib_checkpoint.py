@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ptconvert.verify.pickle_records import (
+from ptconvert.pickles.stdlib_unpickler import (
     ITEMSIZES,
     RecordUnpickler,
     Storage,
