@@ -142,7 +142,7 @@ def convert(src: str | None, to: str | None, optimize: bool, as_json: bool, **op
     Without SRC, --model's factory builds the model from code alone (its own weights)."""
     progress.set_quiet(as_json)
     from ptconvert.api import convert as run_convert
-    from ptconvert.convert.batch import is_batch
+    from ptconvert.convert.batch_discovery import is_batch
     from ptconvert.convert.engine import ConversionReport
 
     batch = {k: options.pop(k) for k in ("jobs", "keep_going", "executor", "ray_address")}

@@ -4,31 +4,32 @@ One conversion per model is ``ptconvert.convert`` run in a worker (a spawned pro
 task on any node of a cluster): each writes its output atomically, so shared storage never holds
 half a file. The driver alone keeps the manifest (``.ptconvert-batch.json`` in the output
 folder) that lets a re-run skip the outputs already complete and verified.
+
+The models found and their outputs' names are ``batch_discovery.py``'s, the manifest
+``batch_manifest.py``'s, the workers and their progress ``batch_workers.py``'s; here the driver:
+the models read, run at most -j at once, and the summary.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from ptconvert import progress
-from ptconvert.atomic import atomic_path, disk_size, sweep
-from ptconvert.errors import InputError, PtconvertError, UsageError
+from ptconvert.atomic import sweep
+from ptconvert.convert.batch_discovery import models_under, output_names, source_size
+from ptconvert.convert.batch_manifest import MANIFEST, Manifest, output_key
+from ptconvert.convert.batch_workers import Executor, Lines, convert_one, failure, workers
+from ptconvert.errors import InputError, UsageError
 from ptconvert.options import Options
 from ptconvert.report import Report
 
-MANIFEST = ".ptconvert-batch.json"
 ItemStatus = Literal["converted", "skipped", "failed", "not-run"]
-Executor = Literal["local", "ray"]
 
 
 @dataclass
@@ -57,94 +58,6 @@ class BatchReport(Report):
     # 0 when every model was converted or skipped as complete; else the exit code of the first
     # failure in the order of the files (the same whichever worker finished first)
     exit_code: int = 0
-
-
-def is_batch(src: str | Path) -> bool:
-    """A folder that is not itself one model (a Hugging Face directory is one)."""
-    from ptconvert.formats import detect
-
-    path = Path(src)
-    if not path.is_dir():
-        return False
-    try:
-        detect(path)
-    except InputError:
-        return True
-    return False
-
-
-def models_under(root: Path, skip: Path | None = None) -> list[Path]:
-    """Every model under ``root`` in a stable order: a model directory (Hugging Face) as one,
-    a sharded index for its shards, and each file ptconvert recognises. A file that carries a
-    model suffix but cannot be recognised is listed too, so the batch reports it as broken.
-    Symlinked folders are followed (each real folder once); ``skip`` (the outputs' folder)
-    and hidden names are left out."""
-    from ptconvert.formats import FORMATS, detect
-    from ptconvert.formats.sharded import shard_paths
-
-    suffixes = tuple(s for f in FORMATS for s in f.suffixes)
-    skipped = skip.resolve() if skip is not None else None
-    seen: set[Path] = set()
-    found: list[Path] = []
-    for dirpath, dirs, files in os.walk(root, followlinks=True):
-        here = Path(dirpath)
-        real = here.resolve()
-        if real in seen or real == skipped:
-            dirs[:] = []
-            continue
-        seen.add(real)
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        if here != root and _is_model(here, detect):
-            found.append(here)
-            dirs[:] = []
-            continue
-        shards = {
-            _real(p) for f in files if f.endswith(".index.json") for p in shard_paths(here / f)
-        }
-        for name in sorted(files):
-            path = here / name
-            resolved = _real(path)
-            if name.startswith(".") or (resolved is not None and resolved in shards):
-                continue
-            # a link loop is listed too: its conversion says so (the rest converts)
-            if resolved is None or _is_model(path, detect) or name.lower().endswith(suffixes):
-                found.append(path)
-    return found
-
-
-def _real(path: Path) -> Path | None:
-    """The path with every link resolved; None for a symbolic link loop."""
-    try:
-        return path.resolve()
-    except (OSError, RuntimeError):  # RuntimeError: Python < 3.13 says a loop so
-        return None
-
-
-def _is_model(path: Path, detect: Callable[[Path], Any]) -> bool:
-    try:
-        detect(path)
-    except PtconvertError:
-        return False
-    return True
-
-
-def output_names(
-    sources: list[Path], root: Path, out_dir: Path, to: str, opts: Options
-) -> list[Path]:
-    """Each source's output under ``out_dir``, named and placed as a single conversion would
-    put it beside the source; sources that would share a name keep their whole name."""
-    from ptconvert.convert.output_naming import output_for
-
-    outs = []
-    for src in sources:
-        beside = output_for(src, to, opts)
-        inside = beside.is_relative_to(root) and beside != root
-        outs.append(out_dir / (beside.relative_to(root) if inside else beside.name))
-    clash = {o for o in outs if outs.count(o) > 1}
-    return [
-        o.with_name(f"{s.name}-{o.name}") if o in clash else o
-        for s, o in zip(sources, outs, strict=True)
-    ]
 
 
 def convert_many(
@@ -188,12 +101,12 @@ def convert_many(
             path=root,
         )
     outputs = output_names(sources, root, out_root, to, opts)
-    manifest = _Manifest(out_root / MANIFEST)
+    manifest = Manifest(out_root / MANIFEST)
     items: list[BatchItem] = []
     todo: list[_Task] = []
     with progress.bar(f"reading {len(sources)} models", len(sources)) as advance:
         for src, out in zip(sources, outputs, strict=True):
-            item = BatchItem(str(src.relative_to(root)), str(out), _source_size(src))
+            item = BatchItem(str(src.relative_to(root)), str(out), source_size(src))
             items.append(item)
             # what the output is a function of, read before the conversion starts
             key = output_key(src, to, out, opts)
@@ -209,10 +122,10 @@ def convert_many(
     report = BatchReport(str(root), str(out_root), to, executor, jobs, items)
     # on a terminal: a bar of the models done, and a line per model converting now (its name
     # and elapsed time; with -j 1 its steps under it, as a single conversion shows them)
-    lines = _Lines()
+    lines = Lines()
     with (
         progress.bar(f"converting {len(todo)} models to {to}", len(todo)) as advance,
-        _executor(executor, jobs, ray_address, lines) as submit,
+        workers(executor, jobs, ray_address, lines) as submit,
     ):
         for task, result in _run(todo, to, convert, submit, jobs, keep_going, lines):
             item = items[task.index]
@@ -240,29 +153,6 @@ class _Task:
     label: str = ""  # the source as the report names it (relative to the batch's folder)
 
 
-def output_key(src: Path, to: str, out: Path, opts: Options) -> str | None:
-    """What determines the output (the cache's key: the bytes of every file the source loads
-    from, the model's code, the options, the versions), or None when that cannot say it: a
-    file not recognised, a pickle that imports classes of its own."""
-    from ptconvert.convert.cache_key import cache_key
-    from ptconvert.formats import detect
-
-    try:
-        key, covered = cache_key(detect(src), to, out, opts)
-    except PtconvertError:
-        return None
-    # a whole pickled module: the classes it imports are not in the key, so never "complete"
-    return None if covered.get("imports_code") else key
-
-
-def _source_size(src: Path) -> int:
-    """Bytes the conversion reads: a shard index counts its shards."""
-    from ptconvert.formats.sharded import shard_paths
-
-    shards = shard_paths(src) if src.name.endswith(".index.json") else []
-    return disk_size(src) + sum(disk_size(s) for s in shards)
-
-
 _STATUSES: tuple[ItemStatus, ...] = ("converted", "skipped", "failed", "not-run")
 
 
@@ -283,7 +173,7 @@ def _run(
     submit: Callable[..., Future[dict[str, Any]]],
     jobs: int,
     keep_going: bool,
-    lines: _Lines,
+    lines: Lines,
 ) -> Iterator[tuple[_Task, dict[str, Any]]]:
     """Results as they finish, at most ``jobs`` at once; without ``keep_going`` nothing new
     starts after a failure (those already running finish). A model whose worker died is run
@@ -318,7 +208,7 @@ def _run(
                     if task.tries < 2:
                         queue.insert(0, task)
                         continue
-                    result = _failure(exc, 0.0, worker=True)
+                    result = failure(exc, 0.0, worker=True)
                 stop = stop or ("error" in result and not keep_going)
                 yield task, result
     finally:
@@ -326,282 +216,3 @@ def _run(
             lines.close(str(task.src))
         for line in shown.values():
             line.close()
-
-
-class _Lines:
-    """The display's line of each model running (by its source's path), renamed with the step
-    its worker reports (``_Relay``): ``alpha.bin: exported → onnx``."""
-
-    def __init__(self) -> None:
-        self.says: dict[str, tuple[str, Callable[[str], None]]] = {}
-        self.lock = threading.Lock()
-
-    def open(self, src: str, name: str, say: Callable[[str], None]) -> None:
-        with self.lock:
-            self.says[src] = (name, say)
-
-    def close(self, src: str) -> None:
-        with self.lock:
-            self.says.pop(src, None)
-
-    def show(self, src: str, step: str) -> None:
-        with self.lock:
-            name, say = self.says.get(src, ("", None))
-            if say is not None:
-                say(f"{name}: {step}" if step else name)
-
-    def listen(self, queue: Any) -> None:
-        """The workers' events until None: (pid, "model" | "enter" | "exit", text)."""
-        models: dict[int, str] = {}
-        stacks: dict[int, list[str]] = {}
-        while (event := queue.get()) is not None:
-            pid, kind, text = event
-            stack = stacks.setdefault(pid, [])
-            if kind == "model":
-                models[pid] = text
-                stack.clear()
-            elif kind == "enter":
-                stack.append(text)
-            elif stack:
-                stack.pop()
-            if pid in models:
-                self.show(models[pid], stack[-1] if stack else "")
-
-
-class _Relay:
-    """A worker's progress reporter: its steps sent to the driver, which shows the innermost on
-    the model's line (a worker has no terminal of its own)."""
-
-    def __init__(self, queue: Any) -> None:
-        self.queue = queue
-
-    def send(self, kind: str, text: str) -> None:
-        with suppress(Exception):  # the display is not worth a conversion
-            self.queue.put_nowait((os.getpid(), kind, text))
-
-    @contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        self.send("enter", name)
-        try:
-            yield
-        finally:
-            self.send("exit", name)
-
-    @contextmanager
-    def bar(self, name: str, total: int, unit: str = "") -> Iterator[Callable[..., None]]:
-        with self.step(name):
-            yield lambda amount=1: None
-
-
-_relay: _Relay | None = None  # in a worker whose driver shows progress
-
-
-def convert_one(
-    convert: Callable[..., Any], src: str, to: str, output: str, opts: Options
-) -> dict[str, Any]:
-    """One conversion in a worker; the result is plain data (it crosses processes and nodes)."""
-    started = time.perf_counter()
-    if _relay is not None:
-        _relay.send("model", src)
-    try:
-        report = convert(src, to, output, opts)  # its folder is made when it writes
-    except Exception as exc:
-        return _failure(exc, time.perf_counter() - started)
-    seconds = round(time.perf_counter() - started, 3)
-    return {"report": report.to_dict(), "seconds": seconds, "worker": _worker()}
-
-
-def _worker() -> str:
-    import socket
-
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _failure(exc: BaseException, seconds: float, *, worker: bool = False) -> dict[str, Any]:
-    if isinstance(exc, PtconvertError):
-        error = exc.to_dict()
-    else:  # a bug or a dead worker: said plainly, with where it happened
-        where = "the worker process died (twice)" if worker else "internal error"
-        error = {
-            "type": type(exc).__name__,
-            "kind": "internal",
-            "exit_code": 1,
-            "path": None,
-            "message": f"{where}: {type(exc).__name__}: {exc}",
-            "hint": traceback.format_exception_only(exc)[-1].strip(),
-        }
-    return {"error": error, "seconds": round(seconds, 3)}
-
-
-@contextmanager
-def _executor(
-    kind: Executor, jobs: int, address: str | None, lines: _Lines
-) -> Iterator[Callable[..., Future]]:
-    """``submit(fn, *args) -> Future``: spawned local processes (their steps shown on
-    ``lines`` when progress is), or Ray tasks."""
-    if kind == "ray":
-        with _ray(jobs, address) as submit:
-            yield submit
-        return
-    if jobs == 1:  # one at a time: in this process, as `ptconvert SRC --to` would
-        yield _here
-        return
-    pool = _Processes(jobs, lines)
-    try:
-        yield pool.submit
-    finally:
-        pool.close()
-
-
-class _Processes:
-    """``jobs`` spawned worker processes (spawn, not fork: torch's threads and the driver's
-    state do not survive a fork); a pool a dead worker broke is replaced at the next submit."""
-
-    def __init__(self, jobs: int, lines: _Lines) -> None:
-        import multiprocessing
-
-        self.jobs = jobs
-        self.queue: Any = None
-        self.listener: threading.Thread | None = None
-        if progress.active():  # the workers' steps, shown on their models' lines
-            self.queue = multiprocessing.get_context("spawn").Queue()
-            self.listener = threading.Thread(target=lines.listen, args=(self.queue,), daemon=True)
-            self.listener.start()
-        self.pool = self._start()
-
-    def _start(self) -> Any:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        from ptconvert.quiet import is_verbose
-
-        context = multiprocessing.get_context("spawn")
-        setup = (self.jobs, is_verbose(), self.queue)
-        return ProcessPoolExecutor(
-            self.jobs, mp_context=context, initializer=_worker_setup, initargs=setup
-        )
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        from concurrent.futures.process import BrokenProcessPool
-
-        from ptconvert.spawn import without_main
-
-        with without_main():  # workers start on a submit: never with the caller's script
-            try:
-                return self.pool.submit(fn, *args)
-            except BrokenProcessPool:
-                self.pool.shutdown(wait=False, cancel_futures=True)
-                self.pool = self._start()
-                return self.pool.submit(fn, *args)
-
-    def close(self) -> None:
-        self.pool.shutdown()
-        if self.queue is not None and self.listener is not None:
-            self.queue.put(None)
-            self.listener.join(2)
-
-
-def _here(fn: Callable[..., dict[str, Any]], *args: Any) -> Future[dict[str, Any]]:
-    done: Future[dict[str, Any]] = Future()
-    done.set_result(fn(*args))
-    return done
-
-
-def _worker_setup(jobs: int, verbose: bool, queue: Any = None) -> None:
-    """Each of ``jobs`` workers takes its share of the cores (torch would take them all), the
-    driver's -v, and, where the driver shows progress, a reporter sending it the steps."""
-    import torch
-
-    from ptconvert.quiet import set_verbose
-
-    global _relay
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // jobs))
-    set_verbose(verbose)
-    if queue is not None:
-        _relay = _Relay(queue)
-        progress.set_reporter(_relay)
-
-
-@contextmanager
-def _ray(jobs: int, address: str | None) -> Iterator[Callable[..., Future]]:
-    from ptconvert.deps import require
-
-    ray = require("ray")
-    address = address or os.environ.get("RAY_ADDRESS")
-    started_here = not ray.is_initialized()
-    if started_here:
-        import logging
-
-        extra: dict[str, Any] = {} if address else {"num_cpus": jobs}
-        ray.init(
-            address=address,
-            logging_level=logging.WARNING,
-            log_to_driver=False,
-            include_dashboard=False,
-            **extra,
-        )
-    remote = ray.remote(num_cpus=1, max_retries=0)(convert_one)
-    try:
-        yield lambda fn, *args: remote.remote(*args).future()
-    finally:
-        if started_here:
-            ray.shutdown()
-
-
-def _outputs_stat(out: Path, to: str) -> list[Any]:
-    """Names, sizes and mtimes of the output and its companion files (an ONNX model's data)."""
-    from ptconvert.formats import FORMATS_BY_NAME
-
-    target = FORMATS_BY_NAME.get(to)
-    paths = [out, *(target.companions(out) if target else [])]
-    files = [f for p in paths for f in (sorted(p.rglob("*")) if p.is_dir() else [p])]
-    return [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file()]
-
-
-class _Manifest:
-    """What this output folder's batches wrote: per source, the key of what determined the
-    output (``output_key``), the output's files as written, and the check that passed.
-    Rewritten whole after each model, by the driver only."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.entries: dict[str, dict[str, Any]] = {}
-        try:
-            data = json.loads(path.read_text())
-            self.entries = dict(data.get("entries", {})) if data.get("version") == 2 else {}
-        except (OSError, ValueError, AttributeError):
-            pass  # no manifest (or an unreadable one): everything is converted again
-
-    def complete(self, src: str, key: str | None, out: Path, to: str, verify: bool) -> str | None:
-        """The check of a complete output of the same source and options, or None."""
-        e = self.entries.get(src)
-        if key is None or e is None or e["key"] != key or e["output"] != str(out):
-            return None
-        if not self._untouched(e, out, to):
-            return None
-        return str(e["check"]) if e["check"] != "none" or not verify else None
-
-    def wrote(self, src: str, out: Path, to: str) -> bool:
-        """Whether the file at ``out`` is the one this batch wrote (or nothing is there)."""
-        e = self.entries.get(src)
-        return (
-            e is not None
-            and e["output"] == str(out)
-            and (not out.exists() or self._untouched(e, out, to))
-        )
-
-    def _untouched(self, e: dict[str, Any], out: Path, to: str) -> bool:
-        return out.exists() and _outputs_stat(out, to) == e["files"]
-
-    def record(self, src: str, key: str | None, out: Path, to: str, check: str) -> None:
-        if key is None:
-            return
-        self.entries[src] = {
-            "key": key,
-            "output": str(out),
-            "files": _outputs_stat(out, to),
-            "check": check,
-        }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(self.path, replace=True) as tmp:  # the driver's own file
-            tmp.write_text(json.dumps({"version": 2, "entries": self.entries}, indent=1))

@@ -16,7 +16,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from ptconvert.convert.batch import MANIFEST, models_under
+from ptconvert.convert.batch_discovery import models_under
+from ptconvert.convert.batch_manifest import MANIFEST
 from tests.conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
