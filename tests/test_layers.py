@@ -53,14 +53,7 @@ KNOWN: dict[tuple[str, str], str] = {}
 
 # modules that import one another round (a strongly connected component of the module import
 # graph), each with why it is still there
-KNOWN_MODULE_CYCLES: list[tuple[set[str], str]] = [
-    (
-        {"ptconvert.pickles.machine", "ptconvert.pickles.torch_streams"},
-        "machine.py lends LEGACY_MAGIC, acted and run_torch_pickles (torch_streams.py's) to "
-        "formats/checkpoint.py, formats/pt.py and scan/scanner.py until they import them from "
-        "torch_streams.py; being removed",
-    ),
-]
+KNOWN_MODULE_CYCLES: list[tuple[set[str], str]] = []
 
 
 def _part(module: str) -> str:

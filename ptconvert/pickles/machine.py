@@ -334,13 +334,3 @@ def _read_joblib_array(data: Any, stream: Any, wrapper: Call, events: list[Event
         raise EOFError(f"joblib array of {nbytes} bytes runs past the end of the stream")
     stream.seek(pos + nbytes)
     return wrapper
-
-
-def __getattr__(name: str) -> Any:
-    """The names that moved to ``torch_streams.py``, read from there until formats/checkpoint.py
-    and scan/scanner.py import them from it."""
-    if name in ("LEGACY_MAGIC", "acted", "run_torch_pickles"):
-        from ptconvert.pickles import torch_streams
-
-        return getattr(torch_streams, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
