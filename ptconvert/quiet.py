@@ -6,7 +6,7 @@ first line of the error and the user's source line, in the step record) and move
 next route. File descriptor 2 itself is silenced: torch configures handlers on loggers it
 creates while exporting, and draft_export collects its report from those log records, so muting
 loggers would either miss some or empty the report. Only fd 2 is: the progress display writes
-to a descriptor of its own (``render.TerminalProgress``), so it keeps ticking meanwhile.
+to a descriptor of its own (``render_progress.TerminalProgress``), so it keeps ticking meanwhile.
 """
 
 from __future__ import annotations

@@ -51,6 +51,11 @@ ONNX_DTYPES: dict[int, str] = {
 }
 
 
+def is_onnx(head: bytes) -> bool:
+    """A ModelProto's first bytes: ir_version (field 1, a varint), then a string field."""
+    return len(head) >= 3 and head[0] == 0x08 and head[1] < 0x20 and head[2] in (0x12, 0x1A, 0x3A)
+
+
 class OnnxFormat(Format):
     name = "onnx"
     suffixes = (".onnx",)
@@ -96,6 +101,9 @@ class OnnxFormat(Format):
     def reference(self, ws: WeightSet, may_load: Callable[[], bool], stack: ExitStack) -> Reference:
         assert ws.origin is not None
         return onnx_reference(ws.origin)
+
+    def holds_no_pickle(self, head: bytes, path: Path) -> bool:
+        return is_onnx(head)
 
     def info(self, path: Path, layout: str) -> FileInfo:
         onnx = require("onnx")

@@ -70,6 +70,27 @@ class PteFormat(Format):
         root = int.from_bytes(h[0:4], "little")
         return "flatbuffer" if 8 <= root < probe.size else None
 
+    def holds_no_pickle(self, head: bytes, path: Path) -> bool:
+        return len(head) >= 8 and IDENTIFIER.fullmatch(head[4:8]) is not None
+
+    def scan_notes(self, path: Path) -> list[str]:
+        """What ``scan`` says of a .pte beside its verdict: no pickle, what runs its delegates."""
+        program = read_program(path)
+        backends = sorted({b for m in program.methods for b in m.delegates})
+        notes = [
+            "an ExecuTorch program (flatbuffer): it holds no pickle, and loading it imports "
+            "nothing; its bytes were still read as the pickle torch.load would find at byte 0"
+        ]
+        if backends:
+            notes.append(
+                f"its delegate calls name {', '.join(backends)}: native code compiled into the "
+                "ExecuTorch runtime runs them, on payloads stored in the file (data: the file "
+                "carries no code or library of its own)"
+            )
+        else:
+            notes.append("no delegate calls: every op runs on the runtime's portable kernels")
+        return notes
+
     def info(self, path: Path, layout: str) -> FileInfo:
         program = read_program(path)
         info = FileInfo(str(path), self.name, layout, path.stat().st_size, [file_entry(path)])
@@ -136,25 +157,6 @@ def _one(values: list[Any]) -> Any:
 def constant_methods(path: Path) -> dict[str, Any]:
     """The program's constant methods by name, each its value (a list when it returns several)."""
     return {m.name: _one(m.returns) for m in read_program(path).methods if m.returns is not None}
-
-
-def scan_notes(path: Path) -> list[str]:
-    """What ``scan`` says of a .pte beside its verdict: no pickle, and what runs its delegates."""
-    program = read_program(path)
-    backends = sorted({b for m in program.methods for b in m.delegates})
-    notes = [
-        "an ExecuTorch program (flatbuffer): it holds no pickle, and loading it imports "
-        "nothing; its bytes were still read as the pickle torch.load would find at byte 0"
-    ]
-    if backends:
-        notes.append(
-            f"its delegate calls name {', '.join(backends)}: native code compiled into the "
-            "ExecuTorch runtime runs them, on payloads stored in the file (data: the file "
-            "carries no code or library of its own)"
-        )
-    else:
-        notes.append("no delegate calls: every op runs on the runtime's portable kernels")
-    return notes
 
 
 def _method_words(m: PteMethod) -> dict[str, Any]:

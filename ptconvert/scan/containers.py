@@ -36,6 +36,9 @@ from ptconvert.archive import (
     open_zip,
 )
 from ptconvert.errors import InputError
+from ptconvert.formats import FORMATS
+from ptconvert.formats.base import Format
+from ptconvert.formats.onnx import is_onnx
 from ptconvert.pickles.machine import run_pickle
 from ptconvert.report import Verdict
 
@@ -144,7 +147,7 @@ def _walk_bytes(
     # a file: every reading some loader makes of it (torch.load: a tar if tarfile accepts it;
     # joblib.load: a compressed stream); none: torch.load and pickle.load unpickle it from byte 0
     known = False
-    if depth == 0 and path is not None and _known_data_file(head, path):
+    if depth == 0 and path is not None and data_format(head, path) is not None:
         known = True
         yield from _onnx_external_data(label, head, path)
     inflate = _decompressor(head)
@@ -225,30 +228,16 @@ def tar_opens(data: bytes | mmap.mmap) -> bool:
         fileobj.seek(0)
 
 
-def _known_data_file(head: bytes, path: Path) -> bool:
-    """safetensors (header validated), ONNX or an ExecuTorch program: formats that hold no
-    pickle."""
-    if len(head) >= 9 and head[5:8] == b"\0\0\0" and head[8:9] == b"{":
-        from ptconvert.formats.safetensors import read_header
-
-        read_header(path)  # raises InputError for a broken header: reported as unreadable
-        return True
-    return _is_onnx(head) or is_pte(head)
-
-
-def is_pte(head: bytes) -> bool:
-    """An ExecuTorch program: a flatbuffer whose file identifier is ``ET`` and two digits."""
-    return len(head) >= 8 and head[4:6] == b"ET" and head[6:8].isdigit()
-
-
-def _is_onnx(head: bytes) -> bool:
-    return len(head) >= 3 and head[0] == 0x08 and head[1] < 0x20 and head[2] in (0x12, 0x1A, 0x3A)
+def data_format(head: bytes, path: Path) -> Format | None:
+    """The registered format whose data files hold no pickle that ``head`` starts (safetensors,
+    its header validated; ONNX; an ExecuTorch program; …), if any."""
+    return next((f for f in FORMATS if f.holds_no_pickle(head, path)), None)
 
 
 def _onnx_external_data(label: str, head: bytes, path: Path) -> Iterator[Problem]:
     """ONNX initializers name external files; a location outside the model's folder would make
     the runtime read (and a converter copy) any file on the machine."""
-    if not _is_onnx(head):
+    if not is_onnx(head):
         return
     try:
         import onnx
@@ -442,7 +431,8 @@ def _walk_member(
 
 def _code(archive: ZipArchive, m: ZipMember, label: str, graph: bool) -> Iterator[Problem]:
     """TorchScript source or a pt2's serialized graph, judged by ``scan/tscode``."""
-    from ptconvert.scan.tscode import analyse_code_bytes, analyse_program
+    from ptconvert.scan.exported_graph import analyse_program
+    from ptconvert.scan.tscode import analyse_code_bytes
 
     if m.size > MAX_INFLATED:
         yield Problem(label, "error", "code member larger than the scan limit")

@@ -12,6 +12,7 @@ from pathlib import Path
 from ptconvert import progress
 from ptconvert.atomic import disk_size
 from ptconvert.errors import InputError
+from ptconvert.formats.base import Format
 from ptconvert.pickles.allowlist import denied_reason
 from ptconvert.pickles.machine import run_pickle
 from ptconvert.pickles.records import Global, PickleRun
@@ -30,7 +31,7 @@ from ptconvert.scan.containers import (
     FROM_BYTE_0,
     Problem,
     Stream,
-    is_pte,
+    data_format,
     walk,
     walk_bytes,
     walk_source,
@@ -70,10 +71,9 @@ def scan_file(path: str | Path, allowed: frozenset[str] = frozenset()) -> FileSc
     notes: list[str] = []
     pending: list[tuple[str, bytes, int]] = []
     try:
-        if not source and path.is_file() and _is_pte_file(path):
-            from ptconvert.formats.pte import scan_notes
-
-            notes = scan_notes(path)
+        if not source and path.is_file():
+            fmt = _data_format(path)  # a data file that holds no pickle says what it holds
+            notes = fmt.scan_notes(path) if fmt is not None else []
         for item in _items(path, pending, source):
             if isinstance(item, Problem):
                 findings.append(Finding(item.severity, item.label, 0, "-", None, item.reason))
@@ -103,9 +103,9 @@ def scan_file(path: str | Path, allowed: frozenset[str] = frozenset()) -> FileSc
     return FileScan(str(path), verdict(findings), findings, pickles, notes)
 
 
-def _is_pte_file(path: Path) -> bool:
+def _data_format(path: Path) -> Format | None:
     with open(path, "rb") as fh:
-        return is_pte(fh.read(8))
+        return data_format(fh.read(4096), path)
 
 
 # Streams that may not be pickles at all: a first pickle that fails before doing anything is

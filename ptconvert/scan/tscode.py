@@ -23,9 +23,6 @@ import ast
 from dataclasses import dataclass, replace
 
 from ptconvert.scan.code_policy import DANGEROUS, ERROR, CodeFinding, denial, name_set, op_problem
-
-# scan/containers.py imports analyse_program from here until it imports it from exported_graph.py
-from ptconvert.scan.exported_graph import analyse_program  # noqa: F401
 from ptconvert.scan.ts_names import BUILTINS, global_problem
 
 _BASES = frozenset({"Module", "NamedTuple", "Interface", "ModuleInterface", "Enum"})

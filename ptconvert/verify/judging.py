@@ -39,7 +39,7 @@ class Judgement:
     dims' ranges (None: the program has none)."""
 
     parity: ParityReport
-    ranges: Any = None  # verify.ranges.RangeReport
+    ranges: Any = None  # verify.range_findings.RangeReport
     dropped: list[int] = field(default_factory=list)  # sizes asked for, outside the range
 
     @property
