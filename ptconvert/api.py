@@ -158,25 +158,25 @@ def _output_name(
         names_folder,
         output_for,
         program_suffixed,
+        writes_directory,
     )
     from ptconvert.errors import PtconvertError
     from ptconvert.formats import FORMATS_BY_NAME, detect
-    from ptconvert.formats.hf import weights_file
 
     src = Path(src)
     target = FORMATS_BY_NAME.get(to)
     if output is None or target is None:
         return src, Path(output) if output is not None else None, []
     try:
-        fmt = detect(src).format
+        d = detect(src)
     except PtconvertError:  # the conversion says what is wrong with it
         return src, Path(output), []
     out = Path(output)
     named_folder = names_folder(output)
-    folder = byte_copy(fmt, to) and (fmt == "hf" or opts.max_shard_size is not None)
+    folder = byte_copy(d.format, to) and writes_directory(d, to, opts.max_shard_size)
     suffixes = target.suffixes or (target.suffix,)
     if folder:
-        inner = weights_file(src) if fmt == "hf" else None
+        inner = d.handler.weights_file(src)
         if named_folder or inner is None or opts.max_shard_size or not out.name.endswith(suffixes):
             return src, out, []
         return (

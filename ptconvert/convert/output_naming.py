@@ -5,16 +5,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ptconvert.errors import (
-    PtconvertError,
-)
-from ptconvert.formats import FORMATS_BY_NAME, detect
+from ptconvert.errors import PtconvertError
+from ptconvert.formats import FORMATS, FORMATS_BY_NAME, Detection, detect
 from ptconvert.options import Options
-
-if TYPE_CHECKING:
-    pass
 
 
 def _suffix(fmt: str) -> str:
@@ -26,9 +20,45 @@ def default_output(src: Path, to: str) -> Path:
     return src.with_name(src.name.split(".")[0] + _suffix(to))
 
 
+def weight_targets() -> list[str]:
+    """The formats weights can be written as."""
+    return [f.name for f in FORMATS if f.writes_weights]
+
+
+def weights_output(d: Detection, fmt: str, as_directory: bool) -> Path:
+    """A folder beside a source written as a folder (a directory's, shards, a config made from
+    the source), named after it; else a file named after the source, or after the folder that
+    holds it and its parts (a shard index)."""
+    src = d.path
+    if as_directory:
+        return src.parent / f"{src.name.split('.')[0]}-{fmt}"
+    container = d.handler.scanned_as(src)
+    if container != src:
+        return container.parent / f"{container.name}-{fmt}"
+    return src.with_suffix(FORMATS_BY_NAME[fmt].suffix)
+
+
+def writes_directory(
+    d: Detection, to: str, max_shard_size: str | None, output: str | Path | None = None
+) -> bool:
+    """Whether the conversion writes a folder: shards, or a source whose format keeps files
+    beside its weights (a directory's config and tokenizer, a config made from metadata) —
+    unless it keeps none of its own and ``output`` names one file of the target format."""
+    if max_shard_size is not None:
+        return True
+    if not d.handler.output_is_directory(d.path, d.layout):
+        return False
+    target = FORMATS_BY_NAME[to]
+    one_file = (
+        output is not None
+        and not names_folder(output)
+        and str(output).endswith(target.suffixes or (target.suffix,))
+    )
+    return not (one_file and not d.handler.kept_files(d.path))
+
+
 def byte_copy(src_format: str, to: str) -> bool:
     """Whether ``convert`` takes the weights path (byte copies checked bitwise), not the graph."""
-    from ptconvert.convert.weights import weight_targets
     from ptconvert.weights.read import weight_sources
 
     return to in weight_targets() and src_format in weight_sources()
@@ -36,9 +66,6 @@ def byte_copy(src_format: str, to: str) -> bool:
 
 def output_for(src: Path, to: str, opts: Options) -> Path:
     """Where ``convert`` writes ``src`` converted to ``to`` when no output is given."""
-    from ptconvert.convert.weights import default_output as weights_output
-    from ptconvert.convert.weights import writes_directory
-
     try:
         d = detect(src)
     except PtconvertError:

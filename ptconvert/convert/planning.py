@@ -73,7 +73,7 @@ def _planned_dims(route: Plan, d: Detection, opts: Options) -> dict[str, str]:
         if m is not None:
             span = f"{m['min']}–{m['max']}" if m["min"] else "any size torch allows"
             out[f"{m['name']} dim {m['axis']}"] = span
-    config = Path(d.path) / "config.json" if d.format == "hf" else None
+    config = d.path / "config.json" if d.handler.carries_model_spec else None
     if opts.dynamic_batch and not opts.static_sequence and config is not None:
         out.update(planned_axes(_json_config(config)))
     return out

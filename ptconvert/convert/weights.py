@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ptconvert import progress
 from ptconvert.atomic import atomic_path, check_output
+from ptconvert.convert.output_naming import weight_targets, weights_output, writes_directory
 from ptconvert.errors import NoWeightsError, UnsupportedConversionError
 from ptconvert.formats import FORMATS, FORMATS_BY_NAME, Detection, detect
 from ptconvert.formats.safetensors import parse_size
@@ -24,11 +25,6 @@ from ptconvert.report import Check, Report
 from ptconvert.scan.guard import guard, refuse_unsafe
 from ptconvert.verify.weights import WeightsCheck, verify_weights
 from ptconvert.weights.read import read_weights, weight_sources
-
-
-def weight_targets() -> list[str]:
-    """The formats weights can be written as."""
-    return [f.name for f in FORMATS if f.writes_weights]
 
 
 @dataclass
@@ -51,25 +47,6 @@ class WeightsReport(Report):
     verification: WeightsCheck | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # left out (--skip-unsupported): why
     check: Check = "bitwise"  # the check that ran: "bitwise" (read back, compared) or "none"
-
-
-def default_output(d: Detection, fmt: str, as_directory: bool) -> Path:
-    """A folder beside a source written as a folder (a directory's, shards, a config made from
-    the source), named after it; else a file named after the source, or after the folder that
-    holds it and its parts (a shard index)."""
-    src = d.path
-    if as_directory:
-        return src.parent / f"{src.name.split('.')[0]}-{fmt}"
-    container = d.handler.scanned_as(src)
-    if container != src:
-        return container.parent / f"{container.name}-{fmt}"
-    return src.with_suffix(FORMATS_BY_NAME[fmt].suffix)
-
-
-def writes_directory(d: Detection, to: str, max_shard_size: str | None) -> bool:
-    """Whether the conversion writes a folder: shards, or a source whose format keeps files
-    beside its weights (a directory's config and tokenizer, a config made from metadata)."""
-    return max_shard_size is not None or d.handler.output_is_directory(d.path, d.layout)
 
 
 def convert_weights(
@@ -109,8 +86,8 @@ def convert_weights(
         raise UnsupportedConversionError(
             f"--max-shard-size writes shards of {', '.join(_shard_writers())} only", path=src
         )
-    as_directory = writes_directory(d, to, max_shard_size)
-    out = Path(output) if output else default_output(d, to, as_directory)
+    as_directory = writes_directory(d, to, max_shard_size, output)
+    out = Path(output) if output else weights_output(d, to, as_directory)
     check_output(out, [src], force)
     with progress.step(f"scanning {src.name}"):
         scans = guard(d.handler.scanned_as(src), trust=trust, allow=allow)
@@ -118,6 +95,11 @@ def convert_weights(
         ws = read_weights(src, key=key, keep_prefix=keep_prefix, skip_unsupported=skip_unsupported)
     fit_target(ws, to, skip_unsupported, src)
     _skipped_note(ws)
+    if ws.companions and not as_directory:
+        ws.notes.append(
+            f"{', '.join(sorted(ws.companions))} not written: -o names one file "
+            "(-o FOLDER/ writes the folder)"
+        )
     with atomic_path(out, directory=as_directory, replace=force) as tmp:
         with progress.step(f"writing {to}"):
             files = _write(ws, d, to, tmp, as_directory, shard_bytes, metadata or {})
