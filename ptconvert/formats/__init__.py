@@ -26,6 +26,7 @@ from ptconvert.errors import (
     named_error,
 )
 from ptconvert.formats.base import _REGISTRY_DESCRIBE, FileInfo, Format, Probe
+from ptconvert.formats.gguf import GgufFormat
 from ptconvert.formats.hf import (
     WEIGHT_NAMES,
     HuggingFaceFormat,
@@ -51,6 +52,7 @@ FORMATS: list[Format] = [
     OnnxFormat(),
     HuggingFaceFormat(),
     PteFormat(),
+    GgufFormat(),
 ]
 FORMATS_BY_NAME: dict[str, Format] = {f.name: f for f in FORMATS}
 
