@@ -324,7 +324,8 @@ def hf_weights(path: Path, header: GgufHeader, arch: str, skip_unsupported: bool
     )  # fmt: skip
     ws.notes.append(
         f"names mapped for architecture {arch} as transformers loads the GGUF "
-        f"({plan.model_class.__name__}, {type(processor).__name__}): a Hugging Face directory"
+        f"({plan.model_class.__name__}, {type(processor).__name__}); config.json from its "
+        "metadata"
     )
     ws.notes.append(f"{copied} tensors copied as byte ranges of the file")
     if deq:
