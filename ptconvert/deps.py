@@ -23,18 +23,21 @@ EXTRAS: dict[str, str] = {
     "matplotlib": "plot",
     "ray": "ray",
     "executorch": "executorch",
+    "gguf": "gguf",
 }
 
 
-def require(module: str) -> ModuleType:
-    """Import ``module`` or raise MissingRequirementError naming the extra that provides it."""
+def require(module: str, instead: str = "") -> ModuleType:
+    """Import ``module`` or raise MissingRequirementError naming the extra that provides it (and
+    ``instead``: what else the user can do)."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         top = module.split(".")[0]
+        hint = _install_hint(top)
         raise MissingRequirementError(
             f"this needs the optional package {top!r}, which is not installed ({exc})",
-            hint=_install_hint(top),
+            hint=f"{hint}, or {instead}" if instead else hint,
         ) from exc
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ptconvert.deps import require
 from ptconvert.errors import UnsupportedConversionError
 from ptconvert.formats.base import FileInfo, Format, Probe, file_entry
 from ptconvert.formats.gguf_file import (
@@ -42,7 +43,6 @@ from ptconvert.formats.gguf_file import (
     gguf_reader_reference,
     header_of,
     plain_weights,
-    require_gguf,
     summary,
 )
 
@@ -271,7 +271,7 @@ def hf_weights(path: Path, header: GgufHeader, arch: str, skip_unsupported: bool
 
     plan = _plan(path, header)
     assert isinstance(plan, Plan)
-    gguf = require_gguf()
+    gguf = require("gguf")
     processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=dict(plan.raw_config))
     key_map = get_gguf_hf_weights_map(_meta_model(plan), processor)
     parsed: dict[str, dict[str, Any]] = {"tensors": {}}

@@ -21,12 +21,11 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from ptconvert.deps import require
 from ptconvert.errors import (
     CorruptFileError,
-    MissingRequirementError,
     TruncatedFileError,
     UnsupportedConversionError,
 )
@@ -40,7 +39,6 @@ VERSIONS = (2, 3)  # v1 (2023) counted in 32 bits; llama.cpp reads v2 and v3
 MAX_DIMS = 4  # GGML_MAX_DIMS
 DEFAULT_ALIGNMENT = 32
 SHORT_ARRAY = 16  # longer arrays (a tokenizer's vocabulary) are kept as their length only
-EXTRA_HINT = "pip install 'ptconvert[gguf]'"
 
 # ggml type id → (name as GGUF names it, elements per block, bytes per block, torch dtype of a
 # type copied as it is; "" for quantized blocks). gguf.constants.GGML_QUANT_SIZES, by value.
@@ -344,22 +342,9 @@ def _version_error(version: int, path: Path) -> Exception:
     return CorruptFileError(f"unknown GGUF version {version}", path=path)
 
 
-def require_gguf(instead: str = "") -> ModuleType:
-    """The gguf package (its quants and reader), or an error naming the extra (and ``instead``:
-    what else the user can do)."""
-    try:
-        import gguf
-    except ImportError as exc:
-        raise MissingRequirementError(
-            f"this needs the optional package 'gguf', which is not installed ({exc})",
-            hint=f"{EXTRA_HINT}, or {instead}" if instead else EXTRA_HINT,
-        ) from exc
-    return gguf
-
-
 def dequantized(path: Path, t: GgufTensor) -> Any:
     """A quantized tensor as float32 (a torch tensor), by the gguf package's own dequantize."""
-    gguf = require_gguf()
+    gguf = require("gguf")
     import numpy as np
     import torch
 
@@ -420,7 +405,7 @@ def gguf_reader_reference(path: Path) -> Reference:
     ``dequantize`` for quantized blocks; shapes its dims reversed. No torch."""
     from ptconvert.formats.reference import Reference
 
-    gguf = require_gguf("pass --no-verify to convert without the check (its reader is gguf's)")
+    gguf = require("gguf", "pass --no-verify to convert without the check (its reader is gguf's)")
     reader = gguf.GGUFReader(path)
     quantized = {gguf.GGMLQuantizationType(i) for i, v in GGML_TYPES.items() if not v[3]}
     tensors = {}

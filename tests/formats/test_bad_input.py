@@ -121,8 +121,8 @@ def test_directory_without_weights(tmp_path: Path, capsys) -> None:
 
 def test_unknown_bytes_list_what_was_seen(tmp_path: Path, capsys) -> None:
     p = tmp_path / "model.bin"
-    p.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x01" * 100)
-    err = _expect(capsys, p, "unknown_format", "first bytes 47 47 55 46")
+    p.write_bytes(b"XQZW\x03\x00\x00\x00" + b"\x01" * 100)
+    err = _expect(capsys, p, "unknown_format", "first bytes 58 51 5a 57")
     assert "safetensors" in err["message"] and "onnx" in err["message"]
 
 
