@@ -81,7 +81,7 @@ def verification_split(cmd: list[str], outputs: list[Path]) -> str:
     for out in outputs:
         shutil.rmtree(out) if out.is_dir() else out.unlink(missing_ok=True)
     done = subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True)
-    check = json.loads(done.stdout)["verification"]
+    check = json.loads(done.stdout)["weights"]["verification"]
     return (
         f"verification {check['seconds']:.2f} s, of which the independent reader "
         f"({check['reader']}) {check['reader_seconds']:.2f} s"

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from ptconvert.convert.every import EveryFormatReport
     from ptconvert.convert.graph import Plan
     from ptconvert.convert.optimize import OptimizeReport
-    from ptconvert.convert.weights import WeightsReport
     from ptconvert.formats import Detection, FileInfo
     from ptconvert.generation.convert import GenerationPlan, GenerationReport
     from ptconvert.generation.runner import Generated
@@ -108,7 +107,7 @@ def convert(
     output: str | Path | None = None,
     opts: Options | None = None,
     **overrides: Any,
-) -> ConversionReport | WeightsReport | GenerationReport:
+) -> ConversionReport | GenerationReport:
     """Convert ``src`` to the format ``to``, scanned first and checked after: weights bitwise
     against an independent reading of the source, programs by running them against the eager
     model (``result.check`` says which check ran). The output is written atomically.

@@ -163,20 +163,17 @@ def convert(src: str | None, to: str | None, optimize: bool, as_json: bool, **op
     if not isinstance(report, ConversionReport) and hasattr(report, "generation"):
         _show_generation(report, as_json)  # --task …-with-past
         return
-    if isinstance(report, ConversionReport) and options["bench"] and src is not None:
+    assert isinstance(report, ConversionReport)
+    if options["bench"] and src is not None and report.weights is None:
         _bench_result(report, src, options)
     if as_json:
         emit_json(report.to_dict())
-    elif isinstance(report, ConversionReport):
-        from ptconvert.render import render_bench, render_conversion
+        return
+    from ptconvert.render import render_bench, render_conversion
 
-        render_conversion(report)
-        if report.bench is not None:
-            render_bench(report.bench)
-    else:
-        from ptconvert.render import render_weights
-
-        render_weights(report)
+    render_conversion(report)
+    if report.bench is not None:
+        render_bench(report.bench)
 
 
 for _command in COMMANDS:  # the subcommands, after the conversion

@@ -175,49 +175,6 @@ def render_every(report: Any, console: Console | None = None) -> None:
     )
 
 
-def render_weights(report: Any, console: Console | None = None) -> None:
-    """A weights conversion: what was written, how, and the verification verdict."""
-    console = console or Console()
-    t = Table(show_header=False, box=None, pad_edge=False)
-    t.add_column(style="bold")
-    t.add_column(overflow="fold")  # a long path folds, never cut
-    rows = [
-        ("from", f"{report.source} ({report.source_format})"),
-        ("to", f"{report.output} ({report.target_format})"),
-        (
-            "path",
-            "fast: byte copies in the kernel"
-            if report.path == "fast"
-            else "some tensors rebuilt in memory from their storage bytes",
-        ),
-        ("tensors", f"{report.tensors} ({report.stored} stored, {size_text(report.bytes)})"),
-        ("time", f"{report.seconds:.2f} s"),
-    ]
-    if report.unwrapped:
-        rows.append(("unwrapped", f"took the weights from {report.unwrapped!r}"))
-    if report.stripped_prefix:
-        rows.append(("renamed", f"stripped the prefix {report.stripped_prefix!r} from every key"))
-    for k, v in report.other_contents.items():
-        rows.append(("left out", f"{k}: {v}"))
-    for alias, kept in report.aliases.items():
-        rows.append(("tied", f"{alias} → {kept} (stored once)"))
-    check = report.verification
-    rows.append(
-        (
-            "verified",
-            f"{check.status}: {check.tensors} tensors bitwise equal "
-            f"({size_text(check.bytes_compared)}) to an independent reading of the source "
-            f"({check.reader}, {check.reader_seconds:.2f} s)"
-            if check
-            else "skipped (--no-verify)",
-        )
-    )
-    rows += [("note", n) for n in report.notes]
-    for k, v in rows:
-        t.add_row(escape(k), escape(v))
-    console.print(t)
-
-
 _VERDICT_STYLE = {
     "clean": "green",
     "needs-code": "yellow",
@@ -256,8 +213,12 @@ def render_scan(report: Any, console: Console | None = None) -> None:
 
 
 def render_conversion(report: Any, console: Console | None = None) -> None:
-    """A program conversion: the route, each step, the notes and the parity per batch size."""
+    """A conversion: for a program the route, each step, the notes and the parity per batch
+    size; for weights what was written, how, and the bitwise check's verdict."""
     console = console or Console()
+    if report.weights is not None:
+        _render_weights(report, console)
+        return
     console.print(
         f"[bold]{escape(report.source)}[/bold] ({report.source_format}) → "
         f"[bold]{escape(report.output)}[/bold] ({report.target_format}) in {report.seconds:.1f} s"
@@ -460,3 +421,46 @@ def render_optimize(report: Any, console: Console | None = None) -> None:
     console.print(t)
     for note in getattr(report, "notes", []):
         console.print(f"note: {escape(note)}")
+
+
+def _render_weights(report: Any, console: Console) -> None:
+    """A weights conversion: what was written, how, and the verification verdict."""
+    w = report.weights
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column(overflow="fold")  # a long path folds, never cut
+    rows = [
+        ("from", f"{report.source} ({report.source_format})"),
+        ("to", f"{report.output} ({report.target_format})"),
+        (
+            "path",
+            "fast: byte copies in the kernel"
+            if w.path == "fast"
+            else "some tensors rebuilt in memory from their storage bytes",
+        ),
+        ("tensors", f"{w.tensors} ({w.stored} stored, {size_text(w.bytes)})"),
+        ("time", f"{report.seconds:.2f} s"),
+    ]
+    if w.unwrapped:
+        rows.append(("unwrapped", f"took the weights from {w.unwrapped!r}"))
+    if w.stripped_prefix:
+        rows.append(("renamed", f"stripped the prefix {w.stripped_prefix!r} from every key"))
+    for k, v in w.other_contents.items():
+        rows.append(("left out", f"{k}: {v}"))
+    for alias, kept in w.aliases.items():
+        rows.append(("tied", f"{alias} → {kept} (stored once)"))
+    check = w.verification
+    rows.append(
+        (
+            "verified",
+            f"{check.status}: {check.tensors} tensors bitwise equal "
+            f"({size_text(check.bytes_compared)}) to an independent reading of the source "
+            f"({check.reader}, {check.reader_seconds:.2f} s)"
+            if check
+            else "skipped (--no-verify)",
+        )
+    )
+    rows += [("note", n) for n in report.notes]
+    for k, v in rows:
+        t.add_row(escape(k), escape(v))
+    console.print(t)

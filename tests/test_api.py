@@ -96,8 +96,8 @@ def test_convert_scans_converts_and_names_its_check(
     assert [s.batch for s in program.parity.sizes] == [1, 2, 3, 5, 7]
     assert '"check": "parity"' in program.to_json()
     weights = ptconvert.convert(samples["mlp_scripted"], "safetensors", tmp_path / "w.st")
-    assert weights.check == "bitwise" and weights.verification is not None
-    assert weights.verification.status == "pass"
+    assert weights.check == "bitwise" and weights.weights.verification is not None
+    assert weights.weights.verification.status == "pass"
     with safe_open(tmp_path / "w.st", "pt") as f:
         assert set(f.keys()) == set(torch.jit.load(str(samples["mlp_scripted"])).state_dict())
     copy = ptconvert.convert(samples["mlp_pt2"], "pt2", tmp_path / "c.pt2")

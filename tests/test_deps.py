@@ -85,7 +85,7 @@ def test_a_too_old_torch_stops_the_check_with_the_release_it_needs(
     assert code == 0 and out.exists()
     src, back = tmp_path / "w.safetensors", tmp_path / "o.pt"
     code, report, _ = run_cli([str(src), "--to", "pt", "-o", str(back)], capsys)
-    assert code == 0 and report["verification"]["status"] == "pass", report
+    assert code == 0 and report["weights"]["verification"]["status"] == "pass", report
 
 
 def _bcomplex32_checkpoint(tmp_path: Path) -> tuple[Path, bytes]:
@@ -112,14 +112,14 @@ def test_a_bcomplex32_checkpoint_converts_or_names_the_torch_it_needs(
     assert code == 0 and report["verdict"] == "clean"  # the allowlist knows the dtype
     code, report, _ = run_cli([str(src), "--to", "pt", "-o", str(tmp_path / "o.pt")], capsys)
     if hasattr(torch, "bcomplex32"):  # torch 2.14 on: read back by torch.load, bitwise
-        assert code == 0 and report["verification"]["status"] == "pass"
+        assert code == 0 and report["weights"]["verification"]["status"] == "pass"
         back = torch.load(tmp_path / "o.pt", weights_only=True)
         assert back["b"].dtype == torch.bcomplex32
         assert back["b"].view(torch.uint8).numpy().tobytes() == data
     else:  # torch 2.13: the records reader checks the bytes without torch (it knows the
         # dtype's size); torch itself cannot read the output back, ptconvert's reader does
-        assert code == 0 and report["verification"]["status"] == "pass", report
-        assert "pickle records" in report["verification"]["reader"]
+        assert code == 0 and report["weights"]["verification"]["status"] == "pass", report
+        assert "pickle records" in report["weights"]["verification"]["reader"]
         from ptconvert.weights.read import read_weights
 
         back = {e.name: e for e in read_weights(tmp_path / "o.pt").entries}

@@ -78,6 +78,12 @@ def register(registry: Any) -> None:
     # a need of its own: the "signed" toy variant wants a key in the metadata
     registry.add_need("toy_key", "pass --metadata toy_key=…", lambda f, o: "toy_key" in o.metadata)
     registry.add_edge(Edge("toy", "signed_toy", "sign_toy", 1, ("toy_key",), "sign"), sign_toy)
+    # and one that needs nothing, after the toy file a weights route writes
+    registry.add_edge(Edge("toy", "stamped_toy", "stamp_toy", 1, label="stamp"), stamp_toy)
+
+
+def stamp_toy(state: Any, opts: Any) -> None:
+    state.output.write_bytes(state.output.read_bytes() + b"#stamped")
 
 
 def sign_toy(state: Any, opts: Any) -> None:
@@ -150,6 +156,27 @@ def test_a_plugin_format_and_edge_reach_formats_plan_and_to(
     again = load_file(str(back))
     assert again.keys() == original.keys()
     assert all(torch.equal(again[k], original[k]) for k in original)
+
+
+def test_a_plugin_edge_runs_after_the_weights_are_written_as_the_format_it_starts_from(
+    toy_plugin: None, samples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pt → weights → toy (the format's own writer) → stamped_toy (the plugin's step): the
+    write step writes the format its edge leads to, not the route's target."""
+    out = tmp_path / "mlp.stamped_toy"
+    code, report, _ = run_cli(
+        [str(samples["mlp_zip"]), "--to", "stamped_toy", "-o", str(out)], capsys
+    )
+    assert code == 0, report
+    assert report["route"] == ["pt → weights", "weights → toy", "toy → stamped_toy"]
+    data = out.read_bytes()
+    assert data.startswith(MAGIC) and data.endswith(b"#stamped")
+    assert set(json.loads(data[len(MAGIC) : -len(b"#stamped")])) == {
+        "fc1.weight",
+        "fc1.bias",
+        "fc2.weight",
+        "fc2.bias",
+    }
 
 
 def test_a_plugin_need_is_checked_by_the_engine_with_its_hint(

@@ -1,5 +1,6 @@
 """What a conversion reports (the CLI's ``--json``, the API's return value, the cache's stored
-record): one dataclass, written by ``to_dict`` and read back by ``from_dict``."""
+record): one dataclass for every conversion, written by ``to_dict`` and read back by
+``from_dict``; a conversion that wrote weights says what it wrote in ``weights``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,24 @@ from typing import Any
 from ptconvert.convert.state import StepRecord
 from ptconvert.report import Check, Report
 from ptconvert.verify.parity import ParityReport
+from ptconvert.verify.weights import WeightsCheck
+
+
+@dataclass
+class WeightsWritten(Report):
+    """The weights a conversion read and wrote (the weights fast path)."""
+
+    path: str  # "fast" (kernel byte copies) or "torch" (some tensors rebuilt in memory)
+    tensors: int
+    stored: int
+    bytes: int
+    files: list[str]
+    unwrapped: str | None = None
+    stripped_prefix: str | None = None
+    aliases: dict[str, str] = field(default_factory=dict)
+    other_contents: dict[str, str] = field(default_factory=dict)
+    verification: WeightsCheck | None = None  # the bitwise check, when it ran
+    skipped: dict[str, str] = field(default_factory=dict)  # left out (--skip-unsupported): why
 
 
 @dataclass
@@ -31,3 +50,4 @@ class ConversionReport(Report):
     check: Check = "none"
     bench: Any = None  # a verify.bench.BenchReport when --bench was given
     cached: bool = False  # copied from the cache: the steps and check are those that filled it
+    weights: WeightsWritten | None = None  # a weights target written from a weights source

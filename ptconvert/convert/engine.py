@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ptconvert import progress
 from ptconvert.atomic import atomic_path, check_output, ensure_space, make_folder, place_together
@@ -52,16 +52,13 @@ from ptconvert.report import Check, StepStatus
 from ptconvert.scan.guard import refuse_unsafe
 from ptconvert.verify.parity import ParityReport
 
-if TYPE_CHECKING:
-    from ptconvert.convert.weights import WeightsReport
-
 
 def convert(
     src: str | Path | None,
     to: str,
     output: str | Path | None = None,
     opts: Options | None = None,
-) -> ConversionReport | WeightsReport:
+) -> ConversionReport:
     """The one conversion entry: weights to weights by byte copies checked bitwise
     (``convert_weights``), anything else through the converter graph, checked by the target's
     kind. Every result says in ``check`` which check ran."""
@@ -191,7 +188,7 @@ def _run_route(
 ) -> ConversionReport:
     """The route run step by step inside ``atomic_path`` (planned again when a step or the
     parity check fails), the output written and checked."""
-    state = RunState(src, d.format, inputs=user_inputs(opts), destination=out, target=to)
+    state = RunState(src, d.format, inputs=user_inputs(opts), destination=out)
     target = FORMATS_BY_NAME.get(to)
     records: list[StepRecord] = []
     route: list[str] = []
@@ -214,7 +211,7 @@ def _run_route(
                 edge = queue.pop(0)
                 t0 = time.perf_counter()
                 notes_before = notes_at[edge] = len(state.notes)
-                state.writing = not queue
+                state.writing, state.leads_to = not queue, edge.dst
                 try:
                     with progress.step(f"{edge.src} → {edge.dst} ({edge.label or edge.step})"):
                         STEPS[edge.step](state, opts)

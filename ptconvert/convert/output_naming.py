@@ -44,7 +44,7 @@ def writes_directory(
     """Whether the conversion writes a folder: shards, or a source whose format keeps files
     beside its weights (a directory's config and tokenizer, a config made from metadata) —
     unless it keeps none of its own and ``output`` names one file of the target format."""
-    if max_shard_size is not None:
+    if max_shard_size:
         return True
     if not d.handler.output_is_directory(d.path, d.layout):
         return False

@@ -30,7 +30,7 @@ class RunState:
     src: Path
     src_format: str
     output: Path | None = None  # the temporary path the final step writes
-    target: str = ""  # the route's target format (the one the final step writes)
+    leads_to: str = ""  # the node the running step leads to (the format a write step writes)
     destination: Path | None = None  # where the output goes once it is checked
     weights: WeightSet | None = None
     module: Any = None  # nn.Module

@@ -30,11 +30,11 @@ def read_weights_step(state: RunState, opts: Options) -> None:
 
 
 def write_weights(state: RunState, opts: Options) -> None:
-    """The weights written as the target format writes them."""
+    """The weights written as the format this step leads to writes them."""
     from ptconvert.formats import FORMATS_BY_NAME
 
     assert state.weights is not None and state.output is not None
-    FORMATS_BY_NAME[state.target].write_weights(state.weights, state.output)
+    FORMATS_BY_NAME[state.leads_to].write_weights(state.weights, state.output)
 
 
 def build_module(state: RunState, opts: Options) -> None:

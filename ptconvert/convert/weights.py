@@ -10,43 +10,22 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from ptconvert import progress
 from ptconvert.atomic import atomic_path, check_output
+from ptconvert.convert.conversion_report import ConversionReport, WeightsWritten
 from ptconvert.convert.output_naming import weight_targets, weights_output, writes_directory
+from ptconvert.convert.state import StepRecord
 from ptconvert.errors import NoWeightsError, UnsupportedConversionError
 from ptconvert.formats import FORMATS, FORMATS_BY_NAME, Detection, detect
 from ptconvert.formats.safetensors import parse_size
 from ptconvert.formats.weightset import WeightSet
-from ptconvert.report import Check, Report
 from ptconvert.scan.guard import guard, refuse_unsafe
-from ptconvert.verify.weights import WeightsCheck, verify_weights
+from ptconvert.verify.weights import verify_weights
 from ptconvert.weights.read import read_weights, weight_sources
-
-
-@dataclass
-class WeightsReport(Report):
-    source: str
-    source_format: str
-    output: str
-    target_format: str
-    path: str  # "fast" (kernel byte copies) or "torch"
-    tensors: int
-    stored: int
-    bytes: int
-    files: list[str]
-    seconds: float
-    unwrapped: str | None = None
-    stripped_prefix: str | None = None
-    aliases: dict[str, str] = field(default_factory=dict)
-    other_contents: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    verification: WeightsCheck | None = None
-    skipped: dict[str, str] = field(default_factory=dict)  # left out (--skip-unsupported): why
-    check: Check = "bitwise"  # the check that ran: "bitwise" (read back, compared) or "none"
 
 
 def convert_weights(
@@ -63,8 +42,10 @@ def convert_weights(
     verify: bool = True,
     trust: bool = False,
     allow: Sequence[str] = (),
-) -> WeightsReport:
-    """Convert the weights in ``src`` to ``to`` (``safetensors`` or ``pt``).
+) -> ConversionReport:
+    """Convert the weights in ``src`` to ``to`` (any format that writes weights): the source's
+    format reads them, the target's writes them, and the check compares the output with the
+    source's independent reading. The route and its steps are the graph's (``format_edges``).
 
     The source is scanned first (``ptconvert.scan.guard``): a dangerous file is refused, and a
     file whose loading needs user code is refused unless ``trust`` (or each of its classes is
@@ -84,14 +65,16 @@ def convert_weights(
     shard_bytes = parse_size(max_shard_size) if max_shard_size else None
     if shard_bytes is not None and not FORMATS_BY_NAME[to].writes_shards:
         raise UnsupportedConversionError(
-            f"--max-shard-size writes shards of {', '.join(_shard_writers())} only", path=src
+            f"--max-shard-size writes {' or '.join(_shard_writers())} shards only", path=src
         )
     as_directory = writes_directory(d, to, max_shard_size, output)
     out = Path(output) if output else weights_output(d, to, as_directory)
     check_output(out, [src], force)
-    with progress.step(f"scanning {src.name}"):
+    steps: list[StepRecord] = []
+    read = f"{d.format} → weights"
+    with _step(steps, "scan", read, f"scanning {src.name}"):
         scans = guard(d.handler.scanned_as(src), trust=trust, allow=allow)
-    with progress.step(f"reading {src.name}"):
+    with _step(steps, "read_weights", read, f"reading {src.name}"):
         ws = read_weights(src, key=key, keep_prefix=keep_prefix, skip_unsupported=skip_unsupported)
     fit_target(ws, to, skip_unsupported, src)
     _skipped_note(ws)
@@ -100,34 +83,49 @@ def convert_weights(
             f"{', '.join(sorted(ws.companions))} not written: -o names one file "
             "(-o FOLDER/ writes the folder)"
         )
+    write = f"weights → {to}"
     with atomic_path(out, directory=as_directory, replace=force) as tmp:
-        with progress.step(f"writing {to}"):
+        with _step(steps, "write_weights", write, f"writing {to}"):
             files = _write(ws, d, to, tmp, as_directory, shard_bytes, metadata or {})
         check = None
         if verify:
-            with progress.step("verifying every tensor bitwise"):
+            with _step(steps, "verify_weights", write, "verifying every tensor bitwise"):
                 target = _verify_target(tmp, files, as_directory, to)
                 check = verify_weights(ws, target, scans=scans, trust=trust)
-    return WeightsReport(
-        str(src),
-        f"{d.format}/{d.layout}",
-        str(out),
-        to,
+    written = WeightsWritten(
         ws.path,
         len(ws.entries),
         len(ws.stored),
         sum(e.nbytes for e in ws.stored),
         [str(out / f.name) if as_directory else str(out) for f in files],
-        round(time.perf_counter() - started, 3),
         ws.unwrapped,
         ws.stripped_prefix,
         {e.name: e.alias_of for e in ws.entries if e.alias_of is not None},
         ws.other_contents,
-        ws.notes,
         check,
         ws.skipped,
-        "bitwise" if check is not None else "none",
     )
+    return ConversionReport(
+        str(src),
+        f"{d.format}/{d.layout}",
+        str(out),
+        to,
+        [read, write],
+        steps,
+        round(time.perf_counter() - started, 3),
+        ws.notes,
+        check="bitwise" if check is not None else "none",
+        weights=written,
+    )
+
+
+@contextmanager
+def _step(steps: list[StepRecord], name: str, route: str, shown: str) -> Iterator[None]:
+    """A step of the route, shown while it runs and recorded with its time once it ended."""
+    t0 = time.perf_counter()
+    with progress.step(shown):
+        yield
+    steps.append(StepRecord(name, route, round(time.perf_counter() - t0, 3), "ok"))
 
 
 def fit_target(ws: WeightSet, to: str, skip_unsupported: bool, src: Path) -> None:

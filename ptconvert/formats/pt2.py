@@ -211,7 +211,9 @@ class ExportedProgramFormat(Format):
         found = weight_refs(path)
         if found is None:
             ws = weights_from_tensors(dict(load_exported(path).state_dict))
-            ws.notes.append("older .pt2 layout (data/weights/<model>.pt): torch.export.load")
+            ws.notes.append(
+                "older .pt2 layout (data/weights/<model>.pt): read with torch.export.load"
+            )
             return ws
         ckpt = PickledCheckpoint("zip", found[1], [], found[0])
         return read_checkpoint_weights(path, layout, key, skip_unsupported, program=True, ckpt=ckpt)

@@ -118,11 +118,20 @@ class ShardedFormat(Format):
 
 
 def _shards(index: Path) -> list[Path]:
-    return [index.parent / s for s in sorted(set(read_index(index)["weight_map"].values()))]
+    """The shards an index names, every one of them there (one gone is a truncated set)."""
+    shards = [index.parent / s for s in sorted(set(read_index(index)["weight_map"].values()))]
+    for shard in shards:
+        if not shard.is_file():
+            raise TruncatedFileError(
+                f"shard {shard.name!r} named in the index is missing",
+                path=index,
+                hint="download or copy every shard next to the index",
+            )
+    return shards
 
 
 def _pt_layout(shard: Path, index: Path) -> str:
     layout = PtFormat().match(Probe(shard))
     if layout is None:
-        raise CorruptFileError(f"shard {shard.name!r} is not a torch checkpoint", path=index)
+        raise CorruptFileError(f"not a torch checkpoint (a shard of {index.name})", path=shard)
     return layout

@@ -52,8 +52,8 @@ def test_an_unknown_architecture_keeps_the_gguf_names_bit_for_bit(
     code, report, _ = run_cli([str(src), "--to", "safetensors"], capsys)
     assert code == 0, report
     out = tmp_path / "mixed.safetensors"
-    assert report["output"] == str(out) and report["verification"]["status"] == "pass"
-    assert report["verification"]["reader"].startswith("gguf.GGUFReader")
+    assert report["output"] == str(out) and report["weights"]["verification"]["status"] == "pass"
+    assert report["weights"]["verification"]["reader"].startswith("gguf.GGUFReader")
     notes = " ".join(report["notes"])
     assert "tensors under the GGUF's own names" in notes
     assert "8 tensors copied as byte ranges" in notes
@@ -94,7 +94,7 @@ def test_plain_types_need_no_gguf_package_to_copy(
     monkeypatch.setitem(sys.modules, "gguf", None)  # as if it were not installed
     code, report, _ = run_cli([str(src), "--to", "safetensors", "--no-verify"], capsys)
     assert code == 0, report
-    assert report["path"] == "fast" and report["check"] == "none"
+    assert report["weights"]["path"] == "fast" and report["check"] == "none"
     with safe_open(tmp_path / "plain.safetensors", "pt") as f:
         assert all(same_bits(f.get_tensor(n), t) for n, t in expected.items())
     # the check's independent reader is the gguf package's
@@ -145,8 +145,10 @@ def test_a_llama_becomes_the_directory_transformers_loading_amounts_to(
     code, report, _ = run_cli([str(src), "--to", "safetensors"], capsys)
     assert code == 0, report
     out = tmp_path / f"{name.split('.')[0]}-safetensors"
-    assert report["output"] == str(out) and report["verification"]["status"] == "pass"
-    assert report["verification"]["reader"].startswith("transformers' load_gguf_checkpoint")
+    assert report["output"] == str(out) and report["weights"]["verification"]["status"] == "pass"
+    assert report["weights"]["verification"]["reader"].startswith(
+        "transformers' load_gguf_checkpoint"
+    )
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
     notes = " ".join(report["notes"])
     assert "names mapped for architecture llama" in notes

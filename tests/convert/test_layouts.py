@@ -113,9 +113,9 @@ def test_pairs_built_ordered_dict_converts_with_every_tensor(tmp_path: Path, cap
     assert code == 0 and info["tensors"] == len(sd)
     out = tmp_path / "pairs.safetensors"
     code, report, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out)], capsys)
-    assert code == 0 and report["tensors"] == len(sd)
-    assert report["verification"]["tensors"] == len(sd)
-    assert report["verification"]["reader"] == "pickle records (stdlib pickle + zipfile)"
+    assert code == 0 and report["weights"]["tensors"] == len(sd)
+    assert report["weights"]["verification"]["tensors"] == len(sd)
+    assert report["weights"]["verification"]["reader"] == "pickle records (stdlib pickle + zipfile)"
     assert_same(read_safetensors(out), sd)
 
 
@@ -133,7 +133,7 @@ def test_every_way_of_building_the_dict(style: str, legacy: bool, tmp_path: Path
     )
     assert_same(torch.load(src, weights_only=False)["state_dict"], sd)
     report = convert_weights(src, "safetensors", tmp_path / "o.safetensors")
-    assert report.unwrapped == "state_dict" and report.tensors == len(sd)
+    assert report.weights.unwrapped == "state_dict" and report.weights.tensors == len(sd)
     assert_same(read_safetensors(tmp_path / "o.safetensors"), sd)
 
 
@@ -250,9 +250,9 @@ def test_every_layout_converts(layout: str, to: str, tmp_path: Path) -> None:
     assert_same({k: want[k] for k in expected}, expected)
     out = tmp_path / f"out.{to}"
     report = convert_weights(src, to, out)
-    assert report.verification and report.verification.status == "pass"
-    assert report.verification.reader.startswith("pickle records (stdlib pickle")
-    assert report.verification.reader_seconds >= 0 and report.tensors == len(want)
+    assert report.weights.verification and report.weights.verification.status == "pass"
+    assert report.weights.verification.reader.startswith("pickle records (stdlib pickle")
+    assert report.weights.verification.reader_seconds >= 0 and report.weights.tensors == len(want)
     assert_same(read_back(out, to), {k: v.contiguous() for k, v in want.items()})
 
 
@@ -317,7 +317,7 @@ def test_every_dtype_converts_to_pt(tmp_path: Path) -> None:
     sd = every_dtype()
     torch.save(sd, tmp_path / "all.pt")
     report = convert_weights(tmp_path / "all.pt", "pt", tmp_path / "back.pt")
-    assert report.tensors == len(sd) and not report.skipped
+    assert report.weights.tensors == len(sd) and not report.weights.skipped
     assert_same(torch.load(tmp_path / "back.pt", weights_only=True), sd)
 
 
@@ -345,7 +345,7 @@ def test_dtypes_safetensors_cannot_hold_are_named(tmp_path: Path, capsys) -> Non
         ],
         capsys,
     )
-    assert code == 0 and set(report["skipped"]) == unsupported
+    assert code == 0 and set(report["weights"]["skipped"]) == unsupported
     assert any("left out" in n for n in report["notes"])
     kept = {k: v for k, v in sd.items() if k not in unsupported}
     assert_same(read_safetensors(tmp_path / "o.safetensors"), kept)
@@ -365,7 +365,7 @@ def test_issue_file_complex128_and_fnuz(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedConversionError, match=r"'c' \(complex128\), 'f' \(float8"):
         convert_weights(src, "safetensors", tmp_path / "o.safetensors")
     report = convert_weights(src, "safetensors", tmp_path / "o.safetensors", skip_unsupported=True)
-    assert report.tensors == 1 and set(report.skipped) == {"c", "f"}
+    assert report.weights.tensors == 1 and set(report.weights.skipped) == {"c", "f"}
     assert set(read_safetensors(tmp_path / "o.safetensors")) == {"x"}
 
 

@@ -43,7 +43,11 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
 def test_pt_to_safetensors_fast_path(samples: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "mlp.safetensors"
     report = convert_weights(samples["mlp_zip"], "safetensors", out)
-    assert report.path == "fast" and report.verification and report.verification.status == "pass"
+    assert (
+        report.weights.path == "fast"
+        and report.weights.verification
+        and report.weights.verification.status == "pass"
+    )
     tensors, metadata = _sft(out)
     _same(tensors, torch.load(samples["mlp_zip"], weights_only=True))
     assert metadata["format"] == "pt"
@@ -55,8 +59,11 @@ def test_training_checkpoint_is_unwrapped_and_prefix_stripped(samples, tmp_path,
         [str(samples["training_ckpt"]), "--to", "safetensors", "-o", str(out)], capsys
     )
     assert code == 0
-    assert report["unwrapped"] == "model" and report["stripped_prefix"] == "_orig_mod."
-    assert set(report["other_contents"]) == {"optimizer", "epoch"}
+    assert (
+        report["weights"]["unwrapped"] == "model"
+        and report["weights"]["stripped_prefix"] == "_orig_mod."
+    )
+    assert set(report["weights"]["other_contents"]) == {"optimizer", "epoch"}
     ckpt = torch.load(samples["training_ckpt"], weights_only=True)["model"]
     _same(_sft(out)[0], {k.removeprefix("_orig_mod."): v for k, v in ckpt.items()})
 
@@ -73,7 +80,7 @@ def test_ddp_prefix_is_stripped(tmp_path: Path) -> None:
     src = tmp_path / "ddp.pt"
     torch.save({"module.fc.weight": torch.ones(2, 2), "module.fc.bias": torch.zeros(2)}, src)
     report = convert_weights(src, "safetensors", tmp_path / "o.safetensors")
-    assert report.stripped_prefix == "module."
+    assert report.weights.stripped_prefix == "module."
     assert set(_sft(tmp_path / "o.safetensors")[0]) == {"fc.weight", "fc.bias"}
 
 
@@ -84,14 +91,14 @@ def test_tied_and_view_tensors_round_trip(tmp_path: Path) -> None:
     src = tmp_path / "tied.pt"
     torch.save(sd, src)
     report = convert_weights(src, "safetensors", tmp_path / "t.safetensors")
-    assert report.aliases == {"head.weight": "emb.weight"}
+    assert report.weights.aliases == {"head.weight": "emb.weight"}
     tensors, metadata = _sft(tmp_path / "t.safetensors")
     assert set(tensors) == {"emb.weight", "view"}  # one copy of the tied pair
     assert json.loads(metadata["ptconvert.aliases"]) == {"head.weight": "emb.weight"}
     # the view is written as its own 64 bytes, not the whole 256-byte storage
     assert tensors["view"].numel() == 16 and os.path.getsize(tmp_path / "t.safetensors") < 500
     back = convert_weights(tmp_path / "t.safetensors", "pt", tmp_path / "back.pt")
-    assert back.verification and back.verification.status == "pass"
+    assert back.weights.verification and back.weights.verification.status == "pass"
     loaded = torch.load(tmp_path / "back.pt", weights_only=True)
     assert loaded["head.weight"].data_ptr() == loaded["emb.weight"].data_ptr()  # shared again
     _same({k: v for k, v in loaded.items()}, {k: v.contiguous() for k, v in sd.items()})
@@ -148,7 +155,11 @@ def test_sharding_writes_the_transformers_layout(samples: dict[str, Path], tmp_p
     for s in shards:
         loaded.update(load_file(out / s))
     _same(loaded, torch.load(samples["mlp_zip"], weights_only=True))
-    assert index["metadata"]["total_size"] == report.bytes == sum(t.nbytes for t in loaded.values())
+    assert (
+        index["metadata"]["total_size"]
+        == report.weights.bytes
+        == sum(t.nbytes for t in loaded.values())
+    )
     # and back from the sharded set to a single file
     convert_weights(
         out / "model.safetensors.index.json", "safetensors", tmp_path / "one.safetensors"
@@ -168,8 +179,11 @@ def test_sharded_bin_set_converts(samples: dict[str, Path], tmp_path: Path) -> N
 def test_legacy_layout_is_byte_copied(samples: dict[str, Path], tmp_path: Path) -> None:
     """The legacy layout's storages follow its pickles: their bytes are copied as they are."""
     report = convert_weights(samples["mlp_legacy"], "safetensors", tmp_path / "l.safetensors")
-    assert report.path == "fast"
-    assert report.verification and report.verification.reader == "pickle records (stdlib pickle)"
+    assert report.weights.path == "fast"
+    assert (
+        report.weights.verification
+        and report.weights.verification.reader == "pickle records (stdlib pickle)"
+    )
     _same(_sft(tmp_path / "l.safetensors")[0], torch.load(samples["mlp_legacy"], weights_only=True))
 
 
@@ -230,7 +244,7 @@ def test_unsupported_tensor_is_named(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedConversionError, match="'q' is a quantized tensor"):
         convert_weights(src, "safetensors", tmp_path / "o.safetensors")
     report = convert_weights(src, "safetensors", tmp_path / "o.safetensors", skip_unsupported=True)
-    assert report.tensors == 1
+    assert report.weights.tensors == 1
 
 
 def test_verification_catches_a_corrupted_output(samples, tmp_path: Path, monkeypatch) -> None:
@@ -338,7 +352,9 @@ def test_torch_zip_writer_zip64_records(samples, tmp_path: Path, monkeypatch) ->
     monkeypatch.setattr(torch_zip, "_ZIP64_LIMIT", 16)
     out = tmp_path / "w64.pt"
     report = convert_weights(samples["cnn_safetensors"], "pt", out)
-    assert report.verification and report.verification.status == "pass"  # our reader agrees
+    assert (
+        report.weights.verification and report.weights.verification.status == "pass"
+    )  # our reader agrees
     with zipfile.ZipFile(out) as z:
         assert z.testzip() is None
     _same(torch.load(out, weights_only=True), load_file(samples["cnn_safetensors"]))
@@ -404,7 +420,10 @@ def test_program_weights_are_read_without_loading_the_program(kind, tmp_path, mo
     assert report.source_format.startswith(kind)
     report = convert_weights(src, "safetensors", tmp_path / "b.safetensors")
     reader = f"{loader[0].__name__}.load("
-    assert report.verification is not None and report.verification.reader.startswith(reader)
+    assert (
+        report.weights.verification is not None
+        and report.weights.verification.reader.startswith(reader)
+    )
     for out in ("a.safetensors", "b.safetensors"):
         with safe_open(tmp_path / out, "pt") as f:
             assert sorted(f.keys()) == sorted(expected)
@@ -458,7 +477,7 @@ def test_older_pt2_layout_converts(tmp_path: Path) -> None:
 
     src, expected = _pt2_rewritten(tmp_path, single_archive)
     report = convert_weights(src, "safetensors", tmp_path / "w.safetensors")
-    assert report.verification is not None and report.verification.status == "pass"
+    assert report.weights.verification is not None and report.weights.verification.status == "pass"
     got = load_file(tmp_path / "w.safetensors")
     assert sorted(got) == sorted(expected)
     assert all(torch.equal(got[k], expected[k]) for k in expected)
@@ -500,7 +519,10 @@ def test_training_checkpoint_takes_the_model_not_the_optimizer(tmp_path: Path, c
     src = tmp_path / "train.ckpt"
     torch.save({"model_state": sd, "optimizer_state": opt.state_dict(), "epoch": 3}, src)
     report = convert_weights(src, "safetensors", tmp_path / "w.safetensors")
-    assert report.unwrapped == "model_state" and "optimizer_state" in report.other_contents
+    assert (
+        report.weights.unwrapped == "model_state"
+        and "optimizer_state" in report.weights.other_contents
+    )
     assert sorted(load_file(tmp_path / "w.safetensors")) == sorted(sd)
     two = tmp_path / "two.ckpt"
     torch.save({"a": sd, "b": sd, "optimizer": opt.state_dict()}, two)

@@ -133,6 +133,26 @@ def test_missing_shard(samples: dict[str, Path], tmp_path: Path, capsys) -> None
     _expect(capsys, folder / "model.safetensors.index.json", "truncated", "missing")
 
 
+@pytest.mark.parametrize("kind", ["safetensors", "bin"])
+def test_a_missing_or_foreign_shard_stops_the_conversion_naming_it(
+    kind: str, samples: dict[str, Path], tmp_path: Path, capsys
+) -> None:
+    """Converting a set whose index names a shard that is gone, or one that holds something else,
+    is a corrupt input (exit 3) naming the file, not a missing output folder."""
+    folder = tmp_path / "set"
+    shutil.copytree(samples[f"block_sharded_{kind}"].parent, folder)
+    index = next(folder.glob("*.index.json"))
+    second = next(folder.glob("*-00002-*"))
+    second.unlink()
+    code, out, _ = run_cli([str(index), "--to", "safetensors", "-o", str(tmp_path / "o")], capsys)
+    assert (code, out["error"]["kind"], out["error"]["path"]) == (3, "truncated", str(index))
+    assert second.name in out["error"]["message"]
+    second.write_bytes(b"garbage, not a checkpoint" * 8)
+    code, out, _ = run_cli([str(index), "--to", "safetensors", "-o", str(tmp_path / "o")], capsys)
+    assert code == 3 and second.name in out["error"]["path"] + out["error"]["message"], out
+    assert not (tmp_path / "o").exists()
+
+
 def test_missing_path(tmp_path: Path, capsys) -> None:
     _expect(capsys, tmp_path / "nope.pt", "bad_input", "no such file")
 

@@ -209,7 +209,7 @@ def test_classes_kept_as_hyperparameters_need_trust_not_refusal(tmp_path: Path, 
     code, body, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out)], capsys)
     assert code == 11, body
     code, body, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out), "--trust"], capsys)
-    assert code == 0 and body["verification"]["status"] == "pass", body
+    assert code == 0 and body["weights"]["verification"]["status"] == "pass", body
 
 
 def test_a_trainer_output_folder_converts_with_trust_and_nothing_loads_its_pickles(
@@ -250,7 +250,7 @@ def test_a_trainer_output_folder_converts_with_trust_and_nothing_loads_its_pickl
         torch, "load", lambda f, *a, **k: loaded.append(str(f)) or real_load(f, *a, **k)
     )
     code, body, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out), "--trust"], capsys)
-    assert code == 0 and body["verification"]["status"] == "pass", body
+    assert code == 0 and body["weights"]["verification"]["status"] == "pass", body
     assert loaded == [], loaded
     back = transformers.BertForSequenceClassification.from_pretrained(out)
     assert torch.equal(back.classifier.weight, model.classifier.weight.detach().cpu())

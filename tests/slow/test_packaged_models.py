@@ -328,14 +328,15 @@ def test_safetensors_and_back(case: Case, tmp_path: Path, capsys) -> None:
     st = tmp_path / f"{case.id}.safetensors"
     code, out, _ = run_cli([str(case.shipped()), "--to", "safetensors", "-o", str(st)], capsys)
     assert code == 0, out
-    assert out["verification"]["status"] == "pass" and out["stored"] == len(sd)
+    written = out["weights"]
+    assert written["verification"]["status"] == "pass" and written["stored"] == len(sd)
     with safe_open(str(st), framework="pt") as f:
         assert_same_tensors({k: f.get_tensor(k) for k in f.keys()}, sd)  # noqa: SIM118
 
     back = tmp_path / f"{case.id}.pt"
     code, out, _ = run_cli([str(st), "--to", "pt", "-o", str(back)], capsys)
     assert code == 0, out
-    assert out["verification"]["status"] == "pass"
+    assert out["weights"]["verification"]["status"] == "pass"
     assert_same_tensors(torch.load(back, map_location="cpu", weights_only=True), sd)
 
     code, out, _ = run_cli(["verify", str(case.shipped()), str(back)], capsys)

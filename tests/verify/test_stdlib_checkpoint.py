@@ -287,7 +287,7 @@ def test_a_pickled_module_is_read_without_its_code(pickled_module, tmp_path: Pat
 
     out = tmp_path / "net.safetensors"
     report = ptconvert.convert(src, "safetensors", out, trust=True)
-    check = report.verification  # type: ignore[union-attr]
+    check = report.weights.verification  # type: ignore[union-attr]
     assert check is not None and check.status == "pass" and check.tensors == len(state)
     assert check.reader == "pickle records (stdlib pickle + zipfile)"
     assert "vanishing_net" not in sys.modules
@@ -388,8 +388,8 @@ def test_trust_never_unpickles_a_weights_source(
     out = tmp_path / "evil.safetensors"
     report = convert_weights(src, "safetensors", out, trust=True)
     assert not marker.exists()
-    assert report.verification is not None and report.verification.status == "pass"
-    assert report.verification.tensors == 1
+    assert report.weights.verification is not None and report.weights.verification.status == "pass"
+    assert report.weights.verification.tensors == 1
     assert sorted(read_safetensors(out)) == ["w"]
 
 
