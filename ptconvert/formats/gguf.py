@@ -90,8 +90,9 @@ class GgufFormat(Format):
         info.notes.append(", ".join(words))
         quantized = Counter(t.type_name for t in header.quantized)
         if quantized:
+            n = sum(quantized.values())
             info.notes.append(
-                f"{sum(quantized.values())} quantized tensors ({summary(quantized)}): a "
+                f"{n} quantized tensor{'s' if n != 1 else ''} ({summary(quantized)}): a "
                 "conversion dequantizes them into float32 with the gguf package (ptconvert[gguf])"
             )
         return info
