@@ -25,6 +25,7 @@ from ptconvert.errors import (
     UnknownFormatError,
     named_error,
 )
+from ptconvert.formats.aoti import AotiPackageFormat
 from ptconvert.formats.base import _REGISTRY_DESCRIBE, FileInfo, Format, Probe
 from ptconvert.formats.gguf import GgufFormat
 from ptconvert.formats.hf import (
@@ -35,7 +36,7 @@ from ptconvert.formats.hf import (
 )
 from ptconvert.formats.onnx import OnnxFormat
 from ptconvert.formats.pt import PtFormat
-from ptconvert.formats.pt2 import AotiPackageFormat, ExportedProgramFormat
+from ptconvert.formats.pt2 import ExportedProgramFormat
 from ptconvert.formats.pte import PteFormat
 from ptconvert.formats.safetensors import SafetensorsFormat
 from ptconvert.formats.sharded import ShardedFormat

@@ -24,7 +24,6 @@ from ptconvert.errors import CorruptFileError, UnsupportedConversionError
 from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
 from ptconvert.formats.checkpoint import PickledCheckpoint
 from ptconvert.formats.checkpoint_weights import read_checkpoint_weights
-from ptconvert.formats.isolated import IsolatedRuntime
 from ptconvert.formats.program import Program, Signature, by_position
 from ptconvert.formats.reference import Reference, program_reference
 from ptconvert.formats.torch_objects import DTYPE_SIZES, StorageRef, TensorRef
@@ -59,7 +58,7 @@ SCALAR_TYPES: dict[int, str] = {
 _SYMBOL = re.compile(r"Symbol\('(\w+)'.*\)")
 
 
-def _is_pt2(probe: Probe) -> bool:
+def is_pt2(probe: Probe) -> bool:
     z = probe.zip
     if z is None:
         return False
@@ -192,7 +191,7 @@ class ExportedProgramFormat(Format):
         return open_exported(path)
 
     def match(self, probe: Probe) -> str | None:
-        if not _is_pt2(probe):
+        if not is_pt2(probe):
             return None
         names = probe.zip.names if probe.zip else []
         if any("/models/" in n and n.endswith(".json") for n in names):
@@ -413,57 +412,6 @@ def _max_batch(ep: Any) -> int | None:
         upper = int(bound.upper)
         return upper if upper is not None and upper < 1 << 20 else None
     return None
-
-
-class AotiPackageFormat(Format):
-    name = "aoti"
-    kind = "program"
-    suffixes = (".pt2",)
-    loader_needs_suffix = True
-    output_suffix = ".aoti.pt2"
-    # a package ptconvert writes checks its inputs itself (convert/aoti.py): said where it loads
-    load_line = (
-        "prog = torch._inductor.aoti_load_package(p)  # checks every call's input dtypes, "
-        "shapes and strides (no AOTI_RUNTIME_CHECK_INPUTS needed)"
-    )
-    runs_native_code = True
-    isolated = True
-    bounds_dims = True
-    holds = "an AOTInductor package: compiled native code (.so) with embedded weights"
-    priority = 40
-
-    def open(self, path: Path, device: str = "cpu") -> Program:
-        # compiled native code: it runs in its own process (a crash is an error, not ours)
-        runtime = IsolatedRuntime("aoti", str(path), device)
-        names = runtime.input_names
-        signature = None if names is None else Signature(names, list(names), source="package")
-        return Program(runtime, signature)
-
-    def match(self, probe: Probe) -> str | None:
-        if not _is_pt2(probe) or probe.zip is None:
-            return None
-        if any("/data/aotinductor/" in n for n in probe.zip.names):
-            return "package"
-        return None
-
-    def info(self, path: Path, layout: str) -> FileInfo:
-        archive = open_zip(path)
-        info = FileInfo(str(path), self.name, layout, path.stat().st_size, [file_entry(path)])
-        libs = [m.name for m in archive.members if m.name.endswith(".so")]
-        info.native_code = libs
-        info.notes.append("loading runs the compiled native code in these shared libraries")
-        models = sorted(
-            {
-                m.name.split("/data/aotinductor/", 1)[1].split("/", 1)[0]
-                for m in archive.members
-                if "/data/aotinductor/" in m.name
-            }
-        )
-        info.metadata["models"] = models
-        for m in archive.members:
-            if m.name.endswith("wrapper_metadata.json"):
-                info.metadata["target"] = json.loads(archive.read(m))
-        return info
 
 
 # a type inside a treespec: the specs are JSON strings within the JSON, so their quotes are escaped

@@ -22,6 +22,15 @@ def test_aoti_package_is_native_code(tmp_path: Path) -> None:
     assert info.native_code and all(n.endswith(".so") for n in info.native_code)
     assert info.metadata["models"] == ["model"]
     assert info.metadata["target"]["AOTI_DEVICE_KEY"] == "cpu"
+    # the constants the library embeds, under the module's own names, read from the generated
+    # source without loading it (the compiler may fold a small one into its kernels)
+    state = {k: list(v.shape) for k, v in model.state_dict().items()}
+    listed = {t.name: t.shape for t in info.largest}
+    assert info.tensors is not None and 3 <= info.tensors <= len(state)
+    assert listed and all(state[name] == shape for name, shape in listed.items())
+    assert info.dtypes.keys() == {"float32"}
+    assert info.inputs is not None and len(info.inputs) == 1
+    assert info.outputs is not None and len(info.outputs) == 1
     from ptconvert.scan.scanner import scan_file
 
     scan = scan_file(path)  # the scanner reports the library as native code
