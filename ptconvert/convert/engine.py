@@ -21,7 +21,7 @@ from ptconvert.atomic import atomic_path, check_output, ensure_space, make_folde
 from ptconvert.convert.cache import cache_slot
 from ptconvert.convert.conversion_report import ConversionReport
 from ptconvert.convert.graph import Edge, Plan, plan
-from ptconvert.convert.output_naming import byte_copy, default_output
+from ptconvert.convert.output_naming import byte_copy, default_output, output_for, writes_directory
 from ptconvert.convert.planning import available_needs, check_memory, estimate_memory, inapplicable
 from ptconvert.convert.program_check import (
     FreshLoad,
@@ -33,6 +33,7 @@ from ptconvert.convert.program_check import (
 from ptconvert.convert.same_format import copy_cannot_change, verified_copy
 from ptconvert.convert.state import RunState, StepRecord
 from ptconvert.convert.steps import STEPS
+from ptconvert.convert.weights import check_written, refuse_shards, weights_written
 from ptconvert.errors import (
     FilesystemError,
     MissingInputError,
@@ -59,31 +60,14 @@ def convert(
     output: str | Path | None = None,
     opts: Options | None = None,
 ) -> ConversionReport:
-    """The one conversion entry: weights to weights by byte copies checked bitwise
-    (``convert_weights``), anything else through the converter graph, checked by the target's
-    kind. Every result says in ``check`` which check ran."""
-    from ptconvert.convert.weights import convert_weights
-
+    """The one conversion entry: every conversion is a route of the converter graph, checked by
+    the target's kind (weights written from weights: byte copies checked bitwise; programs: run
+    against the eager model). Every result says in ``check`` which check ran."""
     opts = (opts or Options()).validate()
     if src is None:  # code alone: --model's factory builds the model
         return convert_program(None, to, output, opts)
     refuse_unsafe(src)  # before detection: an unrecognised file may still be a payload
-    if byte_copy(detect(src).format, to):
-        return convert_weights(
-            src,
-            to,
-            output,
-            force=opts.force,
-            key=opts.key,
-            keep_prefix=opts.keep_prefix,
-            max_shard_size=opts.max_shard_size,
-            metadata=opts.metadata,
-            skip_unsupported=opts.skip_unsupported,
-            verify=opts.verify,
-            trust=opts.trust,
-            allow=opts.allow,
-        )
-    if opts.max_shard_size or opts.metadata:
+    if not byte_copy(detect(src).format, to) and (opts.max_shard_size or opts.metadata):
         raise UnsupportedConversionError(
             "--max-shard-size and --metadata apply to weights written from weights "
             f"(not {detect(src).format} → {to})",
@@ -98,8 +82,8 @@ def convert_program(
     output: str | Path | None = None,
     opts: Options | None = None,
 ) -> ConversionReport:
-    """Convert ``src`` to ``to`` through the converter graph (``convert`` picks this path);
-    ``src`` None: the model ``--model``'s factory builds, from code alone."""
+    """Convert ``src`` to ``to`` through the converter graph; ``src`` None: the model
+    ``--model``'s factory builds, from code alone."""
     opts = opts or Options()
     started = time.perf_counter()
     if src is None:
@@ -107,12 +91,15 @@ def convert_program(
     src = Path(src)
     refuse_unsafe(src)
     d = detect(src)
-    if d.format == to and src.is_file():
+    weights = byte_copy(d.format, to)  # weights written from weights: checked bitwise
+    if d.format == to and src.is_file() and not weights:
         copy_cannot_change(src, to, opts)
         out = Path(output) if output else default_output(src, to)
         check_output(out, [src], opts.force)
         return verified_copy(src, d, out, started, opts.force)
-    banned: set[Edge] = set(inapplicable(d))
+    if weights:
+        refuse_shards(to, opts.max_shard_size, src)
+    banned: set[Edge] = set(inapplicable(d, to))
     try:
         current = plan(d.format, to, available_needs(d.format, opts), frozenset(banned))
     except PtconvertError as exc:
@@ -121,14 +108,21 @@ def convert_program(
     estimate_memory(current, d, opts)
     check_memory(current, opts, src)
     _refuse_unrunnable(current, src)
-    out = Path(output) if output else default_output(src, to)
+    out = Path(output) if output else output_for(src, to, opts)
     _check_outputs(out, to, [src], opts)
     _check_before_work(to, opts)
     _check_space(current, out)
     with cache_slot(d, to, out, opts) as slot:
         if slot.hit is not None:
             return slot.report(src, started)
-        return slot.store(_run_route(src, d, to, out, opts, current, banned, started))
+        folder = weights and writes_directory(d, to, opts.max_shard_size, output)
+        return slot.store(_run_route(src, d, to, out, opts, current, banned, started, folder))
+
+
+def _weights_route(route: Plan) -> bool:
+    """A route that reads weights from the source and writes them: what fails in it is the
+    file's (or the target's) problem, which another route would only hide."""
+    return [e.step for e in route.edges] == ["read_weights", "write_weights"]
 
 
 def _refuse_unrunnable(current: Plan, src: Path) -> None:
@@ -185,17 +179,18 @@ def _run_route(
     current: Plan,
     banned: set[Edge],
     started: float,
+    folder: bool = False,
 ) -> ConversionReport:
     """The route run step by step inside ``atomic_path`` (planned again when a step or the
-    parity check fails), the output written and checked."""
-    state = RunState(src, d.format, inputs=user_inputs(opts), destination=out)
+    parity check fails), the output written and checked (``folder``: the output is a folder)."""
+    state = RunState(src, d.format, inputs=user_inputs(opts), destination=out, folder=folder)
     target = FORMATS_BY_NAME.get(to)
     records: list[StepRecord] = []
     route: list[str] = []
     placed: list[Path] = []  # companion files put in place before the main file
     with (
         _taken_back(placed, opts.force),
-        atomic_path(out, replace=opts.force) as tmp,
+        atomic_path(out, directory=folder, replace=opts.force) as tmp,
         _staging(state),
     ):
         if _prewarm(opts, target, current):
@@ -225,6 +220,8 @@ def _run_route(
                 ):
                     raise  # the options, the inputs, the model, the machine: no route helps
                 except PtconvertError as exc:
+                    if _weights_route(current):
+                        raise  # weights read and written as they are: no other route to try
                     records.append(_record(edge, t0, "failed", state, notes_before, exc.message))
                     if edge.step in CAPTURING_STEPS and _runnable(state):
                         first_call(state)  # the model's own error, if it raises, is the news
@@ -285,17 +282,15 @@ def _run_route(
         weights_target = target is not None and target.kind == "weights" and to in weight_sources()
         if opts.verify and (target is None or (target.kind == "weights" and not weights_target)):
             state.notes.append(f"no check ran: ptconvert cannot read {to} files back")
+        bitwise = None
         if weights_target and opts.verify and state.weights is not None:
-            from ptconvert.verify.weights import verify_weights
-
             if state.weights.origin is None:
                 state.notes.append(
                     "no check ran: the weights come from a program built in memory, with no "
                     "file to read them from independently"
                 )
             else:
-                with progress.step("verifying every tensor bitwise"):
-                    verify_weights(state.weights, tmp)
+                bitwise = check_written(state, opts)
                 check = "bitwise"
         placed += _publish(state, tmp, opts.force)
     return ConversionReport(
@@ -311,6 +306,7 @@ def _run_route(
         parity,
         _interface(state, to, opts, parity),
         check,
+        weights=weights_written(state, out, bitwise) if state.written else None,
     )
 
 

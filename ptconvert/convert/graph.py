@@ -72,16 +72,17 @@ EDGES: list[Edge] = [
 
 def format_edges() -> list[Edge]:
     """Each registered format's edges to and from the weights stage, as it declares them: read
-    (the file's tensors, or a loaded program's state dict: ``read_step``) and write."""
+    (the file's tensors, read symbolically; a program's also its loaded state dict, for any
+    program the route holds: ``read_step``) and write."""
     from ptconvert.formats import FORMATS
 
     out: list[Edge] = []
     for f in FORMATS:
         if f.reads_weights:
-            reads_file = f.read_step == "read_weights"  # a program's state dict: any program
-            out.append(
-                Edge(f.name, "weights", f.read_step, 1, f.read_needs, f.read_label, reads_file)
-            )
+            out.append(Edge(f.name, "weights", "read_weights", 1, f.read_needs, f.read_label, True))
+        if f.reads_weights and f.read_step != "read_weights":
+            label = "the loaded program's state dict"
+            out.append(Edge(f.name, "weights", f.read_step, 1, f.read_needs, label))
     for f in FORMATS:
         if f.writes_weights:
             out.append(Edge("weights", f.name, "write_weights", 1, label=f.write_label))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ptconvert.convert.graph import Edge, Plan, edges, plan
+from ptconvert.convert.output_naming import byte_copy
 from ptconvert.convert.same_format import copy_cannot_change
 from ptconvert.errors import (
     PtconvertError,
@@ -28,15 +29,22 @@ def available_needs(src_format: str, opts: Options) -> frozenset[str]:
     return available(src_format, opts)
 
 
-def inapplicable(d: Detection) -> frozenset[Edge]:
-    """Edges that do not fit this file: a state dict is not a pickled module, and back."""
-    if not d.handler.may_hold_module:
-        return frozenset()
-    from ptconvert.formats import describe
-
+def inapplicable(d: Detection, to: str) -> frozenset[Edge]:
+    """Edges that do not fit this file and target: a state dict is not a pickled module, and
+    back; a program's weights are read symbolically on the way to a weights file (byte copies
+    checked bitwise), its loaded state dict on the way to a model (the parity reference and its
+    sample inputs come with it). A weights file is read symbolically whatever its pickle holds
+    (a whole module's tensors too): nothing is loaded."""
+    banned: set[Edge] = set()
+    weights = byte_copy(d.format, to)
+    if d.handler.reads_weights and d.handler.read_step != "read_weights":
+        unused = d.handler.read_step if weights else "read_weights"
+        banned |= {e for e in edges() if e.src == d.format and e.step == unused}
+    if weights or not d.handler.may_hold_module:
+        return frozenset(banned)
     whole_module = bool(describe(d.path).needs_code)
     kind = "weights" if whole_module else "module"
-    return frozenset(e for e in edges() if e.src == d.format and e.dst == kind)
+    return frozenset(banned | {e for e in edges() if e.src == d.format and e.dst == kind})
 
 
 def plan_for(src: str | Path, to: str, opts: Options) -> Plan:
@@ -45,11 +53,11 @@ def plan_for(src: str | Path, to: str, opts: Options) -> Plan:
     user_inputs(opts)  # a malformed --input is said here, as the conversion would say it
     refuse_unsafe(src)
     d = detect(src)
-    if d.format == to and Path(src).is_file():
+    if d.format == to and Path(src).is_file() and not byte_copy(d.format, to):
         copy_cannot_change(Path(src), to, opts)
         copy = Edge(to, to, "copy", 0, label="a byte copy, compared with the source")
         return Plan(to, to, [copy], source=str(src))
-    result = plan(d.format, to, available_needs(d.format, opts), inapplicable(d))
+    result = plan(d.format, to, available_needs(d.format, opts), inapplicable(d, to))
     result.source = str(src)
     estimate_memory(result, d, opts)
     result.dynamic = _planned_dims(result, d, opts)

@@ -54,6 +54,11 @@ class RunState:
     companions: list[Path] = field(default_factory=list)
     obsolete: list[Path] = field(default_factory=list)  # files of a replaced output, removed
     notes: list[str] = field(default_factory=list)
+    # a weights route: the source's security scans (the check loads a program only when they
+    # are clean), whether the output is a folder, the files the write step wrote
+    scans: list[Any] = field(default_factory=list)
+    folder: bool = False
+    written: list[Path] = field(default_factory=list)
     example_seconds: float | None = None  # one eager call at the example's size
     steps_seconds: float = 0.0  # the route's steps so far (the check's work is sized by them)
     changes: list[str] = field(default_factory=list)  # the state a call changes (buffers …)

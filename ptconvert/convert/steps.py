@@ -7,6 +7,7 @@ from typing import Any
 
 from ptconvert.atomic import guarded_file
 from ptconvert.convert.state import RunState
+from ptconvert.convert.weights import read_source, write_target
 from ptconvert.errors import (
     MissingInputError,
     MissingRequirementError,
@@ -17,24 +18,11 @@ from ptconvert.model.build import (
     eager_from_pickle,
     eager_from_weights,
     program_sample_inputs,
-    source_weights,
 )
 from ptconvert.model.inputs import ExampleInputs
 from ptconvert.options import Options
 from ptconvert.quiet import quiet_torch
 from ptconvert.scan.guard import guard
-
-
-def read_weights_step(state: RunState, opts: Options) -> None:
-    state.weights = source_weights(state.src, opts)
-
-
-def write_weights(state: RunState, opts: Options) -> None:
-    """The weights written as the format this step leads to writes them."""
-    from ptconvert.formats import FORMATS_BY_NAME
-
-    assert state.weights is not None and state.output is not None
-    FORMATS_BY_NAME[state.leads_to].write_weights(state.weights, state.output)
 
 
 def build_module(state: RunState, opts: Options) -> None:
@@ -143,8 +131,8 @@ def program_weights(state: RunState, opts: Options) -> None:
     from ptconvert.formats.weightset import weights_from_tensors
 
     # on the way to a module the program is loaded anyway (after a clean scan): it is the
-    # parity reference and brings its own sample inputs. Weights alone go through
-    # convert_weights, which reads them symbolically.
+    # parity reference and brings its own sample inputs. To a weights file its weights are
+    # read symbolically instead (the read_weights edge: planning.inapplicable).
     if state.exported is not None:
         tensors = dict(state.exported.state_dict)
     elif state.src_format == "torchscript":
@@ -215,8 +203,8 @@ def pte_export(state: RunState, opts: Options) -> None:
 
 
 STEPS = {
-    "read_weights": read_weights_step,
-    "write_weights": write_weights,
+    "read_weights": read_source,
+    "write_weights": write_target,
     "build_module": build_module,
     "build_from_code": build_from_code,
     "unpickle_module": unpickle_module,

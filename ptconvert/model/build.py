@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert.errors import MissingRequirementError, NoWeightsError, UsageError
-from ptconvert.formats import FORMATS_BY_NAME
+from ptconvert.formats import FORMATS_BY_NAME, detect
 from ptconvert.formats.weightset import WeightSet
 from ptconvert.model.hf_inputs import from_hf_model
 from ptconvert.model.inputs import ExampleInputs, from_file, from_specs, parse_input
@@ -45,7 +45,7 @@ def eager_runtime(src: Path, src_format: str, opts: Options) -> Eager | None:
         return None
     if whole_module:
         return eager_from_pickle(src, opts)
-    return eager_from_weights(src, src_format, source_weights(src, opts), opts)
+    return eager_from_weights(src, src_format, source_weights(src, opts)[0], opts)
 
 
 def user_inputs(opts: Options) -> ExampleInputs | None:
@@ -57,19 +57,21 @@ def user_inputs(opts: Options) -> ExampleInputs | None:
     return None
 
 
-def source_weights(src: Path, opts: Options) -> WeightSet:
-    """The weights of ``src``, after the scan (trust as the options say). A file without
+def source_weights(src: Path, opts: Options) -> tuple[WeightSet, list[Any]]:
+    """The weights of ``src``, after the scan of what loading it reads (trust as the options
+    say), and that scan (a check may load a program only when it is clean). A file without
     tensors is no weights with ``--model`` (the factory's model as it builds it), an error
     otherwise."""
-    guard(src, trust=opts.trust, allow=opts.allow)
+    scans = guard(detect(src).handler.scanned_as(src), trust=opts.trust, allow=opts.allow)
     try:
-        return read_weights(
+        ws = read_weights(
             src, key=opts.key, keep_prefix=opts.keep_prefix, skip_unsupported=opts.skip_unsupported
         )
     except NoWeightsError:
         if not opts.model or opts.skip_unsupported:
             raise
-        return WeightSet([], "fast", origin=src)
+        ws = WeightSet([], "fast", origin=src)
+    return ws, scans
 
 
 CODE_ONLY_NOTE = (

@@ -442,3 +442,22 @@ def test_pt2_sample_inputs_are_example_inputs(samples: dict[str, Path]) -> None:
     state = RunState(samples["mlp_pt2"], "pt2")
     load_pt2(state, Options())
     assert state.inputs is not None and state.inputs.at(3)["x"].shape == (3, 8)
+
+
+@pytest.mark.parametrize("name", ["mlp_zip", "mlp_pt2", "mlp_scripted", "cnn_safetensors"])
+def test_a_weights_conversion_runs_the_route_plan_shows(
+    name: str, samples: dict[str, Path], tmp_path: Path, capsys
+) -> None:
+    """Weights to weights is a route of the graph: the steps ``plan`` shows are the steps the
+    conversion runs and reports (a program's weights read symbolically, not by loading it),
+    its own format included (a rewrite, checked bitwise, not a byte copy)."""
+    src = samples[name]
+    code, planned, _ = run_cli(["plan", str(src), "--to", "safetensors"], capsys)
+    assert code == 0 and planned["runnable"], planned
+    out = tmp_path / "out.safetensors"
+    code, report, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out)], capsys)
+    assert code == 0, report
+    steps = [s["step"] for s in report["steps"]]
+    assert [s["step"] for s in planned["steps"]] == steps == ["read_weights", "write_weights"]
+    assert report["route"] == [f"{planned['from']} → weights", "weights → safetensors"]
+    assert report["check"] == "bitwise" and report["weights"]["verification"]["status"] == "pass"

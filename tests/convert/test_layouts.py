@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 
 from fixtures.build import write_legacy_tar
-from ptconvert.convert.weights import convert_weights
+from ptconvert import convert as convert_weights
 from ptconvert.errors import (
     NoWeightsError,
     PtconvertError,

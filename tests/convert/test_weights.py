@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ptconvert.convert.weights import convert_weights
+from ptconvert import convert as convert_weights
 from ptconvert.errors import (
     OutputExistsError,
     TruncatedFileError,

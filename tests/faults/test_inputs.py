@@ -79,7 +79,7 @@ def test_a_memory_error_anywhere_is_out_of_memory_naming_the_input(
     def exhausted(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError
 
-    monkeypatch.setattr("ptconvert.convert.weights.read_weights", exhausted)
+    monkeypatch.setattr("ptconvert.model.build.read_weights", exhausted)
     src = tmp_path / "m.pt"
     torch.save({"w": torch.ones(3)}, src)
     code, report, _ = run_cli([str(src), "--to", "safetensors"], capsys)

@@ -24,7 +24,7 @@ import torch
 
 import ptconvert
 from fixtures.build import write_legacy_tar
-from ptconvert.convert.weights import convert_weights
+from ptconvert import convert as convert_weights
 from ptconvert.formats import checkpoint_reference as independent
 from ptconvert.formats.reference import CHUNK, Pages
 from ptconvert.formats.torch_objects import flatten_tensors
@@ -383,8 +383,8 @@ def test_trust_never_unpickles_a_weights_source(
         return real_load(*args, **kwargs)
 
     monkeypatch.setattr(torch, "load", safe_only)
-    monkeypatch.setattr("ptconvert.convert.weights.refuse_unsafe", lambda *a, **k: None)
-    monkeypatch.setattr("ptconvert.convert.weights.guard", lambda *a, **k: [])
+    monkeypatch.setattr("ptconvert.convert.engine.refuse_unsafe", lambda *a, **k: None)
+    monkeypatch.setattr("ptconvert.model.build.guard", lambda *a, **k: [])
     out = tmp_path / "evil.safetensors"
     report = convert_weights(src, "safetensors", out, trust=True)
     assert not marker.exists()

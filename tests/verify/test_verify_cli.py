@@ -55,7 +55,7 @@ def test_verify_fails_on_different_weights(samples, tmp_path, capsys) -> None:
 
 
 def test_verify_weights_bitwise(samples, tmp_path, capsys) -> None:
-    from ptconvert.convert.weights import convert_weights
+    from ptconvert import convert as convert_weights
 
     convert_weights(samples["mlp_zip"], "safetensors", tmp_path / "w.safetensors")
     code, report, _ = run_cli(
