@@ -100,18 +100,23 @@ def temp_folder(beside: Path, *, name: Path | None = None) -> Iterator[Path]:
     the filesystem in the block is a named error naming ``name`` (default ``beside``) where the
     system named the temporary folder or something in it."""
     shown = name or beside
+    made = _missing_folders(beside.parent)  # made for the output: removed again if it fails
     try:
         make_folder(beside.parent)
         sweep(beside.parent)
         prefix = f".{beside.name[:100]}.{os.getpid()}-{_host()}-"
         folder = Path(tempfile.mkdtemp(prefix=prefix, suffix=TEMP_SUFFIX, dir=beside.parent))
         lock = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        done = False
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # a sweep by another run leaves it alone
             yield folder
+            done = True
         finally:
             shutil.rmtree(folder, ignore_errors=True)
             os.close(lock)
+            if not done:
+                _remove_empty(made)
     except PtconvertError as exc:
         if exc.path is not None and _ours(exc.path, beside):
             exc.path = str(shown)  # the temporary path is gone: name the user's
@@ -121,6 +126,26 @@ def temp_folder(beside: Path, *, name: Path | None = None) -> Iterator[Path]:
             raise  # not the filesystem's (out of memory is said where the input is known)
         mine = all(n is None or _ours(n, beside) for n in (exc.filename, exc.filename2))
         raise named_error(exc, shown if mine else None) or exc from exc
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and its parents that do not exist yet, deepest first."""
+    missing = []
+    for p in [folder, *folder.parents]:
+        if p.exists():
+            break
+        missing.append(p)
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Folders a failed write made, deepest first, each only while it is empty: nothing of the
+    failure stays, nothing another process put there goes."""
+    for p in folders:
+        try:
+            p.rmdir()
+        except OSError:
+            return
 
 
 def _ours(name: str | bytes | Path, beside: Path) -> bool:

@@ -13,8 +13,15 @@ from ptconvert.cli import main
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (`make test` runs two workers) each worker computes on one thread:
-    torch's default of one thread per core, in every worker, would oversubscribe the cores."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch's default of one thread per core, in every worker, would oversubscribe the cores; and
+    compiles into an Inductor cache of its own (two workers compiling the same model into one
+    cache at once read each other's half-written files: a package with an empty metadata file)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        import tempfile
+
+        cache = Path(tempfile.gettempdir()) / f"ptconvert-tests-inductor-{worker}"
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
         import torch
 
         torch.set_num_threads(1)

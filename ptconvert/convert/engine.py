@@ -33,7 +33,7 @@ from ptconvert.convert.program_check import (
 from ptconvert.convert.same_format import copy_cannot_change, verified_copy
 from ptconvert.convert.state import RunState, StepRecord
 from ptconvert.convert.steps import STEPS
-from ptconvert.convert.weights import check_written, refuse_shards, weights_written
+from ptconvert.convert.weights import check_written, refuse_shards, weights_route, weights_written
 from ptconvert.errors import (
     FilesystemError,
     MissingInputError,
@@ -50,7 +50,7 @@ from ptconvert.memory import peak_rss_mib
 from ptconvert.model.build import user_inputs
 from ptconvert.options import Options
 from ptconvert.report import Check, StepStatus
-from ptconvert.scan.guard import refuse_unsafe
+from ptconvert.scan.guard import guard, refuse_unsafe
 from ptconvert.verify.parity import ParityReport
 
 
@@ -110,19 +110,16 @@ def convert_program(
     _refuse_unrunnable(current, src)
     out = Path(output) if output else output_for(src, to, opts)
     _check_outputs(out, to, [src], opts)
+    if weights:  # the scan refuses before anything is made (the read step keeps its verdicts)
+        folder = writes_directory(d, to, opts.max_shard_size, output)
+        scans = guard(src, trust=opts.trust, allow=opts.allow)
+        return _run_route(src, d, to, out, opts, current, banned, started, folder, scans)
     _check_before_work(to, opts)
     _check_space(current, out)
     with cache_slot(d, to, out, opts) as slot:
         if slot.hit is not None:
             return slot.report(src, started)
-        folder = weights and writes_directory(d, to, opts.max_shard_size, output)
-        return slot.store(_run_route(src, d, to, out, opts, current, banned, started, folder))
-
-
-def _weights_route(route: Plan) -> bool:
-    """A route that reads weights from the source and writes them: what fails in it is the
-    file's (or the target's) problem, which another route would only hide."""
-    return [e.step for e in route.edges] == ["read_weights", "write_weights"]
+        return slot.store(_run_route(src, d, to, out, opts, current, banned, started))
 
 
 def _refuse_unrunnable(current: Plan, src: Path) -> None:
@@ -160,6 +157,10 @@ def _convert_code(
         )
     if output is None:
         raise UsageError("a model from code alone has no file to write beside: pass -o OUTPUT")
+    if opts.max_shard_size:
+        raise UnsupportedConversionError(
+            "--max-shard-size applies to weights read from a file (not a model from code alone)"
+        )
     src = Path(opts.model)  # names the source in messages and the report
     d = Detection(src, "code", "model factory")
     current = plan("code", to, available_needs("code", opts))
@@ -180,10 +181,14 @@ def _run_route(
     banned: set[Edge],
     started: float,
     folder: bool = False,
+    scans: list[Any] | None = None,
 ) -> ConversionReport:
     """The route run step by step inside ``atomic_path`` (planned again when a step or the
-    parity check fails), the output written and checked (``folder``: the output is a folder)."""
-    state = RunState(src, d.format, inputs=user_inputs(opts), destination=out, folder=folder)
+    parity check fails), the output written and checked. A weights route has the source's
+    ``scans`` already and writes a ``folder`` or a file; example inputs are a program's."""
+    inputs = None if scans is not None else user_inputs(opts)
+    state = RunState(src, d.format, inputs=inputs, destination=out, folder=folder, scans=scans)
+    state.target = to
     target = FORMATS_BY_NAME.get(to)
     records: list[StepRecord] = []
     route: list[str] = []
@@ -220,7 +225,7 @@ def _run_route(
                 ):
                     raise  # the options, the inputs, the model, the machine: no route helps
                 except PtconvertError as exc:
-                    if _weights_route(current):
+                    if weights_route([e.step for e in current.edges]):
                         raise  # weights read and written as they are: no other route to try
                     records.append(_record(edge, t0, "failed", state, notes_before, exc.message))
                     if edge.step in CAPTURING_STEPS and _runnable(state):
@@ -306,7 +311,7 @@ def _run_route(
         parity,
         _interface(state, to, opts, parity),
         check,
-        weights=weights_written(state, out, bitwise) if state.written else None,
+        weights=weights_written(state, out, bitwise),
     )
 
 

@@ -32,7 +32,7 @@ def weights_output(d: Detection, fmt: str, as_directory: bool) -> Path:
     src = d.path
     if as_directory:
         return src.parent / f"{src.name.split('.')[0]}-{fmt}"
-    container = d.handler.scanned_as(src)
+    container = d.handler.named_after(src)
     if container != src:
         return container.parent / f"{container.name}-{fmt}"
     return src.with_suffix(FORMATS_BY_NAME[fmt].suffix)

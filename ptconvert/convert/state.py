@@ -31,6 +31,7 @@ class RunState:
     src_format: str
     output: Path | None = None  # the temporary path the final step writes
     leads_to: str = ""  # the node the running step leads to (the format a write step writes)
+    target: str = ""  # the route's target
     destination: Path | None = None  # where the output goes once it is checked
     weights: WeightSet | None = None
     module: Any = None  # nn.Module
@@ -56,7 +57,7 @@ class RunState:
     notes: list[str] = field(default_factory=list)
     # a weights route: the source's security scans (the check loads a program only when they
     # are clean), whether the output is a folder, the files the write step wrote
-    scans: list[Any] = field(default_factory=list)
+    scans: list[Any] | None = None
     folder: bool = False
     written: list[Path] = field(default_factory=list)
     example_seconds: float | None = None  # one eager call at the example's size

@@ -27,7 +27,9 @@ def read_source(state: RunState, opts: Options) -> None:
     """The ``read_weights`` step: the source scanned (the scan kept for the check: a program's
     own loader runs on it only when it is clean), then its weights read through its format,
     symbolically; what the reading noted joins the conversion's notes."""
-    state.weights, state.scans = source_weights(state.src, opts)
+    writes = FORMATS_BY_NAME.get(state.target)
+    for_model = writes is None or not writes.writes_weights  # weights files need tensors
+    state.weights, state.scans = source_weights(state.src, opts, state.scans, for_model=for_model)
     state.notes += state.weights.notes
     state.weights.notes = []
 
@@ -59,10 +61,14 @@ def check_written(state: RunState, opts: Options) -> WeightsCheck:
         return verify_weights(state.weights, target, scans=state.scans, trust=opts.trust)
 
 
-def weights_written(state: RunState, out: Path, check: WeightsCheck | None) -> WeightsWritten:
-    """What the report says of the weights a conversion wrote."""
+def weights_written(
+    state: RunState, out: Path, check: WeightsCheck | None
+) -> WeightsWritten | None:
+    """What the report says of the weights a conversion read from its source and wrote (none
+    for weights a model built in memory gave: the program route's report says what ran)."""
     ws = state.weights
-    assert ws is not None
+    if not state.written or ws is None or ws.origin is None:
+        return None
     return WeightsWritten(
         ws.path,
         len(ws.entries),
@@ -78,8 +84,17 @@ def weights_written(state: RunState, out: Path, check: WeightsCheck | None) -> W
     )
 
 
+def weights_route(steps: list[str]) -> bool:
+    """A route (its steps) that reads weights from the source and writes them: what fails in
+    it is the file's (or the target's) problem, which another route would only hide."""
+    return steps == ["read_weights", "write_weights"]
+
+
 def refuse_shards(to: str, max_shard_size: str | None, src: Path) -> None:
-    """--max-shard-size for a target that writes no shards, said before any work."""
+    """--max-shard-size that is no size, or for a target that writes no shards, said before any
+    work."""
+    if max_shard_size:
+        parse_size(max_shard_size)
     if max_shard_size and not FORMATS_BY_NAME[to].writes_shards:
         raise UnsupportedConversionError(
             f"--max-shard-size writes {' or '.join(_shard_writers())} shards only", path=src

@@ -268,9 +268,9 @@ class Format:
         """Whether a file of this format written by ptconvert can hold tensors of ``dtype``."""
         return True
 
-    def scanned_as(self, path: Path) -> Path:
-        """What the security scan of a file of this format reads: itself, or the folder its
-        parts lie in (a shard index: every shard)."""
+    def named_after(self, path: Path) -> Path:
+        """What an output written from a file of this format is named after: itself, or the
+        folder its parts lie in (a shard index)."""
         return path
 
     def loads_to_read(self, path: Path, layout: str) -> bool:

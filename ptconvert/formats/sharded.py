@@ -90,7 +90,7 @@ class ShardedFormat(Format):
             return safetensors_reference(shards, stack)
         return pickle_reference(ws, shards)
 
-    def scanned_as(self, path: Path) -> Path:
+    def named_after(self, path: Path) -> Path:
         return path.parent
 
     def info(self, path: Path, layout: str) -> FileInfo:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert.errors import MissingRequirementError, NoWeightsError, UsageError
-from ptconvert.formats import FORMATS_BY_NAME, detect
+from ptconvert.formats import FORMATS_BY_NAME
 from ptconvert.formats.weightset import WeightSet
 from ptconvert.model.hf_inputs import from_hf_model
 from ptconvert.model.inputs import ExampleInputs, from_file, from_specs, parse_input
@@ -57,18 +57,21 @@ def user_inputs(opts: Options) -> ExampleInputs | None:
     return None
 
 
-def source_weights(src: Path, opts: Options) -> tuple[WeightSet, list[Any]]:
+def source_weights(
+    src: Path, opts: Options, scans: list[Any] | None = None, *, for_model: bool = True
+) -> tuple[WeightSet, list[Any]]:
     """The weights of ``src``, after the scan of what loading it reads (trust as the options
-    say), and that scan (a check may load a program only when it is clean). A file without
-    tensors is no weights with ``--model`` (the factory's model as it builds it), an error
-    otherwise."""
-    scans = guard(detect(src).handler.scanned_as(src), trust=opts.trust, allow=opts.allow)
+    say; ``scans``: done already), and that scan (a check may load a program only when it is
+    clean). A file without tensors is no weights with ``--model`` when they are ``for_model``
+    (the factory's model as it builds it), an error otherwise."""
+    if scans is None:
+        scans = guard(src, trust=opts.trust, allow=opts.allow)  # an index: with its shards
     try:
         ws = read_weights(
             src, key=opts.key, keep_prefix=opts.keep_prefix, skip_unsupported=opts.skip_unsupported
         )
     except NoWeightsError:
-        if not opts.model or opts.skip_unsupported:
+        if not (for_model and opts.model) or opts.skip_unsupported:
             raise
         ws = WeightSet([], "fast", origin=src)
     return ws, scans

@@ -528,3 +528,48 @@ def test_training_checkpoint_takes_the_model_not_the_optimizer(tmp_path: Path, c
     torch.save({"a": sd, "b": sd, "optimizer": opt.state_dict()}, two)
     code, out, _ = run_cli([str(two), "--to", "safetensors"], capsys)
     assert code == 4 and "['a', 'b']" in out["error"]["message"] and "--key" in out["error"]["hint"]
+
+
+def test_weights_routes_refuse_before_making_anything(
+    samples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a weights conversion refuses (a size that is no size, a file the scan refuses, a
+    source without tensors even with --model) is refused without leaving a folder or a file;
+    --device is a program's option, not a weights copy's."""
+    out = tmp_path / "new" / "sub" / "o.safetensors"
+    src = samples["mlp_zip"]
+    code, report, _ = run_cli(
+        [str(src), "--to", "safetensors", "--max-shard-size", "5XB", "-o", str(out)], capsys
+    )
+    assert (code, report["error"]["kind"]) == (2, "usage")
+    assert not (tmp_path / "new").exists()
+    code, report, _ = run_cli(
+        [str(samples["cnn_module"]), "--to", "safetensors", "-o", str(out)], capsys
+    )
+    assert code == 11, report
+    assert not (tmp_path / "new").exists()
+    empty = tmp_path / "empty.safetensors"
+    save_file({}, str(empty))
+    args = [str(empty), "--to", "safetensors", "-o", str(out), "--model", "fixtures.models:MLP"]
+    code, report, _ = run_cli(args, capsys)
+    assert (code, report["error"]["kind"], report["error"]["path"]) == (3, "no_weights", str(empty))
+    assert not (tmp_path / "new").exists()
+    code, report, _ = run_cli(
+        [str(src), "--to", "safetensors", "-o", str(out), "--device", "cuda"], capsys
+    )
+    assert code == 0 and report["check"] == "bitwise", report
+
+
+def test_a_model_from_code_written_as_weights_reports_a_program_route(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Weights a factory's model gives have no file to be read from again: the report is the
+    program route's (no 'weights' section claiming a skipped check), and says no check ran."""
+    out = tmp_path / "mlp.safetensors"
+    code, report, _ = run_cli(
+        ["--model", "fixtures.models:MLP", "--to", "safetensors", "-o", str(out)], capsys
+    )
+    assert code == 0, report
+    assert report["weights"] is None and report["check"] == "none"
+    assert any("no check ran" in n for n in report["notes"])
+    assert set(load_file(str(out))) == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}

@@ -384,7 +384,7 @@ def test_trust_never_unpickles_a_weights_source(
 
     monkeypatch.setattr(torch, "load", safe_only)
     monkeypatch.setattr("ptconvert.convert.engine.refuse_unsafe", lambda *a, **k: None)
-    monkeypatch.setattr("ptconvert.model.build.guard", lambda *a, **k: [])
+    monkeypatch.setattr("ptconvert.convert.engine.guard", lambda *a, **k: [])
     out = tmp_path / "evil.safetensors"
     report = convert_weights(src, "safetensors", out, trust=True)
     assert not marker.exists()
