@@ -25,6 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from installed import as_installed
 from programs import measure  # the all-process memory sampler
 
 BIN = Path(sys.executable).parent
@@ -98,6 +99,7 @@ def weights_bytes(directory: Path) -> int:
 
 
 def main() -> None:
+    as_installed()
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", type=Path, required=True)
     ap.add_argument("--raw", action="store_true", help="also measure the raw API")

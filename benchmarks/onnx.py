@@ -47,6 +47,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from installed import as_installed
+
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the project's venv (.venv/bin)
 REPEATS = 3
@@ -311,6 +313,7 @@ def print_results(selected: list[Case]) -> None:
 
 
 def main() -> None:
+    as_installed()
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--repeats", type=int, default=REPEATS, help="timed rounds (median)")
     ap.add_argument("--venv", type=Path, default=REPO / ".venv-optimum", help="optimum's venv")

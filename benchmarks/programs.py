@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from installed import as_installed
+
 BIN = Path(sys.executable).parent
 
 RAW = """
@@ -209,6 +211,7 @@ def split(src: Path, out: Path) -> str:
 
 
 def main() -> None:
+    as_installed()
     ap = argparse.ArgumentParser()
     ap.add_argument("--n-embd", type=int, default=1024)
     ap.add_argument("--n-layer", type=int, default=12)

@@ -23,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from installed import as_installed
+
 from fixtures.build import build_all
 from fixtures.scan_corpus import benign_corpus, malicious_corpus
 
@@ -60,6 +62,7 @@ def flagged(cmd: list[str], path: Path) -> bool:
 
 
 def main() -> None:
+    as_installed()
     ap = argparse.ArgumentParser()
     ap.add_argument(
         "--tools-venv", type=Path, default=Path(tempfile.gettempdir()) / "ptconvert-scan-tools"

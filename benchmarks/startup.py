@@ -13,6 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from installed import as_installed
+
 REPEATS = 7
 
 
@@ -26,6 +28,7 @@ def timed(cmd: list[str]) -> float:
 
 
 def main() -> None:
+    as_installed()
     with tempfile.TemporaryDirectory() as tmp:
         sample = Path(tmp) / "sample.safetensors"
         subprocess.run(

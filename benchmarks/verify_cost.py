@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from installed import as_installed
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 MODELS = ["mlp", "bert", "gpt2-bin", "llama", "vit", "t5", "whisper"]
@@ -46,6 +48,7 @@ def convert(src: Path, to: str, out: Path, *extra: str) -> dict:
 
 
 def main() -> None:
+    as_installed()
     ap = argparse.ArgumentParser()
     ap.add_argument("--to", nargs="+", default=["pt2", "onnx"])
     ap.add_argument("--models", nargs="+", default=MODELS)

@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from installed import as_installed
+
 BIN = Path(sys.executable).parent
 REPEATS = 5  # median wall time of these runs; the highest peak RSS
 
@@ -108,6 +110,7 @@ def print_targets(results: dict[str, tuple[float, float]]) -> None:
 
 
 def main() -> None:
+    as_installed()
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-gb", type=float, default=1.0)
     ap.add_argument("--dir", type=Path, default=None)
