@@ -56,16 +56,19 @@ def pickle_reference(ws: WeightSet, paths: list[Path]) -> Reference:
             if problem is not None:
                 problems.append(f"{name}: {problem}")
             else:
-                tensors[name] = _record_ref(read, t, pages)
+                tensors[name] = _record_ref(read, t, pages, path)
     return Reference(" + ".join(sorted(readers)), tensors, problems)
 
 
-def _record_ref(read: PickleFile, t: Tensor, pages: Pages) -> Ref:
-    """A tensor record's bytes as torch.load gives them: C order, little-endian."""
+def _record_ref(read: PickleFile, t: Tensor, pages: Pages, path: Path) -> Ref:
+    """A tensor record's bytes as torch.load gives them: C order, little-endian (and where
+    they lie in the file, when they lie there as they are)."""
     size = t.itemsize
     # elements of a big-endian storage are swapped, complex numbers half by half, as torch does
     unit = size // 2 if t.dtype.startswith("complex") else size
     swap = read.big_endian and unit > 1
+    at = read.file_offset(t.storage)
+    span = (path, at + t.offset * size) if at is not None and t.contiguous and not swap else None
 
     def pieces() -> Iterator[memoryview]:
         data = read.storage_bytes(t.storage)
@@ -100,7 +103,7 @@ def _record_ref(read: PickleFile, t: Tensor, pages: Pages) -> Ref:
                 read_since = 0
         pages.drop()
 
-    return Ref(t.dtype, t.shape, t.nbytes, chunks)
+    return Ref(t.dtype, t.shape, t.nbytes, chunks, span)
 
 
 def _blocks(shape: tuple[int, ...], itemsize: int) -> Iterator[tuple[Any, ...]]:

@@ -24,12 +24,15 @@ DROP_EVERY = CHUNK  # bytes read through a loader's mapping between two page dro
 
 @dataclass
 class Ref:
-    """A tensor as the independent reader sees it; ``chunks`` yields its bytes in order."""
+    """A tensor as the independent reader sees it; ``chunks`` yields its bytes in order.
+    ``span`` (a file and an offset) where the reader found them stored in a file as they are,
+    so that the check can compare the two files' bytes in place."""
 
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
     chunks: Callable[[], Iterator[memoryview]]
+    span: tuple[Path, int] | None = None
 
 
 @dataclass

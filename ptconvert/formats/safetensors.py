@@ -218,7 +218,8 @@ def safetensors_reference(paths: list[Path], stack: ExitStack) -> Reference:
             if stop - begin != nbytes:
                 problems.append(f"{name}: {stop - begin} bytes stored for {nbytes}")
                 continue
-            tensors[name] = Ref(dtype, shape, nbytes, file_range(fd, data_start + begin, nbytes))
+            at = data_start + begin
+            tensors[name] = Ref(dtype, shape, nbytes, file_range(fd, at, nbytes), (path, at))
         aliases = json.loads(metadata.get(ALIASES_KEY, "{}"))
         for alias, target in aliases.items():
             if target in tensors:

@@ -51,6 +51,8 @@ class PickleFile:
     reader: str  # what read it, for the report
     big_endian: bool = False  # storages hold their elements big-endian (a zip's byteorder)
     roots: dict[str, memoryview] = field(default_factory=dict)  # stored bytes by storage key
+    # where a root's bytes lie in the file as they are (not a compressed member's), by key
+    offsets: dict[str, int] = field(default_factory=dict)
 
     def storage_bytes(self, storage: Storage) -> memoryview:
         """The storage's bytes; ValueError when the file holds fewer."""
@@ -63,6 +65,11 @@ class PickleFile:
                 f"{storage.nbytes} from byte {storage.offset}"
             )
         return root[storage.offset : storage.offset + storage.nbytes]
+
+    def file_offset(self, storage: Storage) -> int | None:
+        """Where the storage's bytes begin in the file, when the file holds them as they are."""
+        at = self.offsets.get(storage.key)
+        return None if at is None else at + storage.offset
 
     def problem(self, t: Tensor) -> str | None:
         """Why the tensor's bytes cannot be given as torch.load gives them, if they cannot."""
@@ -125,24 +132,29 @@ def _read_zip(path: Path, whole: memoryview) -> PickleFile:
         with zf.open(by_name[root + "data.pkl"]) as pkl:
             tree = RecordUnpickler(pkl, persistent_load).load()
         roots: dict[str, memoryview] = {}
+        offsets: dict[str, int] = {}
         for key, storage in storages.items():
             info = by_name.get(f"{root}data/{key}")
             if info is None:
                 raise ValueError(f"storage {key} has no member {root}data/{key}")
-            data = _member(zf, info, whole)
+            data, at = _member(zf, info, whole)
             if len(data) < storage.nbytes:
                 raise ValueError(f"storage {key} holds {len(data)} bytes, not {storage.nbytes}")
             roots[key] = data[: storage.nbytes]
-    return PickleFile(tree, "stdlib pickle + zipfile", order == b"big", roots)
+            if at is not None:
+                offsets[key] = at
+    return PickleFile(tree, "stdlib pickle + zipfile", order == b"big", roots, offsets)
 
 
-def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, whole: memoryview) -> memoryview:
-    """A stored member as a slice of the map (found through its local header); any other
-    inflated by zipfile."""
+def _member(
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo, whole: memoryview
+) -> tuple[memoryview, int | None]:
+    """A stored member as a slice of the map (found through its local header) and where it
+    begins; any other inflated by zipfile (and no place in the file)."""
     if info.flag_bits & 1:
         raise ValueError(f"{info.filename} is encrypted")
     if info.compress_type != zipfile.ZIP_STORED:
-        return memoryview(zf.read(info))
+        return memoryview(zf.read(info)), None
     at = info.header_offset
     head = bytes(whole[at : at + _LOCAL_HEADER.size])
     if len(head) < _LOCAL_HEADER.size or head[:4] != b"PK\x03\x04":
@@ -151,7 +163,7 @@ def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, whole: memoryview) -> me
     start = at + _LOCAL_HEADER.size + name_len + extra_len
     if start + info.file_size > len(whole) or info.compress_size != info.file_size:
         raise ValueError(f"{info.filename} is cut off")
-    return whole[start : start + info.file_size]
+    return whole[start : start + info.file_size], start
 
 
 def _load(fh: IO[bytes], persistent_load: Callable[[Any], Any] | None = None) -> Any:
@@ -191,13 +203,15 @@ def _read_legacy(fh: IO[bytes], whole: memoryview) -> PickleFile:
         raise ValueError("the storage keys are not a list")
     pos = fh.tell()
     data: dict[str, memoryview] = {}
+    offsets: dict[str, int] = {}
     for key in map(str, keys):
         if key not in roots:
             raise ValueError(f"storage {key} is listed but no tensor uses it")
+        offsets[key] = pos + 8
         pos, count, data[key] = _counted(whole, pos, key, ITEMSIZES[roots[key].dtype])
         if count != roots[key].numel:  # torch: "storage has wrong byte size"
             raise ValueError(f"storage {key} holds {count} elements, not {roots[key].numel}")
-    return PickleFile(tree, "stdlib pickle", roots=data)
+    return PickleFile(tree, "stdlib pickle", roots=data, offsets=offsets)
 
 
 def _counted(whole: memoryview, pos: int, key: str, itemsize: int) -> tuple[int, int, memoryview]:
@@ -220,6 +234,7 @@ def _read_tar(tar: tarfile.TarFile, fh: IO[bytes], whole: memoryview) -> PickleF
         spans[name] = (m.offset_data, m.offset_data + m.size)
     objects: dict[Any, Any] = {}
     data: dict[str, memoryview] = {}
+    offsets: dict[str, int] = {}
 
     start, end = spans["storages"]
     fh.seek(start)
@@ -230,6 +245,7 @@ def _read_tar(tar: tarfile.TarFile, fh: IO[bytes], whole: memoryview) -> PickleF
         key, _, stype = record
         if not isinstance(stype, StorageType):
             raise ValueError(f"legacy tar storage {key!r:.40} of type {stype!r:.40}")
+        offsets[str(key)] = fh.tell() + 8
         pos, count, data[str(key)] = _counted(whole, fh.tell(), str(key), ITEMSIZES[stype.dtype])
         objects[key] = Storage(str(key), stype.dtype, count)
         fh.seek(pos)
@@ -265,7 +281,7 @@ def _read_tar(tar: tarfile.TarFile, fh: IO[bytes], whole: memoryview) -> PickleF
     tree = _load(fh, persistent_load)
     if fh.tell() > end:
         raise ValueError("the legacy tar pickle member is cut off")
-    return PickleFile(tree, "stdlib pickle + tarfile", roots=data)
+    return PickleFile(tree, "stdlib pickle + tarfile", roots=data, offsets=offsets)
 
 
 def _count(value: Any) -> int:

@@ -41,16 +41,27 @@ def records(path: Path) -> tuple[PickleFile, dict[str, Tensor]]:
     return read, flatten_tensors(tree, is_tensor=lambda v: isinstance(v, Tensor))
 
 
+SPANS: dict[Path, set[str]] = {}  # the tensors each file's reading found stored as they are
+
+
 def ours(path: Path) -> Tensors:
-    """What the verification compares: each tensor's dtype, shape and bytes, chunk by chunk."""
+    """What the verification compares: each tensor's dtype, shape and bytes, chunk by chunk;
+    where the reading says they lie in the file as they are (``span``, compared in place by the
+    check), the file holds those same bytes there."""
     read, flat = records(path)
     out: Tensors = {}
+    SPANS[path] = set()
     for name, t in flat.items():
         assert read.problem(t) is None, (name, read.problem(t))
-        ref = independent._record_ref(read, t, Pages(path))
+        ref = independent._record_ref(read, t, Pages(path), path)
         data = b"".join(bytes(c) for c in ref.chunks())
         assert len(data) == ref.nbytes
         out[name] = (ref.dtype, ref.shape, data)
+        if ref.span is not None:
+            with open(ref.span[0], "rb") as fh:
+                fh.seek(ref.span[1])
+                assert fh.read(ref.nbytes) == data, f"{name}: not the bytes at its span"
+            SPANS[path].add(name)
     return out
 
 
@@ -124,6 +135,7 @@ def test_mixed_dtypes_agree_with_torch(protocol: int, tmp_path: Path) -> None:
     got = assert_agree(src, weights_only=protocol < 4)
     assert {v[0] for v in got.values()} >= {"bfloat16", "float16", "int8", "bool", "complex64"}
     assert records(src)[0].reader == "stdlib pickle + zipfile"
+    assert SPANS[src] == set(got)  # every tensor stored as it is: compared in place
 
 
 def test_views_and_shared_storages_agree_with_torch(tmp_path: Path) -> None:
@@ -163,8 +175,9 @@ def test_the_legacy_layout_agrees_with_torch(protocol: int, tmp_path: Path) -> N
     sd = {**mixed(legacy=True), **views()}
     torch.save(sd, src, _use_new_zipfile_serialization=False, pickle_protocol=protocol)
     # torch's safe loader refuses the FRAME opcode of protocols 4 and 5 in this layout
-    assert_agree(src, weights_only=protocol < 4)
+    got = assert_agree(src, weights_only=protocol < 4)
     assert records(src)[0].reader == "stdlib pickle"
+    assert SPANS[src] and SPANS[src] < set(got)  # stored as they are, but the strided views
 
 
 def test_big_endian_zips_give_torchs_little_endian_bytes(tmp_path: Path) -> None:
@@ -174,6 +187,7 @@ def test_big_endian_zips_give_torchs_little_endian_bytes(tmp_path: Path) -> None
     assert read_pickle_file(src).big_endian
     got = assert_agree(src)
     assert got["f32"][2] == bytes(sd["f32"].numpy())
+    assert SPANS[src] == {"i8"}  # swapped bytes are compared as torch gives them, not in place
     untyped = tmp_path / "be16.pt"  # torch.load does not swap an untyped storage's uint16s
     big_endian(untyped, {"u": torch.arange(4, dtype=torch.int32).to(torch.uint16)})
     read, flat = records(untyped)
@@ -206,6 +220,7 @@ def test_legacy_tar_agrees_with_torch(order: list[str] | None, tmp_path: Path) -
     got = assert_agree(src, weights_only=False)  # torch's safe loader refuses tars
     assert sorted(got) == ["fc.bias", "fc.weight"]
     assert records(src)[0].reader == "stdlib pickle + tarfile"
+    assert SPANS[src] == set(got)
 
 
 def test_big_tensors_come_in_bounded_chunks_from_the_map(tmp_path: Path) -> None:
@@ -215,7 +230,7 @@ def test_big_tensors_come_in_bounded_chunks_from_the_map(tmp_path: Path) -> None
     read, flat = records(src)
     sizes = {}
     for name in ("big", "big_t"):
-        ref = independent._record_ref(read, flat[name], Pages(src))
+        ref = independent._record_ref(read, flat[name], Pages(src), src)
         chunks = list(ref.chunks())
         sizes[name] = max(len(c) for c in chunks)
         if name == "big":  # contiguous: slices of the file's map, never copied

@@ -1,0 +1,96 @@
+"""Two byte ranges of files compared in place: both mapped read-only a window at a time and
+compared with libc's ``memcmp``, nothing copied into Python.
+
+Reading both ranges with ``pread`` into buffers costs a copy of each byte out of the page cache
+(about as long as ``cat`` of both files) before the comparison itself; a shared read-only map
+populated up front (``MAP_POPULATE``) and ``memcmp`` take about half that. Each window is
+unmapped once compared, so the process holds at most two windows of the files however large
+they are. Linux and macOS (libc through ctypes); elsewhere :class:`Unmappable`, and the check
+compares chunks as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import mmap
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+WINDOW = 64 << 20  # bytes mapped from each file at a time
+
+
+class Unmappable(Exception):
+    """The ranges cannot be mapped here (no libc, or a map refused): compare them another way."""
+
+
+def first_difference(a: tuple[Path, int], b: tuple[Path, int], nbytes: int) -> int | None:
+    """Where the ``nbytes`` bytes at ``a`` (a file, an offset) and at ``b`` first differ: the
+    start of the first window that differs (or of the part a file lacks), None when equal."""
+    libc = _libc()
+    if libc is None:
+        raise Unmappable("no libc")
+    fds = [os.open(path, os.O_RDONLY) for path in (a[0], b[0])]
+    try:
+        # a map past a file's end faults on access: a short file differs where it ends
+        short = [os.fstat(fd).st_size - at for fd, at in zip(fds, (a[1], b[1]), strict=True)]
+        if min(short) < nbytes:
+            return max(0, min(short))
+        pos = 0
+        while pos < nbytes:
+            n = min(WINDOW, nbytes - pos)
+            with (
+                _mapped(libc, fds[0], a[1] + pos, n) as x,
+                _mapped(libc, fds[1], b[1] + pos, n) as y,
+            ):
+                if libc.memcmp(x, y, n) != 0:
+                    return pos
+            pos += n
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+@contextmanager
+def _mapped(libc: Any, fd: int, offset: int, nbytes: int) -> Iterator[int]:
+    """The address of ``nbytes`` bytes of the file at ``offset``, mapped read-only meanwhile."""
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    length = nbytes + offset - start
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    addr = libc.mmap(None, length, mmap.PROT_READ, flags, fd, start)
+    if addr is None or addr == ctypes.c_void_p(-1).value:
+        raise Unmappable(os.strerror(ctypes.get_errno() or errno.EINVAL))
+    try:
+        yield addr + offset - start
+    finally:
+        libc.munmap(addr, length)
+
+
+@functools.cache
+def _libc() -> Any:
+    if not sys.platform.startswith(("linux", "darwin")):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int64,
+    ]
+    libc.munmap.restype = ctypes.c_int
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.memcmp.restype = ctypes.c_int
+    libc.memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return libc
