@@ -24,10 +24,10 @@ from ptconvert.convert.graph import Edge, Plan, plan
 from ptconvert.convert.output_naming import byte_copy, default_output, output_for, writes_directory
 from ptconvert.convert.planning import available_needs, check_memory, estimate_memory, inapplicable
 from ptconvert.convert.program_check import (
-    FreshLoad,
     RangeTooWide,
     dynamism,
     first_call,
+    started_early,
     verify_program,
 )
 from ptconvert.convert.same_format import copy_cannot_change, verified_copy
@@ -186,8 +186,7 @@ def _run_route(
     """The route run step by step inside ``atomic_path`` (planned again when a step or the
     parity check fails), the output written and checked. A weights route has the source's
     ``scans`` already and writes a ``folder`` or a file; example inputs are a program's."""
-    inputs = None if scans is not None else user_inputs(opts)
-    state = RunState(src, d.format, inputs=inputs, destination=out, folder=folder, scans=scans)
+    state = RunState(src, d.format, destination=out, folder=folder, scans=scans)
     state.target = to
     target = FORMATS_BY_NAME.get(to)
     records: list[StepRecord] = []
@@ -198,8 +197,10 @@ def _run_route(
         atomic_path(out, directory=folder, replace=opts.force) as tmp,
         _staging(state),
     ):
-        if _prewarm(opts, target, current):
-            state.fresh = FreshLoad(to)  # the check's interpreter imports torch meanwhile
+        # the check's interpreter imports torch while this one does (the example inputs are
+        # torch's first import here), then while the route runs
+        state.fresh = started_early(opts, to, current.weight_bytes)
+        state.inputs = None if scans is not None else user_inputs(opts)
         state.output = tmp
         node, queue = d.format, list(current.edges)
         taken: list[Edge] = []
@@ -533,22 +534,6 @@ def _staging(state: RunState) -> Iterator[None]:
         if state.fresh is not None:
             state.fresh.stop()
             state.fresh = None
-
-
-# Weights up to this size: the fresh interpreter that runs the written file starts with the
-# route and imports torch while the model is exported (seconds hidden); above, once the file is
-# written (its torch, ~0.2 GB, beside the save's buffers was the conversion's peak memory)
-PREWARM_BYTES = 256 * 2**20
-
-
-def _prewarm(opts: Options, target: Any, route: Plan) -> bool:
-    return (
-        opts.verify
-        and target is not None
-        and target.kind == "program"
-        and not target.isolated
-        and (route.weight_bytes or 0) <= PREWARM_BYTES
-    )
 
 
 def _publish(state: RunState, tmp: Path, replace: bool) -> list[Path]:

@@ -171,7 +171,7 @@ def verify_program(state: RunState, to: str, artifact: Path, opts: Options) -> P
     # In-process formats: the program in memory is compared at every size; the written file is
     # run in a fresh process beside that comparison, at the example's size, its outputs compared
     # with eager's there: what was written is what was compared.
-    # started with the route for small models, else now (engine.PREWARM_BYTES)
+    # started with the route for small models, else now (PREWARM_BYTES)
     fresh, state.fresh = state.fresh or FreshLoad(to), None
     try:
         runs = first_call(state)
@@ -412,6 +412,27 @@ def _runs_wrong(state: RunState, to: str, dims: list[Any]) -> VerificationError:
     return RangeTooWide(message, bounds, note, path=state.src)
 
 
+# Weights up to this size: the fresh interpreter that runs the written file starts with the
+# route, before this process imports torch, and imports it meanwhile (seconds hidden); above,
+# once the file is written (its torch, ~0.2 GB, beside the save's buffers was the conversion's
+# peak memory)
+PREWARM_BYTES = 256 * 2**20
+
+
+def started_early(opts: Options, to: str, weight_bytes: int | None) -> FreshLoad | None:
+    """The check's fresh interpreter, started now when the route will be verified by one (an
+    in-process program format) and its weights are small enough; else None."""
+    target = FORMATS_BY_NAME.get(to)
+    early = (
+        opts.verify
+        and target is not None
+        and target.kind == "program"
+        and not target.isolated
+        and (weight_bytes or 0) <= PREWARM_BYTES
+    )
+    return FreshLoad(to) if early else None
+
+
 class FreshLoad:
     """A new interpreter with only the format's runtime imported, that loads a written file as
     a user does. It starts at once and imports torch while the caller goes on; ``load`` hands it
@@ -436,15 +457,24 @@ class FreshLoad:
         self._dir = Path(tempfile.mkdtemp(prefix="ptconvert-fresh-"))
         self._log: Any = None
         self._proc: Any = None
-        self.threads = _own_threads()
+        # its threads: a quarter of this process's, which may not have imported torch yet (it
+        # then has torch's default, and so has the interpreter, which works it out the same way)
+        self._threads = _own_threads() if "torch" in sys.modules else None
+        threads = self._threads or "max(1, torch.get_num_threads() // 4)"
+        env = dict(os.environ)
+        if self._threads is not None:
+            env["OMP_NUM_THREADS"] = str(self._threads)
         # what the format's load imports, imported before the file exists; the rest of its code
         # comes on stdin once it does
         warm = ""
         if fmt.warm_line:
             warm = f"try:\n    {fmt.warm_line}\nexcept ImportError:\n    pass\n"
+        # once its verdict is written it ends at once: an interpreter that imported torch takes
+        # 0.5-0.7 s to tear itself down, time the caller would wait for nothing
         code = (
-            f"import sys, torch\ntorch.set_num_threads({self.threads})\n{warm}"
+            f"import os, sys, torch\ntorch.set_num_threads({threads})\n{warm}"
             "exec(compile(sys.stdin.read(), '<the file, loaded>', 'exec'))\n"
+            "sys.stdout.flush()\nsys.stderr.flush()\nos._exit(0)\n"
         )
         try:
             # its messages go to a file: a pipe nobody reads while the comparison runs fills
@@ -455,11 +485,17 @@ class FreshLoad:
                 stdout=subprocess.DEVNULL,
                 stderr=self._log,
                 text=True,
-                env={**os.environ, "OMP_NUM_THREADS": str(self.threads)},
+                env=env,
             )
         except BaseException:
             self.stop()
             raise
+
+    @property
+    def threads(self) -> int:
+        if self._threads is None:
+            self._threads = _own_threads()
+        return self._threads
 
     def load(
         self,
