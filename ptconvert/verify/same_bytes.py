@@ -5,8 +5,8 @@ Reading both ranges with ``pread`` into buffers costs a copy of each byte out of
 (about as long as ``cat`` of both files) before the comparison itself; a shared read-only map
 populated up front (``MAP_POPULATE``) and ``memcmp`` take about half that. Each window is
 unmapped once compared, so the process holds at most two windows of the files however large
-they are. Linux and macOS (libc through ctypes); elsewhere :class:`Unmappable`, and the check
-compares chunks as before.
+they are. 64-bit Linux and macOS (libc through ctypes); elsewhere :class:`Unmappable`, and the
+check reads the bytes in chunks instead.
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ def _mapped(libc: Any, fd: int, offset: int, nbytes: int) -> Iterator[int]:
 
 @functools.cache
 def _libc() -> Any:
-    if not sys.platform.startswith(("linux", "darwin")):
+    # mmap's offset is a 64-bit off_t on 64-bit Linux and macOS (a 32-bit build has mmap64)
+    if not sys.platform.startswith(("linux", "darwin")) or ctypes.sizeof(ctypes.c_void_p) != 8:
         return None
     try:
         libc = ctypes.CDLL(None, use_errno=True)
