@@ -18,6 +18,7 @@ import io
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,12 +135,46 @@ def _export(ep: Any, opts: Options) -> Any:
     import torch
 
     quiet = io.StringIO()  # the exporter prints its stages on stdout, which --json owns
-    with quiet_torch(), contextlib.redirect_stdout(quiet):
+    with quiet_torch(), contextlib.redirect_stdout(quiet), _one_registry():
         program = torch.onnx.export(
             ep, dynamo=True, opset_version=opts.opset, optimize=opts.onnx_optimize
         )
     assert program is not None
     return program
+
+
+_REGISTRIES: dict[str, Any] = {}  # torch.onnx's operator registries built here, by opset
+
+
+@contextlib.contextmanager
+def _one_registry() -> Iterator[None]:
+    """torch.onnx builds its registry of ONNX translations from torchlib on every export
+    (0.35 s, 0.7 s the first time); a seq2seq model with past is three exports, ``--to all`` and
+    the tests many more. An export here takes the registry an earlier one built for its opset
+    (the exporter only reads it: custom translation tables, which add to it, are not used here).
+    Where torch's registry is not where this torch keeps it, each export builds its own."""
+    try:
+        from torch.onnx._internal.exporter import _registration
+    except ImportError:
+        yield
+        return
+    cls = _registration.ONNXRegistry
+    build = cls.__dict__.get("from_torchlib")
+    if not isinstance(build, classmethod):
+        yield
+        return
+
+    def shared(klass: Any, *args: Any, **kwargs: Any) -> Any:
+        key = repr((klass, args, sorted(kwargs.items())))
+        if key not in _REGISTRIES:
+            _REGISTRIES[key] = build.__func__(klass, *args, **kwargs)
+        return _REGISTRIES[key]
+
+    cls.from_torchlib = classmethod(shared)  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        cls.from_torchlib = build  # type: ignore[method-assign, assignment]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
