@@ -174,12 +174,13 @@ def verify_program(state: RunState, to: str, artifact: Path, opts: Options) -> P
     # started with the route for small models, else now (PREWARM_BYTES)
     fresh, state.fresh = state.fresh or FreshLoad(to), None
     try:
-        runs = first_call(state)
-        sample = runs.inputs.get(state.inputs.batch) or state.inputs.at(state.inputs.batch)
-        # a program exported positionally is called so; the others by keyword (TorchScript
-        # binds either way)
-        fresh.load(artifact, run=sample, positional=state.positional)
+        # the model's first call too runs on the cores the interpreter leaves (it imports torch)
         with fresh.sharing_cores():
+            runs = first_call(state)
+            sample = runs.inputs.get(state.inputs.batch) or state.inputs.at(state.inputs.batch)
+            # a program exported positionally is called so; the others by keyword (TorchScript
+            # binds either way)
+            fresh.load(artifact, run=sample, positional=state.positional)
             report = _compare_program(state, to, _in_memory(state, target, artifact), opts)
             with progress.step("running the written file in a fresh process"):
                 outputs = fresh.finish(state)
@@ -526,14 +527,23 @@ class FreshLoad:
 
     @contextmanager
     def sharing_cores(self) -> Iterator[None]:
-        """This process computes on the cores the interpreter leaves free while it may run (two
-        pools of threads on one set of cores slow each other down many times over)."""
+        """This process computes on the cores the interpreter leaves free while it runs (two
+        pools of threads on one set of cores slow each other down many times over), and on all
+        of them again from the first size compared after it has ended."""
         import torch
+
+        from ptconvert.verify.parity import between_sizes
 
         before = torch.get_num_threads()
         torch.set_num_threads(max(1, before - self.threads))
+
+        def once_ended() -> None:
+            if self._proc.poll() is not None:
+                torch.set_num_threads(before)
+
         try:
-            yield
+            with between_sizes(once_ended):
+                yield
         finally:
             torch.set_num_threads(before)
 

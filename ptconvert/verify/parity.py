@@ -23,7 +23,7 @@ import copy
 import math
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal, get_args
@@ -386,18 +386,40 @@ def compare(
     runs = eager if eager is not None else EagerRuns()
     if determinism == "once" and runs.deterministic:
         determinism = "done"
+    for hook in list(_BETWEEN):
+        hook()
     twice_at = _twice_at(batches, runs)
-    sizes: list[SizeResult] = []
-    with progress.bar("batch sizes compared", len(batches)) as advance:
-        for b in batches:
+    done: dict[int, SizeResult] = {}
+    # the size eager runs twice at goes first, at the thread count it was chosen for (the sizes
+    # before it in ``batches`` ran already: no size raises earlier than it would in order)
+    order = sorted(dict.fromkeys(batches), key=lambda b: b != twice_at)
+    with progress.bar("batch sizes compared", len(order)) as advance:
+        for i, b in enumerate(order):
+            for hook in list(_BETWEEN) if i else []:
+                hook()
             known = runs.inputs.get(b)
             inputs = known if known is not None else make_inputs(b)
             again = determinism == "each" or (determinism == "once" and b == twice_at)
-            _compare_size(
-                b, inputs, reference, candidate, ref64, sizes, tols, atol, rtol, again, runs
+            done[b] = _compare_size(
+                b, inputs, reference, candidate, ref64, tols, atol, rtol, again, runs
             )
             advance()
-    return summarised(sizes, ref64 is not None, tols)
+    return summarised([done[b] for b in batches], ref64 is not None, tols)
+
+
+_BETWEEN: list[Callable[[], None]] = []  # run before each size, never within one
+
+
+@contextlib.contextmanager
+def between_sizes(hook: Callable[[], None]) -> Iterator[None]:
+    """``hook`` runs before each size any comparison makes while this lasts: a conversion's
+    check gives this process its threads back there once the fresh interpreter beside it has
+    ended (a size's eager runs, twice for the determinism check, share one thread count)."""
+    _BETWEEN.append(hook)
+    try:
+        yield
+    finally:
+        _BETWEEN.remove(hook)
 
 
 def _twice_at(batches: list[int], runs: EagerRuns) -> int | None:
@@ -430,14 +452,13 @@ def _compare_size(
     reference: Any,
     candidate: Callable[..., Any],
     ref64: Any,
-    sizes: list[SizeResult],
     tols: dict[str, float],
     atol: float | None,
     rtol: float | None,
     again: bool,
     runs: EagerRuns,
-) -> None:
-    """One batch size of ``compare``: its SizeResult appended to ``sizes``."""
+) -> SizeResult:
+    """One batch size of ``compare``."""
     import torch
 
     with torch.no_grad():
@@ -454,10 +475,7 @@ def _compare_size(
                 base = output_leaves(run_model(reference, copy.deepcopy(inputs), who))
             second = output_leaves(run_model(reference, copy.deepcopy(inputs), who))
         if base.keys() != second.keys() or not all(torch.equal(base[k], second[k]) for k in base):
-            sizes.append(
-                SizeResult(b, "eager_nondeterministic", detail="eager ran twice and differed")
-            )
-            return
+            return SizeResult(b, "eager_nondeterministic", detail="eager ran twice and differed")
         runs.deterministic = runs.deterministic or again
         gold = None
         if ref64 is not None:
@@ -468,9 +486,8 @@ def _compare_size(
         try:
             got = output_leaves(candidate(**copy.deepcopy(inputs)))
         except Exception as exc:  # the artifact may reject a size: that is the finding
-            sizes.append(SizeResult(b, "fail_to_run", detail=f"{type(exc).__name__}: {exc}"[:300]))
-            return
-    sizes.append(_compare_leaves(b, first, got, gold, tols, atol, rtol))
+            return SizeResult(b, "fail_to_run", detail=f"{type(exc).__name__}: {exc}"[:300])
+    return _compare_leaves(b, first, got, gold, tols, atol, rtol)
 
 
 def _compare_leaves(
@@ -492,6 +509,16 @@ def _compare_leaves(
     status: ParityStatus = next((r.status for r in results if r.status != "pass"), "pass")
     bad = next((r for r in results if r.status != "pass"), None)
     return SizeResult(batch, status, results, bad.detail if bad else "")
+
+
+def _cosine(x: Any, y: Any) -> float:
+    """Cosine similarity of two flat fp64 tensors (``cosine_similarity`` with eps 1e-12, by two
+    dot products and the norms)."""
+    import torch
+
+    dot = float(torch.dot(x, y))
+    norms = float(torch.linalg.vector_norm(x)) * float(torch.linalg.vector_norm(y))
+    return dot / max(norms, 1e-12)
 
 
 def _rmse(x: Any, y: Any) -> float:
@@ -527,25 +554,26 @@ def _compare_one(
     dtype = str(a.dtype).removeprefix("torch.")
     tol = tols.get(dtype, 1e-4)
     at, rt = (atol if atol is not None else tol), (rtol if rtol is not None else tol)
-    diff = (a.double() - b.double()).abs()
-    max_abs = float(diff.max()) if a.numel() else 0.0
-    max_rel = float((diff / a.double().abs().clamp_min(1e-12)).max()) if a.numel() else 0.0
-    close = torch.isclose(a, b, rtol=rt, atol=at, equal_nan=True)
-    outside = float((~close).float().mean()) if a.numel() else 0.0
-    cosine = (
-        float(
-            torch.nn.functional.cosine_similarity(
-                a.double().flatten(), b.double().flatten(), dim=0, eps=1e-12
-            )
-        )
-        if a.numel() > 1
-        else None
-    )
+    max_abs = max_rel = outside = 0.0
+    # a large output (a vocabulary's logits) is many MiB, compared at every size: nothing more
+    # is computed when both sides hold the same bits, one fp64 buffer is reused, and isclose
+    # (the slowest part) only runs when some difference is above atol
+    a64 = a.double().flatten()
+    b64 = a64 if torch.equal(a, b) else b.double().flatten()
+    cosine = _cosine(a64, b64) if a.numel() > 1 else None
+    close = None  # None: every element close
+    if b64 is not a64:
+        diff = b64.sub(a64).abs_()
+        max_abs = float(diff.max()) if a.numel() else 0.0
+        max_rel = float(diff.div_(a64.abs().clamp_min_(1e-12)).max()) if a.numel() else 0.0
+        if not max_abs <= at:  # within atol everywhere (no NaN either): all close
+            close = torch.isclose(a, b, rtol=rt, atol=at, equal_nan=True)
+            outside = float((~close).float().mean()) if a.numel() else 0.0
     result = OutputResult(name, "pass", max_abs, max_rel, outside_tolerance=outside, cosine=cosine)
     if gold is not None and gold.shape == a.shape:
         result.rmse_vs_fp64 = _rmse(gold, b)
         result.eager_rmse_vs_fp64 = _rmse(gold, a)
-    if bool(close.all()):
+    if close is None or bool(close.all()):
         return result
     if result.rmse_vs_fp64 is not None and result.eager_rmse_vs_fp64 is not None:
         multiplier = 3.0 if dtype in ("float16", "bfloat16") or a.numel() < 1000 else 2.0

@@ -20,6 +20,7 @@ from ptconvert.report import Report
 from ptconvert.verify.dims import DynamicDim, describe, dynamic_dims
 from ptconvert.verify.probes import (
     DEFAULT_BUDGET,
+    Group,
     Key,
     Point,
     Shapes,
@@ -108,6 +109,8 @@ def check_ranges(
     sizes0 = example_sizes(dims, example)
     groups, loose = groups_of(dims, sizes0, budget)
     shapes0 = {k: tuple(v.shape) for k, v in example.items() if hasattr(v, "shape")}
+    for g in groups:
+        g.top = _judged_top(g, shapes0, known or {})
     states = [GroupFindings(g) for g in groups]
     probes = 0
 
@@ -155,6 +158,25 @@ def check_ranges(
     if status == "pass" and ("narrowed" in statuses or joint is not None):
         status = "narrowed"
     return RangeReport(status, results, joint, probes)
+
+
+def _judged_top(
+    g: Group, shapes0: dict[str, tuple[int, ...]], known: dict[Shapes, str | None]
+) -> int:
+    """The group's top, raised to the largest value judged already along it (a batch size
+    compared above the cost-bounded top) that passed, inside the guaranteed range: that size
+    ran, and a probe at a lower top would run the model again to prove less."""
+    best = g.top
+    for shapes, why in known.items():
+        sizes = dict(shapes)
+        for d in g.dims:
+            shape = sizes.get(d.input)
+            v = d.value_of(shape[d.axis]) if shape is not None and d.axis < len(shape) else None
+            if v is None or v <= best or (g.hi is not None and v > g.hi) or why is not None:
+                continue
+            if shapes_at(shapes0, g.point(v)) == shapes:  # the other dims at the example's
+                best = v
+    return best
 
 
 def _judged(

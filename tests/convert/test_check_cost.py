@@ -89,3 +89,86 @@ def test_a_file_that_does_not_load_in_the_fresh_interpreter_is_refused(tmp_path:
             fresh.finish(_state(tmp_path))
     finally:
         fresh.stop()
+
+
+@pytest.mark.parametrize("case", ["same", "close", "apart", "nan", "empty"])
+def test_the_cheaper_leaf_comparison_gives_torchs_numbers(case: str) -> None:
+    """Equal bits skip the arithmetic, isclose runs only above atol: the numbers reported are
+    still those of the plain formulas."""
+    from ptconvert.verify.parity import TOLERANCES, _compare_one
+
+    torch.manual_seed(0)
+    a = torch.randn(0 if case == "empty" else 3000)
+    b = {
+        "same": a.clone(),
+        "close": a + 1e-6 * torch.randn_like(a),
+        "apart": a + 1e-3 * torch.randn_like(a),
+        "nan": a.clone(),
+        "empty": a.clone(),
+    }[case]
+    if case == "nan":
+        a[5], b[5], b[7] = float("nan"), float("nan"), b[7] + 1
+    got = _compare_one("out", a, b, None, TOLERANCES, None, None)
+    diff = (a.double() - b.double()).abs()
+    close = torch.isclose(a, b, rtol=1e-4, atol=1e-4, equal_nan=True)
+    assert got.status == ("pass" if bool(close.all()) else "fail_accuracy")
+    assert got.outside_tolerance == pytest.approx(
+        float((~close).float().mean()) if a.numel() else 0
+    )
+    if case not in ("nan", "empty"):
+        assert got.max_abs_error == pytest.approx(float(diff.max()))
+        rel = diff / a.double().abs().clamp_min(1e-12)
+        assert got.max_rel_error == pytest.approx(float(rel.max()))
+        cosine = torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=0, eps=1e-12)
+        assert got.cosine == pytest.approx(float(cosine), abs=1e-12)
+
+
+def test_a_size_judged_above_the_cost_bound_is_the_top_and_is_not_probed_again() -> None:
+    """Batch 7 was compared and passed, above the 4 the budget allows a probe: it is the top
+    checked, and no other size above the example runs again for it."""
+    from ptconvert.verify.dims import DynamicDim
+    from ptconvert.verify.probes import shapes_of
+    from ptconvert.verify.ranges import check_ranges, runs
+
+    dim = DynamicDim("x", 0, "s0", "s0", 2, None, symbol_min=2, rank=2)
+    calls: list[int] = []
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return x
+
+    known = {shapes_of({"x": torch.zeros(b, 8)}): None for b in (1, 2, 3, 7)}
+    known[shapes_of({"x": torch.zeros(9, 3)})] = None  # another shape: not along the dim
+    report = check_ranges([dim], {"x": torch.zeros(2, 8)}, runs(program), budget=2, known=known)
+    (r,) = report.dims
+    assert r.status == "holds" and r.checked_high == 7 and "checked up to 7" in r.text, r
+    assert max(calls, default=0) < 7 and 4 not in calls, calls  # the old top, 4, never ran
+
+
+def test_the_cores_come_back_between_sizes_once_the_fresh_interpreter_ended() -> None:
+    """While the fresh interpreter runs, this process computes on the threads it leaves; from
+    the first size compared after it ended, on all of them again (never within a size: eager's
+    two runs of the determinism check share one thread count)."""
+    from ptconvert.verify.parity import compare
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    seen: list[int] = []
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        seen.append(torch.get_num_threads())
+        return x * 2
+
+    fresh = FreshLoad("pt2")  # a quarter of 4 threads: 1
+    try:
+        with fresh.sharing_cores():
+            make = lambda b: {"x": torch.ones(b, 2)}  # noqa: E731
+            compare(model, model, make, [1], determinism="done")
+            fresh._proc.kill()
+            fresh._proc.wait()
+            compare(model, model, make, [2, 3], determinism="once")
+        after = torch.get_num_threads()
+    finally:
+        fresh.stop()
+        torch.set_num_threads(before)
+    assert seen == [3, 3, 4, 4, 4, 4, 4] and after == 4, seen
