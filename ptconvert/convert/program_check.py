@@ -415,21 +415,24 @@ def _runs_wrong(state: RunState, to: str, dims: list[Any]) -> VerificationError:
 
 # Weights up to this size: the fresh interpreter that runs the written file starts with the
 # route, before this process imports torch, and imports it meanwhile (seconds hidden); above,
-# once the file is written (its torch, ~0.2 GB, beside the save's buffers was the conversion's
-# peak memory)
+# once the file is written (its torch, ~0.2 GB, beside the save's copy of the largest tensor was
+# the conversion's peak memory) — unless the save writes the weights from where they lie
+# (convert/pt2_save.py): then a pt2's interpreter starts with the route at every size
 PREWARM_BYTES = 256 * 2**20
 
 
 def started_early(opts: Options, to: str, weight_bytes: int | None) -> FreshLoad | None:
     """The check's fresh interpreter, started now when the route will be verified by one (an
     in-process program format) and its weights are small enough; else None."""
+    from ptconvert.convert import pt2_save
+
     target = FORMATS_BY_NAME.get(to)
     early = (
         opts.verify
         and target is not None
         and target.kind == "program"
         and not target.isolated
-        and (weight_bytes or 0) <= PREWARM_BYTES
+        and ((weight_bytes or 0) <= PREWARM_BYTES or (to == "pt2" and pt2_save.available()))
     )
     return FreshLoad(to) if early else None
 

@@ -172,14 +172,16 @@ def load_pt2(state: RunState, opts: Options) -> None:
 def save_pt2(state: RunState, opts: Options) -> None:
     import torch
 
+    from ptconvert.convert.pt2_save import records_in_place
     from ptconvert.formats.pt2 import without_stack_traces
 
     assert state.exported is not None and state.output is not None
     # no path of this machine in the file unless --keep-debug-info; a failed write must not
-    # abort the process (guarded_file)
+    # abort the process (guarded_file); the weights written from where they lie
     with (
         without_stack_traces(state.exported, opts.keep_debug_info),
         guarded_file(state.output) as fh,
+        records_in_place(),
     ):
         torch.export.save(state.exported, fh)
 

@@ -172,3 +172,21 @@ def test_the_cores_come_back_between_sizes_once_the_fresh_interpreter_ended() ->
         fresh.stop()
         torch.set_num_threads(before)
     assert seen == [3, 3, 4, 4, 4, 4, 4] and after == 4, seen
+
+
+def test_a_pt2_of_any_size_starts_its_fresh_interpreter_with_the_route() -> None:
+    """The save writes the weights from where they lie (no copy of the largest tensor for the
+    interpreter's torch to add to): a pt2's check starts it with the route at every size;
+    TorchScript's above PREWARM_BYTES once its file is written; never unverified."""
+    from ptconvert.convert.program_check import PREWARM_BYTES, started_early
+    from ptconvert.options import Options
+
+    big = 10 * PREWARM_BYTES
+    fresh = started_early(Options(), "pt2", big)
+    try:
+        assert isinstance(fresh, FreshLoad)
+    finally:
+        if fresh is not None:
+            fresh.stop()
+    assert started_early(Options(), "torchscript", big) is None
+    assert started_early(Options(verify=False), "pt2", big) is None
