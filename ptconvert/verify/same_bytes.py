@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-WINDOW = 64 << 20  # bytes mapped from each file at a time
+WINDOW = 16 << 20  # bytes mapped from each file at a time (as fast as 64 MiB, a quarter of the RSS)
 
 
 class Unmappable(Exception):
