@@ -4,7 +4,7 @@ torch 2.13's writer turns every tensor's storage into a ``bytes`` object before 
 (``_package._get_raw_tensor_bytes``): a second copy of the largest tensor in memory while it is
 written (a vocabulary's embedding: 206 MB at 204 M parameters; the conversion's peak), and a
 copy of every byte of the weights in time. Within ``records_in_place`` the writer is handed the
-storage's address and size instead (``write_record``'s pointer form, what ``torch.save`` uses);
+storage and its size instead (``write_record``'s storage form, what ``torch.save`` uses);
 the records, their names and their order are torch's own, byte for byte. A torch without those
 internals saves as it always did.
 """
@@ -67,8 +67,10 @@ def records_in_place() -> Iterator[None]:
             return write_bytes(self, name, data)
         storage = data.tensor.untyped_storage()
         try:
-            self.archive_file.write_record(name, storage.data_ptr(), storage.nbytes())
-        except TypeError:  # a writer without the pointer form: the bytes, as torch writes them
+            # the storage itself, as torch.save hands it (its data pointer is a deprecated form
+            # that warns on every record)
+            self.archive_file.write_record(name, storage, storage.nbytes())
+        except TypeError:  # a writer without the storage form: the bytes, as torch writes them
             write_bytes(self, name, raw_bytes(data.tensor))
 
     _package._get_raw_tensor_bytes = in_place

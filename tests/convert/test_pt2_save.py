@@ -74,3 +74,17 @@ def test_torchs_writer_is_put_back(tmp_path: Path) -> None:
     except KeyError:
         pass
     assert (_package._get_raw_tensor_bytes, _package.PT2ArchiveWriter.write_bytes) == before
+
+
+def test_the_save_warns_of_nothing(tmp_path: Path, capfd) -> None:
+    """The records are handed over as torch.save hands them: a storage's data pointer is a
+    deprecated form that printed a warning on stderr for every record of every conversion."""
+    import warnings
+
+    ep = torch.export.export(Tied().eval(), (torch.randint(0, 4096, (2, 8)),))
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught, records_in_place():
+        warnings.simplefilter("always")
+        torch.export.save(ep, tmp_path / "t.pt2")
+    err = capfd.readouterr().err
+    assert "deprecated" not in err and not [w for w in caught if "write_record" in str(w.message)]
