@@ -29,13 +29,18 @@ class Unmappable(Exception):
     """The ranges cannot be mapped here (no libc, or a map refused): compare them another way."""
 
 
-def first_difference(a: tuple[Path, int], b: tuple[Path, int], nbytes: int) -> int | None:
-    """Where the ``nbytes`` bytes at ``a`` (a file, an offset) and at ``b`` first differ: the
-    start of the first window that differs (or of the part a file lacks), None when equal."""
+def first_difference(
+    a: tuple[Path | int, int], b: tuple[Path | int, int], nbytes: int
+) -> int | None:
+    """Where the ``nbytes`` bytes at ``a`` (a file or an open fd, an offset) and at ``b`` first
+    differ: the start of the first window that differs (or of the part a file lacks), None when
+    equal."""
     libc = _libc()
     if libc is None:
         raise Unmappable("no libc")
-    fds = [os.open(path, os.O_RDONLY) for path in (a[0], b[0])]
+    opened = [os.open(f, os.O_RDONLY) for f in (a[0], b[0]) if not isinstance(f, int)]
+    given = iter(opened)
+    fds = [f if isinstance(f, int) else next(given) for f in (a[0], b[0])]
     try:
         # a map past a file's end faults on access: a short file differs where it ends
         short = [os.fstat(fd).st_size - at for fd, at in zip(fds, (a[1], b[1]), strict=True)]
@@ -53,7 +58,7 @@ def first_difference(a: tuple[Path, int], b: tuple[Path, int], nbytes: int) -> i
             pos += n
         return None
     finally:
-        for fd in fds:
+        for fd in opened:
             os.close(fd)
 
 

@@ -9,6 +9,13 @@ see, cannot pass its own check. Names (after the declared
 unwrap, prefix strip and aliases), dtypes, shapes and bytes must agree; tensors left out on purpose
 (``--skip-unsupported``) are excluded by name, with whatever lies under that name.
 
+Tensors the writer copies from the source file are compared while it goes on
+(``CompareAhead``): a thread reads the source with the reference reader and compares each range
+``byte_copy.copy_range`` reports as written, on the core the kernel's copy leaves free. The check
+after the write takes such a comparison only for a tensor that ptconvert's reader of the finished
+output places exactly there (the same file, offset and length, against the same place of the
+source); any other is compared then.
+
 Memory stays flat whatever the size. A tensor that both files store as it is (the reference
 reader gives its place in the source, ptconvert's reader its place in the output) is compared in
 place, a window of both files mapped at a time and compared with ``memcmp``
@@ -21,6 +28,8 @@ read-only mappings: they are read again from the page cache when touched, nothin
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -51,12 +60,65 @@ class WeightsCheck(Report):
     seconds: float = 0.0  # the whole check
 
 
+# bytes compared while the output was written: (the source's file and offset, the output's
+# (st_dev, st_ino) and offset, the length) → where they first differ, None when equal
+Compared = dict[tuple[tuple[Path, int], tuple[int, int], int, int], int | None]
+
+
+class CompareAhead:
+    """The source's tensors compared with the output's while the writer writes them: started
+    before the write (``byte_copy.reporting_copies(ahead.written)`` around it), ``finish``
+    after it, whose ``Compared`` ``verify_weights`` takes. Only for sources whose reference
+    reader builds no tensor (``reference_without_torch``): torch's import would hold the GIL the
+    copy leaves free. Anything this thread cannot do is left to the check after the write."""
+
+    def __init__(self, source: WeightSet, scans: list[Any] | None, trust: bool) -> None:
+        self._source, self._scans, self._trust = source, scans, trust
+        self._todo: queue.Queue[tuple[str, int, int, int] | None] = queue.Queue()
+        self._compared: Compared = {}
+        self._thread = threading.Thread(target=self._run, name="ptconvert-compare", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def applies(source: WeightSet) -> bool:
+        return source.origin is not None and _read_without_torch(source)
+
+    def written(self, name: str, fd: int, offset: int, nbytes: int) -> None:
+        """``byte_copy``'s listener: ``name``'s bytes now lie at ``offset`` of ``fd``."""
+        self._todo.put((name, os.dup(fd), offset, nbytes))
+
+    def finish(self) -> Compared:
+        self._todo.put(None)
+        self._thread.join()
+        return self._compared
+
+    def _run(self) -> None:
+        with ExitStack() as stack:
+            try:
+                tensors = reference(self._source, self._scans, self._trust, stack).tensors
+            except Exception:  # the check after the write reads it again and says why
+                tensors = {}
+            while (item := self._todo.get()) is not None:
+                name, fd, offset, nbytes = item
+                try:
+                    ref = tensors.get(name)
+                    if ref is not None and ref.span is not None and ref.nbytes == nbytes:
+                        st = os.fstat(fd)
+                        at = first_difference(ref.span, (fd, offset), nbytes)
+                        self._compared[(ref.span, (st.st_dev, st.st_ino), offset, nbytes)] = at
+                except (Unmappable, OSError):
+                    pass
+                finally:
+                    os.close(fd)
+
+
 def verify_weights(
     source: WeightSet,
     output: Path,
     *,
     scans: list[Any] | None = None,
     trust: bool = False,
+    compared: Compared | None = None,
 ) -> WeightsCheck:
     """Read ``output`` back and compare it with an independent reading of ``source``'s file.
 
@@ -64,6 +126,7 @@ def verify_weights(
     the user's word: a program's own loader (TorchScript, pt2) runs only on a scan-clean file or
     with ``trust``; without ``scans`` the program is scanned here first. Pickle checkpoints are
     never unpickled with code execution, whatever ``trust`` says.
+    ``compared``: what ``CompareAhead`` compared while the output was written.
     VerificationError on any difference, or when no independent reader can read the source.
     """
     started = time.perf_counter()
@@ -87,7 +150,7 @@ def verify_weights(
             problems.append(f"missing in output: {missing[:10]}")
         if extra:
             problems.append(f"not in the source as {ref.reader} reads it: {extra[:10]}")
-        total, spent = _compare(expected, out, problems)
+        total, spent = _compare(expected, out, problems, compared or {})
         ref.seconds += spent
     if problems:
         raise VerificationError(
@@ -153,10 +216,12 @@ def _resolve(ws: WeightSet) -> dict[str, WeightEntry]:
 
 
 def _compare(
-    expected: dict[str, Ref], out: dict[str, WeightEntry], problems: list[str]
+    expected: dict[str, Ref], out: dict[str, WeightEntry], problems: list[str], compared: Compared
 ) -> tuple[int, float]:
-    """Compare every common tensor; return the bytes compared and the reference reader's time."""
+    """Compare every common tensor (or take what was compared where the output holds it); return
+    the bytes compared and the reference reader's time."""
     fds: dict[Path, int] = {}
+    same_in_place = _in_place(compared)
     buf = bytearray(CHUNK)
     total, spent = 0, 0.0
     try:
@@ -168,7 +233,7 @@ def _compare(
             if a.nbytes != b.nbytes:
                 problems.append(f"{name}: {a.nbytes} bytes became {b.nbytes}")
                 continue
-            if a.span is not None and b.source is not None and _same_in_place(name, a, b, problems):
+            if a.span is not None and b.source is not None and same_in_place(name, a, b, problems):
                 total += a.nbytes
                 continue
             reader = _output_reader(b, fds)
@@ -195,18 +260,32 @@ def _compare(
     return total, spent
 
 
-def _same_in_place(name: str, a: Ref, b: WeightEntry, problems: list[str]) -> bool:
-    """Compare two tensors stored as they are in files in place (``same_bytes``): True once
-    compared (a difference said in ``problems``), False when they cannot be mapped here (then
-    they are compared in chunks)."""
-    assert a.span is not None and b.source is not None
-    try:
-        at = first_difference(a.span, (b.source.path, b.source.offset), a.nbytes)
-    except (Unmappable, OSError):
-        return False
-    if at is not None:
-        problems.append(f"{name}: bytes differ within [{at}, {min(at + WINDOW, a.nbytes)})")
-    return True
+def _in_place(compared: Compared) -> Callable[[str, Ref, WeightEntry, list[str]], bool]:
+    files: dict[Path, tuple[int, int]] = {}
+
+    def same_in_place(name: str, a: Ref, b: WeightEntry, problems: list[str]) -> bool:
+        """Compare two tensors stored as they are in files in place (``same_bytes``), or take
+        the comparison of those very ranges made while the output was written: True once
+        compared (a difference said in ``problems``), False when they cannot be mapped here
+        (then they are compared in chunks)."""
+        assert a.span is not None and b.source is not None
+        try:
+            path = b.source.path
+            if compared and path not in files:
+                st = os.stat(path)
+                files[path] = (st.st_dev, st.st_ino)
+            key = (a.span, files.get(path, (-1, -1)), b.source.offset, a.nbytes)
+            if key in compared:
+                at = compared[key]
+            else:
+                at = first_difference(a.span, (path, b.source.offset), a.nbytes)
+        except (Unmappable, OSError):
+            return False
+        if at is not None:
+            problems.append(f"{name}: bytes differ within [{at}, {min(at + WINDOW, a.nbytes)})")
+        return True
+
+    return same_in_place
 
 
 def _output_reader(entry: WeightEntry, fds: dict[Path, int]) -> Callable[[int, memoryview], int]:

@@ -3,6 +3,7 @@ use of it: every tensor both sides store as it is is compared there, not read in
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,20 @@ def test_a_difference_is_found_in_its_window(tmp_path: Path, monkeypatch) -> Non
     b.write_bytes(bytes(raw))
     assert same_bytes.first_difference((a, 0), (b, 100), len(data)) == 2 * 4096
     assert same_bytes.first_difference((a, 0), (b, 100), 2 * 4096) is None
+
+
+def test_an_open_file_is_compared_through_its_fd(tmp_path: Path) -> None:
+    """The check during a write compares the output through a dup of the writer's fd (open for
+    reading and writing), which it keeps open: the fd is not closed by the comparison."""
+    a, b, data = files(tmp_path, 9000, at_a=5, at_b=77)
+    fd = os.open(b, os.O_RDWR)
+    try:
+        assert same_bytes.first_difference((a, 5), (fd, 77), len(data)) is None
+        os.pwrite(fd, b"!", 77 + 8000)
+        assert same_bytes.first_difference((fd, 77), (a, 5), len(data)) == 0  # one window
+        assert os.fstat(fd).st_size == 77 + len(data) + 4  # still open
+    finally:
+        os.close(fd)
 
 
 def test_a_short_file_differs_where_it_ends(tmp_path: Path) -> None:
