@@ -50,18 +50,20 @@ def write_target(state: RunState, opts: Options) -> None:
             "(-o FOLDER/ writes the folder)"
         )
     shards = parse_size(opts.max_shard_size) if opts.max_shard_size else None
+    state.compared = {}
     if not (opts.verify and bitwise_checked(to) and CompareAhead.applies(ws)):
         state.written = _write(ws, state.src, to, state.output, state.folder, shards, opts.metadata)
         return
     # the check compares each tensor the kernel copies on the other core meanwhile
-    ahead = CompareAhead(ws, state.scans, opts.trust)
+    ahead, done = CompareAhead(ws, state.scans, opts.trust), False
     try:
         with reporting_copies(ahead.written):
             state.written = _write(
                 ws, state.src, to, state.output, state.folder, shards, opts.metadata
             )
+        done = True
     finally:
-        state.compared = ahead.finish()
+        state.compared = ahead.finish(cancel=not done)
 
 
 def bitwise_checked(to: str) -> bool:

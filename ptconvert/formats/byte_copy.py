@@ -34,7 +34,8 @@ _listener: ContextVar[Listener | None] = ContextVar("copy_listener", default=Non
 @contextmanager
 def reporting_copies(listener: Listener) -> Iterator[None]:
     """Meanwhile, ``listener`` is told of each tensor copied by ``copy_range`` (in the thread
-    that copied, before the writer goes on: a listener that needs the fd later dups it)."""
+    that copied, before the writer goes on: a listener that needs the fd later dups it). A
+    writer never writes a reported range again: the check may have compared it already."""
     token = _listener.set(listener)
     try:
         yield

@@ -258,7 +258,9 @@ def write_safetensors_file(
         }
         pos += e.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
+    # the data section starts 64-byte aligned (safetensors' own writer pads to 8 with spaces): a
+    # tensor copied from here into a torch zip keeps its offset there (torch_zip.LIKE_SOURCE)
+    raw += b" " * (-(8 + len(raw)) % 64)
     ensure_space(out.parent, 8 + len(raw) + pos, out)
     fds: dict[Path, int] = {}
     try:

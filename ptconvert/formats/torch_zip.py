@@ -25,6 +25,11 @@ from ptconvert.formats.weightset import WeightEntry, WeightSet
 
 ROOT = "archive"
 ALIGN = 64
+# A tensor copied from a file starts at the offset it has there modulo this, when the padding
+# keeps ALIGN: the kernel then copies the page cache's folios whole (1 GiB in 0.30 s instead of
+# 0.41 s here), for < 64 KiB of padding per tensor of ≥ 1 MiB.
+LIKE_SOURCE = 64 << 10
+LIKE_SOURCE_FROM = 1 << 20
 CRC_CHUNK = 1 << 20
 _ZIP64_MARKER = 0xFFFFFFFF  # the field value that says "see the zip64 extra field"
 _ZIP64_LIMIT = _ZIP64_MARKER  # sizes and offsets from here on need zip64 records
@@ -134,11 +139,17 @@ class _Member:
     crc: int
 
 
-def _local_header(name: bytes, size: int, crc: int, pos: int) -> bytes:
+def _local_header(name: bytes, size: int, crc: int, pos: int, like: int | None = None) -> bytes:
+    """A member's local header at ``pos``: its data ALIGN-aligned, and at ``like`` (the offset
+    of its bytes in the file they are copied from) modulo LIKE_SOURCE where that keeps it so."""
     zip64 = size >= _ZIP64_LIMIT
     extra = struct.pack("<HHQQ", 1, 16, size, size) if zip64 else b""
     fixed = 30 + len(name) + len(extra)
     pad = -(pos + fixed + 4) % ALIGN  # a padding extra field aligns the data
+    if like is not None and like % ALIGN == 0 and size >= LIKE_SOURCE_FROM:
+        wide = (like - (pos + fixed + 4)) % LIKE_SOURCE
+        if len(extra) + 4 + wide <= 0xFFFF:  # the extra field's length is 16 bits
+            pad = wide
     extra += struct.pack("<HH", 0x4246, pad) + b"Z" * pad  # 'FB', as torch's writer does
     sizes = (_ZIP64_MARKER, _ZIP64_MARKER) if zip64 else (size, size)
     head = struct.pack(
@@ -194,8 +205,11 @@ def write_torch_zip(ws: WeightSet, out: Path) -> list[Path]:
         ("version", b"3"),
     ]
     payload_bytes = sum(len(p) if isinstance(p, bytes) else p.nbytes for _, p in records)
-    # each member: its local header, alignment padding and directory entry (at most ~230 bytes)
-    ensure_space(out.parent, payload_bytes + 256 * len(records) + 1024, out, estimate=True)
+    # each member: its local header, alignment padding and directory entry (at most ~230 bytes),
+    # and a large tensor copied from a file up to LIKE_SOURCE of padding
+    large = sum(1 for e in ws.stored if e.source is not None and e.nbytes >= LIKE_SOURCE_FROM)
+    overhead = 256 * len(records) + LIKE_SOURCE * large + 1024
+    ensure_space(out.parent, payload_bytes + overhead, out, estimate=True)
     members: list[_Member] = []
     pending: list[tuple[_Member, Future[int]]] = []
     fds: dict[Path, int] = {}
@@ -228,7 +242,8 @@ def _write_member(
 ) -> _Member:
     start = fh.tell()
     size = len(payload) if isinstance(payload, bytes) else payload.nbytes
-    fh.write(_local_header(name.encode(), size, 0, start))
+    like = payload.source.offset if isinstance(payload, WeightEntry) and payload.source else None
+    fh.write(_local_header(name.encode(), size, 0, start, like))
     crc = 0
     if isinstance(payload, bytes):
         crc = zlib.crc32(payload)

@@ -74,8 +74,12 @@ class CompareAhead:
 
     def __init__(self, source: WeightSet, scans: list[Any] | None, trust: bool) -> None:
         self._source, self._scans, self._trust = source, scans, trust
-        self._todo: queue.Queue[tuple[str, int, int, int] | None] = queue.Queue()
+        # (tensor name, the output file, its (st_dev, st_ino), offset, bytes); None ends
+        self._todo: queue.Queue[tuple[str, int, tuple[int, int], int, int] | None]
+        self._todo = queue.Queue()
+        self._files: dict[tuple[int, int], int] = {}  # one dup of each output file's fd
         self._compared: Compared = {}
+        self._cancelled = False
         self._thread = threading.Thread(target=self._run, name="ptconvert-compare", daemon=True)
         self._thread.start()
 
@@ -84,12 +88,27 @@ class CompareAhead:
         return source.origin is not None and _read_without_torch(source)
 
     def written(self, name: str, fd: int, offset: int, nbytes: int) -> None:
-        """``byte_copy``'s listener: ``name``'s bytes now lie at ``offset`` of ``fd``."""
-        self._todo.put((name, os.dup(fd), offset, nbytes))
+        """``byte_copy``'s listener: ``name``'s bytes now lie at ``offset`` of ``fd`` (a tensor
+        it cannot take is left to the check after the write)."""
+        try:
+            st = os.fstat(fd)
+            file = (st.st_dev, st.st_ino)
+            if file not in self._files:
+                self._files[file] = os.dup(fd)  # the writer closes its own when done
+        except OSError:
+            return
+        self._todo.put((name, self._files[file], file, offset, nbytes))
 
-    def finish(self) -> Compared:
+    def finish(self, *, cancel: bool = False) -> Compared:
+        """Wait for the comparisons still queued (``cancel``: drop them, the write failed)."""
+        self._cancelled = cancel
         self._todo.put(None)
-        self._thread.join()
+        try:
+            self._thread.join()
+        finally:
+            for fd in self._files.values():
+                os.close(fd)
+            self._files.clear()
         return self._compared
 
     def _run(self) -> None:
@@ -99,17 +118,15 @@ class CompareAhead:
             except Exception:  # the check after the write reads it again and says why
                 tensors = {}
             while (item := self._todo.get()) is not None:
-                name, fd, offset, nbytes = item
+                name, fd, file, offset, nbytes = item
+                ref = tensors.get(name)
+                if self._cancelled or ref is None or ref.span is None or ref.nbytes != nbytes:
+                    continue
                 try:
-                    ref = tensors.get(name)
-                    if ref is not None and ref.span is not None and ref.nbytes == nbytes:
-                        st = os.fstat(fd)
-                        at = first_difference(ref.span, (fd, offset), nbytes)
-                        self._compared[(ref.span, (st.st_dev, st.st_ino), offset, nbytes)] = at
-                except (Unmappable, OSError):
-                    pass
-                finally:
-                    os.close(fd)
+                    at = first_difference(ref.span, (fd, offset), nbytes)
+                except Exception:  # unmappable here, or anything else: compared after the write
+                    continue
+                self._compared[(ref.span, file, offset, nbytes)] = at
 
 
 def verify_weights(

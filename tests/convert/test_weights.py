@@ -343,6 +343,52 @@ def test_torch_zip_writer_is_a_valid_zip(samples: dict[str, Path], tmp_path: Pat
     _same(loaded, load_file(samples["cnn_safetensors"]))
 
 
+@pytest.mark.parametrize("zip64", [False, True])
+def test_torch_zip_writer_keeps_large_tensors_where_the_source_has_them(
+    tmp_path: Path, monkeypatch, zip64: bool
+) -> None:
+    """A tensor of ≥ 1 MiB copied from a file starts at its source offset modulo 64 KiB (the
+    kernel copies whole page-cache folios then) and stays 64-byte aligned; torch reads every
+    tensor back, mapped too, and every CRC holds. A source offset that is not 64-aligned keeps
+    the 64-byte alignment instead."""
+    import zipfile
+
+    from ptconvert.formats import torch_zip
+
+    if zip64:
+        monkeypatch.setattr(torch_zip, "_ZIP64_LIMIT", 16)
+    gen = torch.Generator().manual_seed(0)
+    sd = {
+        "a": torch.randn(300, 1024, generator=gen),  # 1.2 MB
+        "b": torch.randn(513, 1024, generator=gen).half(),  # 1 MB + 2 KiB
+        "small": torch.randn(7, generator=gen),  # the tensors after it lie 64-unaligned
+        "c": torch.randn(5, 1024 * 64 + 3, generator=gen).bfloat16(),  # not a multiple of 64
+        "d": torch.randn(256, 1024, generator=gen),
+    }
+    torch.save(sd, tmp_path / "m0.pt")
+    src = tmp_path / "m.safetensors"  # ptconvert's: the data starts 64-aligned (spaces pad it)
+    convert_weights(tmp_path / "m0.pt", "safetensors", src)
+    assert (8 + int.from_bytes(src.read_bytes()[:8], "little")) % 64 == 0
+    _same(_sft(src)[0], sd)
+    out = tmp_path / "m.pt"
+    report = convert_weights(src, "pt", out)
+    assert report.weights.verification.status == "pass"
+    source, written = src.read_bytes(), out.read_bytes()
+    aligned = 0
+    for name, t in sd.items():
+        raw = _raw(t).numpy().tobytes()
+        src_at, at = source.index(raw), written.index(raw)
+        assert at % 64 == 0, name
+        if t.nbytes >= 1 << 20 and src_at % 64 == 0:
+            assert at % (64 << 10) == src_at % (64 << 10), name
+            aligned += 1
+    assert aligned == 2  # a and b (c is under 1 MiB; d lies 64-unaligned in the source)
+    with zipfile.ZipFile(out) as z:
+        assert z.testzip() is None
+    _same(torch.load(out, weights_only=True, mmap=True), sd)
+    _same(torch.load(out, weights_only=True), sd)
+
+
 def test_torch_zip_writer_zip64_records(samples, tmp_path: Path, monkeypatch) -> None:
     """Checkpoints over 4 GiB need zip64 records: force them on a small file."""
     import zipfile

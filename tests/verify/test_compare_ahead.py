@@ -94,8 +94,42 @@ def test_a_byte_the_copy_got_wrong_is_found_while_written(tmp_path: Path, monkey
     out = tmp_path / "o.safetensors"
     with pytest.raises(VerificationError, match=r"block\.w: bytes differ within \[0,"):
         ptconvert.convert(src, "safetensors", out)
-    assert (AHEAD, 0) in calls
+    assert calls == [(AHEAD, None), (AHEAD, 0), (AHEAD, None)]  # found during the write
     assert not out.exists()
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts fds in /proc")
+def test_one_fd_per_output_file_and_none_left(tmp_path: Path, monkeypatch) -> None:
+    """However many tensors are written while the reference is still being read, the check
+    holds one fd of each output file, and closes it when done; a failed write drops what is
+    queued and leaves no fd either."""
+    src, _ = source(tmp_path, "pt")
+    ws = read_weights(src)
+    out = tmp_path / "o.bin"
+    out.write_bytes(b"x" * 4096)
+    gate = threading.Event()
+    real = check.reference
+
+    def slow_reference(*args: Any) -> Any:
+        gate.wait(5)
+        return real(*args)
+
+    monkeypatch.setattr(check, "reference", slow_reference)
+    for cancel in (False, True):
+        before = open_fds()
+        ahead = check.CompareAhead(ws, None, False)
+        with open(out, "rb") as fh:
+            for i in range(500):
+                ahead.written(f"t{i}", fh.fileno(), 0, 16)
+            assert open_fds() == before + 2  # the file here, and one dup of it
+        gate.set()
+        assert ahead.finish(cancel=cancel) == {}  # no such tensors in the source
+        assert open_fds() == before
+        gate.clear()
 
 
 def test_a_comparison_of_another_place_is_not_taken(tmp_path: Path) -> None:
