@@ -47,14 +47,13 @@ def open_output(path: Path) -> BinaryIO:
     """Open a new (or just-created, empty) output for writing, without O_TRUNC.
 
     ext4 flushes a file that was truncated when it is closed (auto_da_alloc), which would add a
-    synchronous write-back of the whole output to every conversion. Open for reading too: the
-    weights check maps what was written through a dup of this fd while the writer goes on.
+    synchronous write-back of the whole output to every conversion.
     """
     if path.exists():
         if path.stat().st_size:
             raise UsageError("refusing to write over a non-empty file", path=path)
         return open(path, "r+b")
-    return open(path, "x+b")
+    return open(path, "xb")
 
 
 def check_output(output: Path, inputs: list[Path], force: bool) -> None:

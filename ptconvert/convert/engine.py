@@ -33,13 +33,7 @@ from ptconvert.convert.program_check import (
 from ptconvert.convert.same_format import copy_cannot_change, verified_copy
 from ptconvert.convert.state import RunState, StepRecord
 from ptconvert.convert.steps import STEPS
-from ptconvert.convert.weights import (
-    bitwise_checked,
-    check_written,
-    refuse_shards,
-    weights_route,
-    weights_written,
-)
+from ptconvert.convert.weights import check_written, refuse_shards, weights_route, weights_written
 from ptconvert.errors import (
     FilesystemError,
     MissingInputError,
@@ -288,8 +282,10 @@ def _run_route(
                 route, taken = route[:cut], taken[:cut]
                 node, queue = "module", list(replanned.edges)
         check: Check = "parity" if parity is not None else "none"
+        from ptconvert.weights.read import weight_sources
+
         target = FORMATS_BY_NAME.get(to)
-        weights_target = bitwise_checked(to)
+        weights_target = target is not None and target.kind == "weights" and to in weight_sources()
         if opts.verify and (target is None or (target.kind == "weights" and not weights_target)):
             state.notes.append(f"no check ran: ptconvert cannot read {to} files back")
         bitwise = None

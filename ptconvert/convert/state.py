@@ -60,8 +60,6 @@ class RunState:
     scans: list[Any] | None = None
     folder: bool = False
     written: list[Path] = field(default_factory=list)
-    # the tensors the check compared while the write went on (verify.weights.CompareAhead)
-    compared: dict[Any, int | None] = field(default_factory=dict)
     example_seconds: float | None = None  # one eager call at the example's size
     steps_seconds: float = 0.0  # the route's steps so far (the check's work is sized by them)
     changes: list[str] = field(default_factory=list)  # the state a call changes (buffers …)

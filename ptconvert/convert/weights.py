@@ -16,12 +16,11 @@ from ptconvert.convert.conversion_report import WeightsWritten
 from ptconvert.convert.state import RunState
 from ptconvert.errors import NoWeightsError, UnsupportedConversionError
 from ptconvert.formats import FORMATS, FORMATS_BY_NAME, detect
-from ptconvert.formats.byte_copy import reporting_copies
 from ptconvert.formats.safetensors import parse_size
 from ptconvert.formats.weightset import WeightSet
 from ptconvert.model.build import source_weights
 from ptconvert.options import Options
-from ptconvert.verify.weights import CompareAhead, WeightsCheck, verify_weights
+from ptconvert.verify.weights import WeightsCheck, verify_weights
 
 
 def read_source(state: RunState, opts: Options) -> None:
@@ -50,28 +49,7 @@ def write_target(state: RunState, opts: Options) -> None:
             "(-o FOLDER/ writes the folder)"
         )
     shards = parse_size(opts.max_shard_size) if opts.max_shard_size else None
-    state.compared = {}
-    if not (opts.verify and bitwise_checked(to) and CompareAhead.applies(ws)):
-        state.written = _write(ws, state.src, to, state.output, state.folder, shards, opts.metadata)
-        return
-    # the check compares each tensor the kernel copies on the other core meanwhile
-    ahead, done = CompareAhead(ws, state.scans, opts.trust), False
-    try:
-        with reporting_copies(ahead.written):
-            state.written = _write(
-                ws, state.src, to, state.output, state.folder, shards, opts.metadata
-            )
-        done = True
-    finally:
-        state.compared = ahead.finish(cancel=not done)
-
-
-def bitwise_checked(to: str) -> bool:
-    """Whether what a weights route writes as ``to`` is read back and checked bitwise."""
-    from ptconvert.weights.read import weight_sources
-
-    target = FORMATS_BY_NAME.get(to)
-    return target is not None and target.kind == "weights" and to in weight_sources()
+    state.written = _write(ws, state.src, to, state.output, state.folder, shards, opts.metadata)
 
 
 def check_written(state: RunState, opts: Options) -> WeightsCheck:
@@ -80,9 +58,7 @@ def check_written(state: RunState, opts: Options) -> WeightsCheck:
     assert state.weights is not None and state.output is not None
     with progress.step("verifying every tensor bitwise"):
         target = _verify_target(state.output, state.written, state.folder)
-        return verify_weights(
-            state.weights, target, scans=state.scans, trust=opts.trust, compared=state.compared
-        )
+        return verify_weights(state.weights, target, scans=state.scans, trust=opts.trust)
 
 
 def weights_written(

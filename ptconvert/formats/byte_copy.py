@@ -3,17 +3,12 @@ routine of every weights writer (safetensors, the torch zip).
 
 ``os.copy_file_range`` (no pass through Python memory), falling back to ``os.sendfile`` and then to
 reads and writes in large blocks where the kernel cannot copy between the two filesystems.
-Whoever wants to know where each tensor's bytes landed (the check, which compares them while
-the writer goes on: ``verify.weights.CompareAhead``) listens with ``reporting_copies``.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -26,38 +21,10 @@ COPY_CHUNK = 1 << 30
 _NO_KERNEL_COPY = (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
 BLOCK = 8 << 20  # the read-write fallback's block
 
-# (tensor name, the output's fd, where its bytes begin there, how many): told once copied
-Listener = Callable[[str, int, int, int], None]
-_listener: ContextVar[Listener | None] = ContextVar("copy_listener", default=None)
 
-
-@contextmanager
-def reporting_copies(listener: Listener) -> Iterator[None]:
-    """Meanwhile, ``listener`` is told of each tensor copied by ``copy_range`` (in the thread
-    that copied, before the writer goes on: a listener that needs the fd later dups it). A
-    writer never writes a reported range again: the check may have compared it already."""
-    token = _listener.set(listener)
-    try:
-        yield
-    finally:
-        _listener.reset(token)
-
-
-def copy_range(
-    src_fd: int, offset: int, dst_fd: int, nbytes: int, source: Path, name: str = ""
-) -> None:
+def copy_range(src_fd: int, offset: int, dst_fd: int, nbytes: int, source: Path) -> None:
     """Copy ``nbytes`` of ``source`` (open as ``src_fd``) from ``offset`` to the current end of
-    ``dst_fd``: in the kernel, on any pair of filesystems. The tensor's ``name`` is for the
-    listener of ``reporting_copies``, if any."""
-    listener = _listener.get()
-    if listener is not None and name:
-        at, total = os.lseek(dst_fd, 0, os.SEEK_CUR), nbytes
-    _copy(src_fd, offset, dst_fd, nbytes, source)
-    if listener is not None and name:
-        listener(name, dst_fd, at, total)
-
-
-def _copy(src_fd: int, offset: int, dst_fd: int, nbytes: int, source: Path) -> None:
+    ``dst_fd``: in the kernel, on any pair of filesystems."""
     copies = (_copy_file_range, _sendfile, _read_write)
     for i, copy in enumerate(copies):
         try:

@@ -272,8 +272,9 @@ def write_safetensors_file(
                     if e.source.path not in fds:
                         fds[e.source.path] = os.open(e.source.path, os.O_RDONLY)
                     fh.flush()  # buffered bytes first: the kernel copy writes at the fd's offset
-                    src = e.source
-                    copy_range(fds[src.path], src.offset, fh.fileno(), e.nbytes, src.path, e.name)
+                    copy_range(
+                        fds[e.source.path], e.source.offset, fh.fileno(), e.nbytes, e.source.path
+                    )
                     fh.seek(0, os.SEEK_END)  # and the buffered writer learns where that ended
                 else:
                     fh.write(tensor_bytes(e.tensor))

@@ -253,7 +253,7 @@ def _write_member(
         if src.path not in fds:
             fds[src.path] = os.open(src.path, os.O_RDONLY)
         fh.flush()
-        copy_range(fds[src.path], src.offset, fh.fileno(), payload.nbytes, src.path, payload.name)
+        copy_range(fds[src.path], src.offset, fh.fileno(), payload.nbytes, src.path)
         fh.seek(0, os.SEEK_END)
     else:
         data = tensor_bytes(payload.tensor)

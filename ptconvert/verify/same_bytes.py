@@ -4,9 +4,11 @@ compared with libc's ``memcmp``, nothing copied into Python.
 Reading both ranges with ``pread`` into buffers costs a copy of each byte out of the page cache
 (about as long as ``cat`` of both files) before the comparison itself; a shared read-only map
 populated up front (``MAP_POPULATE``) and ``memcmp`` take about half that. Each window is
-unmapped once compared, so the process holds at most two windows of the files however large
-they are. 64-bit Linux and macOS (libc through ctypes); elsewhere :class:`Unmappable`, and the
-check reads the bytes in chunks instead.
+unmapped once compared, so a thread holds at most two windows of the files however large they
+are. ``first_differences`` compares many ranges in pieces on a few threads: ``memcmp`` and the
+maps run without the GIL, and the check after a write is then bound by memory, not one core.
+64-bit Linux and macOS (libc through ctypes); elsewhere :class:`Unmappable`, and the check reads
+the bytes in chunks instead.
 """
 
 from __future__ import annotations
@@ -23,24 +25,23 @@ from pathlib import Path
 from typing import Any
 
 WINDOW = 16 << 20  # bytes mapped from each file at a time (as fast as 64 MiB, a quarter of the RSS)
+PIECE = 64 << 20  # what one thread compares at a time in ``first_differences``
+WORKERS = 4  # at most: two threads compare 1 GiB in 0.07 s where one takes 0.115 s here
+
+Pair = tuple[tuple[Path, int], tuple[Path, int], int]  # (file, offset) twice, and a length
 
 
 class Unmappable(Exception):
     """The ranges cannot be mapped here (no libc, or a map refused): compare them another way."""
 
 
-def first_difference(
-    a: tuple[Path | int, int], b: tuple[Path | int, int], nbytes: int
-) -> int | None:
-    """Where the ``nbytes`` bytes at ``a`` (a file or an open fd, an offset) and at ``b`` first
-    differ: the start of the first window that differs (or of the part a file lacks), None when
-    equal."""
+def first_difference(a: tuple[Path, int], b: tuple[Path, int], nbytes: int) -> int | None:
+    """Where the ``nbytes`` bytes at ``a`` (a file, an offset) and at ``b`` first differ: the
+    start of the first window that differs (or of the part a file lacks), None when equal."""
     libc = _libc()
     if libc is None:
         raise Unmappable("no libc")
-    opened = [os.open(f, os.O_RDONLY) for f in (a[0], b[0]) if not isinstance(f, int)]
-    given = iter(opened)
-    fds = [f if isinstance(f, int) else next(given) for f in (a[0], b[0])]
+    fds = [os.open(path, os.O_RDONLY) for path in (a[0], b[0])]
     try:
         # a map past a file's end faults on access: a short file differs where it ends
         short = [os.fstat(fd).st_size - at for fd, at in zip(fds, (a[1], b[1]), strict=True)]
@@ -58,8 +59,37 @@ def first_difference(
             pos += n
         return None
     finally:
-        for fd in opened:
+        for fd in fds:
             os.close(fd)
+
+
+def first_differences(pairs: list[Pair]) -> list[int | Unmappable | None]:
+    """``first_difference`` of each pair, every pair cut in pieces of PIECE that up to WORKERS
+    threads compare side by side (``memcmp`` and the maps run without the GIL): where each pair
+    first differs, None where equal, ``Unmappable`` where it could not be compared so."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def piece(i: int, start: int) -> int | None:
+        (path_a, at_a), (path_b, at_b), nbytes = pairs[i]
+        n = min(PIECE, nbytes - start)
+        at = first_difference((path_a, at_a + start), (path_b, at_b + start), n)
+        return None if at is None else start + at
+
+    work = [(i, start) for i, (_, _, n) in enumerate(pairs) for start in range(0, max(n, 1), PIECE)]
+    found: list[int | Unmappable | None] = [None] * len(pairs)
+    workers = max(1, min(WORKERS, os.cpu_count() or 1, len(work)))
+    with ThreadPoolExecutor(workers, thread_name_prefix="ptconvert-compare") as pool:
+        futures = [pool.submit(piece, i, start) for i, start in work]
+        for (i, _), future in zip(work, futures, strict=True):
+            try:
+                at = future.result()
+            except (Unmappable, OSError) as exc:
+                found[i] = exc if isinstance(exc, Unmappable) else Unmappable(str(exc))
+                continue
+            prior = found[i]
+            if at is not None and not isinstance(prior, Unmappable):
+                found[i] = at if prior is None else min(prior, at)
+    return found
 
 
 @contextmanager

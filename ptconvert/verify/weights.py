@@ -9,17 +9,11 @@ see, cannot pass its own check. Names (after the declared
 unwrap, prefix strip and aliases), dtypes, shapes and bytes must agree; tensors left out on purpose
 (``--skip-unsupported``) are excluded by name, with whatever lies under that name.
 
-Tensors the writer copies from the source file are compared while it goes on
-(``CompareAhead``): a thread reads the source with the reference reader and compares each range
-``byte_copy.copy_range`` reports as written, on the core the kernel's copy leaves free. The check
-after the write takes such a comparison only for a tensor that ptconvert's reader of the finished
-output places exactly there (the same file, offset and length, against the same place of the
-source); any other is compared then.
-
 Memory stays flat whatever the size. A tensor that both files store as it is (the reference
 reader gives its place in the source, ptconvert's reader its place in the output) is compared in
 place, a window of both files mapped at a time and compared with ``memcmp``
-(``verify/same_bytes.py``: half the time of reading both into buffers). Any other is compared in
+(``verify/same_bytes.py``: half the time of reading both into buffers; pieces of the tensors on
+a few threads side by side). Any other is compared in
 chunks: the output read with ``pread``, and the pages of the source that a reference reader maps
 into the process dropped from it once compared (``madvise(MADV_DONTNEED)`` on that file's
 read-only mappings: they are read again from the page cache when touched, nothing is lost).
@@ -28,8 +22,6 @@ read-only mappings: they are read again from the page cache when touched, nothin
 from __future__ import annotations
 
 import os
-import queue
-import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -44,7 +36,7 @@ from ptconvert.formats.byte_copy import tensor_bytes
 from ptconvert.formats.reference import CHUNK, Ref, Reference
 from ptconvert.formats.weightset import ByteRange, WeightEntry, WeightSet
 from ptconvert.report import Report
-from ptconvert.verify.same_bytes import WINDOW, Unmappable, first_difference
+from ptconvert.verify.same_bytes import WINDOW, Pair, Unmappable, first_differences
 from ptconvert.weights.read import read_weights
 
 
@@ -60,82 +52,12 @@ class WeightsCheck(Report):
     seconds: float = 0.0  # the whole check
 
 
-# bytes compared while the output was written: (the source's file and offset, the output's
-# (st_dev, st_ino) and offset, the length) → where they first differ, None when equal
-Compared = dict[tuple[tuple[Path, int], tuple[int, int], int, int], int | None]
-
-
-class CompareAhead:
-    """The source's tensors compared with the output's while the writer writes them: started
-    before the write (``byte_copy.reporting_copies(ahead.written)`` around it), ``finish``
-    after it, whose ``Compared`` ``verify_weights`` takes. Only for sources whose reference
-    reader builds no tensor (``reference_without_torch``): torch's import would hold the GIL the
-    copy leaves free. Anything this thread cannot do is left to the check after the write."""
-
-    def __init__(self, source: WeightSet, scans: list[Any] | None, trust: bool) -> None:
-        self._source, self._scans, self._trust = source, scans, trust
-        # (tensor name, the output file, its (st_dev, st_ino), offset, bytes); None ends
-        self._todo: queue.Queue[tuple[str, int, tuple[int, int], int, int] | None]
-        self._todo = queue.Queue()
-        self._files: dict[tuple[int, int], int] = {}  # one dup of each output file's fd
-        self._compared: Compared = {}
-        self._cancelled = False
-        self._thread = threading.Thread(target=self._run, name="ptconvert-compare", daemon=True)
-        self._thread.start()
-
-    @staticmethod
-    def applies(source: WeightSet) -> bool:
-        return source.origin is not None and _read_without_torch(source)
-
-    def written(self, name: str, fd: int, offset: int, nbytes: int) -> None:
-        """``byte_copy``'s listener: ``name``'s bytes now lie at ``offset`` of ``fd`` (a tensor
-        it cannot take is left to the check after the write)."""
-        try:
-            st = os.fstat(fd)
-            file = (st.st_dev, st.st_ino)
-            if file not in self._files:
-                self._files[file] = os.dup(fd)  # the writer closes its own when done
-        except OSError:
-            return
-        self._todo.put((name, self._files[file], file, offset, nbytes))
-
-    def finish(self, *, cancel: bool = False) -> Compared:
-        """Wait for the comparisons still queued (``cancel``: drop them, the write failed)."""
-        self._cancelled = cancel
-        self._todo.put(None)
-        try:
-            self._thread.join()
-        finally:
-            for fd in self._files.values():
-                os.close(fd)
-            self._files.clear()
-        return self._compared
-
-    def _run(self) -> None:
-        with ExitStack() as stack:
-            try:
-                tensors = reference(self._source, self._scans, self._trust, stack).tensors
-            except Exception:  # the check after the write reads it again and says why
-                tensors = {}
-            while (item := self._todo.get()) is not None:
-                name, fd, file, offset, nbytes = item
-                ref = tensors.get(name)
-                if self._cancelled or ref is None or ref.span is None or ref.nbytes != nbytes:
-                    continue
-                try:
-                    at = first_difference(ref.span, (fd, offset), nbytes)
-                except Exception:  # unmappable here, or anything else: compared after the write
-                    continue
-                self._compared[(ref.span, file, offset, nbytes)] = at
-
-
 def verify_weights(
     source: WeightSet,
     output: Path,
     *,
     scans: list[Any] | None = None,
     trust: bool = False,
-    compared: Compared | None = None,
 ) -> WeightsCheck:
     """Read ``output`` back and compare it with an independent reading of ``source``'s file.
 
@@ -143,7 +65,6 @@ def verify_weights(
     the user's word: a program's own loader (TorchScript, pt2) runs only on a scan-clean file or
     with ``trust``; without ``scans`` the program is scanned here first. Pickle checkpoints are
     never unpickled with code execution, whatever ``trust`` says.
-    ``compared``: what ``CompareAhead`` compared while the output was written.
     VerificationError on any difference, or when no independent reader can read the source.
     """
     started = time.perf_counter()
@@ -167,7 +88,7 @@ def verify_weights(
             problems.append(f"missing in output: {missing[:10]}")
         if extra:
             problems.append(f"not in the source as {ref.reader} reads it: {extra[:10]}")
-        total, spent = _compare(expected, out, problems, compared or {})
+        total, spent = _compare(expected, out, problems)
         ref.seconds += spent
     if problems:
         raise VerificationError(
@@ -233,16 +154,16 @@ def _resolve(ws: WeightSet) -> dict[str, WeightEntry]:
 
 
 def _compare(
-    expected: dict[str, Ref], out: dict[str, WeightEntry], problems: list[str], compared: Compared
+    expected: dict[str, Ref], out: dict[str, WeightEntry], problems: list[str]
 ) -> tuple[int, float]:
-    """Compare every common tensor (or take what was compared where the output holds it); return
-    the bytes compared and the reference reader's time."""
+    """Compare every common tensor; return the bytes compared and the reference reader's time."""
     fds: dict[Path, int] = {}
-    same_in_place = _in_place(compared)
     buf = bytearray(CHUNK)
     total, spent = 0, 0.0
+    names = sorted(set(expected) & set(out))
+    in_place = _in_place(names, expected, out)
     try:
-        for name in sorted(set(expected) & set(out)):
+        for name in names:
             a, b = expected[name], out[name]
             if (a.dtype, tuple(a.shape)) != (b.dtype, tuple(b.shape)):
                 problems.append(f"{name}: {a.dtype}{list(a.shape)} became {b.dtype}{list(b.shape)}")
@@ -250,7 +171,11 @@ def _compare(
             if a.nbytes != b.nbytes:
                 problems.append(f"{name}: {a.nbytes} bytes became {b.nbytes}")
                 continue
-            if a.span is not None and b.source is not None and same_in_place(name, a, b, problems):
+            at = in_place.get(name, Unmappable())
+            if not isinstance(at, Unmappable):
+                if at is not None:
+                    end = min(at + WINDOW, a.nbytes)
+                    problems.append(f"{name}: bytes differ within [{at}, {end})")
                 total += a.nbytes
                 continue
             reader = _output_reader(b, fds)
@@ -277,32 +202,26 @@ def _compare(
     return total, spent
 
 
-def _in_place(compared: Compared) -> Callable[[str, Ref, WeightEntry, list[str]], bool]:
-    files: dict[Path, tuple[int, int]] = {}
-
-    def same_in_place(name: str, a: Ref, b: WeightEntry, problems: list[str]) -> bool:
-        """Compare two tensors stored as they are in files in place (``same_bytes``), or take
-        the comparison of those very ranges made while the output was written: True once
-        compared (a difference said in ``problems``), False when they cannot be mapped here
-        (then they are compared in chunks)."""
+def _in_place(
+    names: list[str], expected: dict[str, Ref], out: dict[str, WeightEntry]
+) -> dict[str, int | Unmappable | None]:
+    """The tensors both files store as they are, of the same dtype, shape and size, compared in
+    place (``same_bytes.first_differences``: threads side by side); one that cannot be mapped
+    here is ``Unmappable`` (then it is compared in chunks)."""
+    both = [
+        n
+        for n in names
+        if expected[n].span is not None
+        and out[n].source is not None
+        and (expected[n].dtype, tuple(expected[n].shape), expected[n].nbytes)
+        == (out[n].dtype, tuple(out[n].shape), out[n].nbytes)
+    ]
+    pairs: list[Pair] = []
+    for n in both:
+        a, b = expected[n], out[n]
         assert a.span is not None and b.source is not None
-        try:
-            path = b.source.path
-            if compared and path not in files:
-                st = os.stat(path)
-                files[path] = (st.st_dev, st.st_ino)
-            key = (a.span, files.get(path, (-1, -1)), b.source.offset, a.nbytes)
-            if key in compared:
-                at = compared[key]
-            else:
-                at = first_difference(a.span, (path, b.source.offset), a.nbytes)
-        except (Unmappable, OSError):
-            return False
-        if at is not None:
-            problems.append(f"{name}: bytes differ within [{at}, {min(at + WINDOW, a.nbytes)})")
-        return True
-
-    return same_in_place
+        pairs.append((a.span, (b.source.path, b.source.offset), a.nbytes))
+    return dict(zip(both, first_differences(pairs), strict=True)) if pairs else {}
 
 
 def _output_reader(entry: WeightEntry, fds: dict[Path, int]) -> Callable[[int, memoryview], int]:

@@ -3,7 +3,6 @@ use of it: every tensor both sides store as it is is compared there, not read in
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -40,18 +39,44 @@ def test_a_difference_is_found_in_its_window(tmp_path: Path, monkeypatch) -> Non
     assert same_bytes.first_difference((a, 0), (b, 100), 2 * 4096) is None
 
 
-def test_an_open_file_is_compared_through_its_fd(tmp_path: Path) -> None:
-    """The check during a write compares the output through a dup of the writer's fd (open for
-    reading and writing), which it keeps open: the fd is not closed by the comparison."""
-    a, b, data = files(tmp_path, 9000, at_a=5, at_b=77)
-    fd = os.open(b, os.O_RDWR)
-    try:
-        assert same_bytes.first_difference((a, 5), (fd, 77), len(data)) is None
-        os.pwrite(fd, b"!", 77 + 8000)
-        assert same_bytes.first_difference((fd, 77), (a, 5), len(data)) == 0  # one window
-        assert os.fstat(fd).st_size == 77 + len(data) + 4  # still open
-    finally:
-        os.close(fd)
+def test_pairs_are_compared_in_pieces_by_threads(tmp_path: Path, monkeypatch) -> None:
+    """first_differences cuts each pair in pieces that worker threads compare: the first
+    difference of a pair is the earliest any of its pieces finds (a short file: where it
+    ends), each pair apart, and a pair that cannot be mapped is said as such."""
+    import threading
+
+    monkeypatch.setattr(same_bytes, "WINDOW", 4096)
+    monkeypatch.setattr(same_bytes, "PIECE", 2 * 4096)
+    a, b, data = files(tmp_path, 7 * 4096 + 11, at_a=3, at_b=4100)
+    raw = bytearray(b.read_bytes())
+    raw[4100 + 5 * 4096 + 9] ^= 1  # in the third piece (of four), its second window
+    raw[4100 + 6 * 4096 + 1] ^= 1  # and later, in the fourth
+    b.write_bytes(bytes(raw))
+    c = tmp_path / "c.bin"
+    c.write_bytes(data[: 3 * 4096 + 100])  # short: ends within the second piece
+    threads: set[str] = set()
+    real = same_bytes.first_difference
+
+    def recorded(*args: object) -> int | None:
+        threads.add(threading.current_thread().name)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(same_bytes, "first_difference", recorded)
+    pairs = [
+        ((a, 3), (b, 4100), len(data)),
+        ((a, 3), (b, 4100), 5 * 4096),  # before both changes
+        ((a, 3), (c, 0), len(data)),
+        ((a, 3), (a, 3), len(data)),
+    ]
+    assert same_bytes.first_differences(pairs) == [5 * 4096, None, 3 * 4096 + 100, None]
+    assert threads and all(name.startswith("ptconvert-compare") for name in threads)
+
+    def unmappable(*args: object) -> int | None:
+        raise same_bytes.Unmappable("no map here")
+
+    monkeypatch.setattr(same_bytes, "first_difference", unmappable)
+    [found] = same_bytes.first_differences(pairs[:1])
+    assert isinstance(found, same_bytes.Unmappable)
 
 
 def test_a_short_file_differs_where_it_ends(tmp_path: Path) -> None:
