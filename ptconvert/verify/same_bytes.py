@@ -65,31 +65,52 @@ def first_difference(a: tuple[Path, int], b: tuple[Path, int], nbytes: int) -> i
 
 def first_differences(pairs: list[Pair]) -> list[int | Unmappable | None]:
     """``first_difference`` of each pair, every pair cut in pieces of PIECE that up to WORKERS
-    threads compare side by side (``memcmp`` and the maps run without the GIL): where each pair
-    first differs, None where equal, ``Unmappable`` where it could not be compared so."""
+    threads compare side by side (``memcmp`` and the maps run without the GIL; small pairs go
+    together, about PIECE bytes a task): where each pair first differs, None where equal,
+    ``Unmappable`` where it could not be compared so."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def piece(i: int, start: int) -> int | None:
-        (path_a, at_a), (path_b, at_b), nbytes = pairs[i]
-        n = min(PIECE, nbytes - start)
-        at = first_difference((path_a, at_a + start), (path_b, at_b + start), n)
-        return None if at is None else start + at
+    Piece = tuple[int, int]  # (pair, where in it)
+    tasks: list[list[Piece]] = [[]]
+    size = 0
+    for i, (_, _, nbytes) in enumerate(pairs):
+        for start in range(0, max(nbytes, 1), PIECE):
+            if size >= PIECE:
+                tasks.append([])
+                size = 0
+            tasks[-1].append((i, start))
+            size += min(PIECE, nbytes - start)
 
-    work = [(i, start) for i, (_, _, n) in enumerate(pairs) for start in range(0, max(n, 1), PIECE)]
-    found: list[int | Unmappable | None] = [None] * len(pairs)
-    workers = max(1, min(WORKERS, os.cpu_count() or 1, len(work)))
-    with ThreadPoolExecutor(workers, thread_name_prefix="ptconvert-compare") as pool:
-        futures = [pool.submit(piece, i, start) for i, start in work]
-        for (i, _), future in zip(work, futures, strict=True):
+    def compare(task: list[Piece]) -> list[int | Unmappable | None]:
+        found: list[int | Unmappable | None] = []
+        for i, start in task:
+            (path_a, at_a), (path_b, at_b), nbytes = pairs[i]
+            n = min(PIECE, nbytes - start)
             try:
-                at = future.result()
+                at = first_difference((path_a, at_a + start), (path_b, at_b + start), n)
             except (Unmappable, OSError) as exc:
-                found[i] = exc if isinstance(exc, Unmappable) else Unmappable(str(exc))
+                found.append(exc if isinstance(exc, Unmappable) else Unmappable(str(exc)))
                 continue
-            prior = found[i]
-            if at is not None and not isinstance(prior, Unmappable):
-                found[i] = at if prior is None else min(prior, at)
-    return found
+            found.append(None if at is None else start + at)
+        return found
+
+    result: list[int | Unmappable | None] = [None] * len(pairs)
+    workers = max(1, min(WORKERS, os.cpu_count() or 1, len(tasks)))
+    with ThreadPoolExecutor(workers, thread_name_prefix="ptconvert-compare") as pool:
+        try:
+            for task, found in zip(tasks, pool.map(compare, tasks), strict=True):
+                for (i, _), at in zip(task, found, strict=True):
+                    prior = result[i]
+                    if isinstance(prior, Unmappable) or at is None:
+                        continue
+                    if isinstance(at, Unmappable) or prior is None:
+                        result[i] = at
+                    else:
+                        result[i] = min(prior, at)
+        except BaseException:  # Ctrl-C, or a failure: the pieces not started are not run
+            pool.shutdown(cancel_futures=True)
+            raise
+    return result
 
 
 @contextmanager

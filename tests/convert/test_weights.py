@@ -389,6 +389,32 @@ def test_torch_zip_writer_keeps_large_tensors_where_the_source_has_them(
     _same(torch.load(out, weights_only=True), sd)
 
 
+@pytest.mark.parametrize("zip64", [False, True])
+def test_the_padding_stays_within_the_extra_field(zip64: bool) -> None:
+    """The padding that puts a tensor at its source offset fits the 16-bit extra field length
+    to the byte; one that would not falls back to the 64-byte alignment."""
+    from ptconvert.formats import torch_zip
+
+    own = 20 if zip64 else 0  # the zip64 extra field the header carries
+    name = b"x" * (34 - own)  # the padding then starts 68 bytes in (4 past a 64-byte boundary)
+    size = 1 << 33 if zip64 else 1 << 21
+    fixed = 30 + len(name) + own + 4
+    assert fixed == 68
+    # 65468 fits (≤ 0xFFFF - 4 - own); 65532 does not, and is < 64 KiB, so it is what the
+    # source offset asks for, not a wrap-around
+    for wide, fits in [(65468, True), (65532, False)]:
+        like = (fixed + wide) % torch_zip.LIKE_SOURCE  # a 64-aligned source offset
+        assert like % 64 == 0
+        raw = torch_zip._local_header(name, size, 0, 0, like)
+        extra_len = struct.unpack("<H", raw[28:30])[0]
+        data_at = 30 + len(name) + extra_len
+        assert data_at % 64 == 0
+        if fits:
+            assert extra_len == own + 4 + wide and data_at % torch_zip.LIKE_SOURCE == like
+        else:
+            assert extra_len == own + 4 + 60  # the plain 64-byte alignment
+
+
 def test_torch_zip_writer_zip64_records(samples, tmp_path: Path, monkeypatch) -> None:
     """Checkpoints over 4 GiB need zip64 records: force them on a small file."""
     import zipfile

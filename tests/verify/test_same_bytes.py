@@ -69,6 +69,11 @@ def test_pairs_are_compared_in_pieces_by_threads(tmp_path: Path, monkeypatch) ->
         ((a, 3), (a, 3), len(data)),
     ]
     assert same_bytes.first_differences(pairs) == [5 * 4096, None, 3 * 4096 + 100, None]
+    # many small pairs go to few tasks, each still said apart
+    small = [((a, 3 + k), (b, 4100 + k), 50) for k in range(0, 5 * 4096, 250)]
+    changed = ((a, 3 + 5 * 4096), (b, 4100 + 5 * 4096), 50)
+    found = same_bytes.first_differences([*small, changed, *small])
+    assert found == [None] * len(small) + [0] + [None] * len(small)
     assert threads and all(name.startswith("ptconvert-compare") for name in threads)
 
     def unmappable(*args: object) -> int | None:
