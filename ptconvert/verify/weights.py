@@ -171,8 +171,8 @@ def _compare(
             if a.nbytes != b.nbytes:
                 problems.append(f"{name}: {a.nbytes} bytes became {b.nbytes}")
                 continue
-            at = in_place.get(name, Unmappable())
-            if not isinstance(at, Unmappable):
+            at = in_place.get(name)
+            if name in in_place and not isinstance(at, Unmappable):
                 if at is not None:
                     end = min(at + WINDOW, a.nbytes)
                     problems.append(f"{name}: bytes differ within [{at}, {end})")
