@@ -79,6 +79,12 @@ class CorruptFileError(InputError):
     kind = "corrupt"
 
 
+class LoadTimeoutError(InputError):
+    """Loading the file did not finish within --load-timeout (it was stopped)."""
+
+    kind = "load_timeout"
+
+
 class DecompressionLimitError(InputError):
     """A compressed member inflates far past its compressed size (a decompression bomb?)."""
 

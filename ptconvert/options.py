@@ -138,14 +138,14 @@ class Options:
         default=0,
         metadata=flag("--seed", group="model", type=int, help="Seed of generated example inputs."),
     )
-    # the classes a pickle names, AOTI native code, a directory's code
+    # the classes a pickle names (rebuilt, never run), AOTI native code
     trust: bool = field(
         default=False,
         metadata=flag(
             "--trust",
             group="model",
-            help="Trust the classes a pickle names (loaded by torch's restricted unpickler with "
-            "exactly those allowlisted), AOTI native code, a directory's own code (auto_map).",
+            help="Rebuild the classes a pickle names by the default mechanism (none of their "
+            "code runs on the file's data); load AOTI native code.",
         ),
     )
     allow: list[str] = field(  # trusted classes, named one by one
@@ -155,7 +155,29 @@ class Options:
             group="model",
             multiple=True,
             metavar="MOD.NAME",
-            help="Trust this one class a pickle names (repeatable): --trust, class by class.",
+            help="Rebuild this one class a pickle names (repeatable), by its own code when it "
+            "has some (__new__, __setstate__ …: a warning says so).",
+        ),
+    )
+    # a model folder's own .py files (config.json's auto_map), as transformers names the grant
+    trust_remote_code: bool = field(
+        default=False,
+        metadata=flag(
+            "--trust-remote-code",
+            group="model",
+            help="Run a model folder's own code (the .py files its auto_map names), as "
+            "transformers' trust_remote_code.",
+        ),
+    )
+    # seconds a trusted load may take (in a process of its own) before it is stopped
+    load_timeout: float = field(
+        default=300.0,
+        metadata=flag(
+            "--load-timeout",
+            group="model",
+            type=float,
+            metavar="SECONDS",
+            help="Stop a load of a user file that takes longer (default 300 s).",
         ),
     )
     non_strict: bool = field(  # leave out checkpoint keys the model does not have (reported)
@@ -369,6 +391,9 @@ class Options:
             raise UsageError(f"--dynamic {bad[0]!r} is not NAME:AXIS[:MIN:MAX]")
         if self.max_shard_size is not None and not isinstance(self.max_shard_size, str):
             raise UsageError(f"max_shard_size is a size such as '5GB', got {self.max_shard_size!r}")
+        timeout = self.load_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise UsageError(f"load_timeout is a number of seconds above 0, got {timeout!r}")
         if self.opset is not None and (not isinstance(self.opset, int) or self.opset < 1):
             raise UsageError(f"opset is a positive integer, got {self.opset!r}")
         sizes = self.batch_sizes

@@ -10,6 +10,8 @@ parent had no main module.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,3 +37,17 @@ def without_main() -> Iterator[None]:
         for key, value in saved.items():
             if value is not _MISSING:
                 setattr(main, key, value)
+
+
+def die_with_parent(parent: int) -> None:
+    """In a child ptconvert started: be killed when the parent dies (Linux's parent-death
+    signal), so that a parent that is killed leaves no loader spinning. Elsewhere, and if the
+    parent is already gone, the child exits at once in the second case only."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the signal was asked for
+        os._exit(1)

@@ -112,7 +112,7 @@ def convert_program(
     _check_outputs(out, to, [src], opts)
     if weights:  # the scan refuses before anything is made (the read step keeps its verdicts)
         folder = writes_directory(d, to, opts.max_shard_size, output)
-        scans = guard(src, trust=opts.trust, allow=opts.allow)
+        scans = guard(src, trust=opts.trust, allow=opts.allow, remote_code=opts.trust_remote_code)
         return _run_route(src, d, to, out, opts, current, banned, started, folder, scans)
     _check_before_work(to, opts)
     _check_space(current, out)

@@ -201,7 +201,9 @@ def _cached_plan(path: Path, stamp: tuple[int, int], arch: str) -> Plan | str:
             )
         try:
             raw = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
-            config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+            config = AutoConfig.from_pretrained(
+                str(path.parent), gguf_file=path.name, trust_remote_code=False
+            )
         except (ValueError, KeyError, NotImplementedError) as exc:
             return f"transformers does not load architecture {arch!r} from GGUF ({exc})"
     model_class = _model_class(config)
@@ -399,7 +401,9 @@ def _companions(path: Path, plan: Plan) -> tuple[dict[str, bytes], str]:
         from transformers import AutoTokenizer
 
         with _quiet(), tempfile.TemporaryDirectory() as tmp:
-            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            tok = AutoTokenizer.from_pretrained(
+                str(path.parent), gguf_file=path.name, trust_remote_code=False
+            )
             tok.save_pretrained(tmp)
             files |= {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
     except Exception as exc:  # transformers' tokenizer builders raise anything
@@ -422,7 +426,9 @@ def hf_reference(ws: WeightSet) -> Reference:
     assert path is not None
     declared = json.loads(ws.companions["config.json"])
     with _quiet():
-        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        config = AutoConfig.from_pretrained(
+            str(path.parent), gguf_file=path.name, trust_remote_code=False
+        )
         cls = getattr(transformers, declared["architectures"][0])
         with torch.device("meta"):
             model = cls(config)

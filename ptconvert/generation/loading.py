@@ -23,7 +23,9 @@ def read_config(src: Path) -> Any:
     from ptconvert.deps import require
 
     transformers = require("transformers")
-    return transformers.AutoConfig.from_pretrained(src, local_files_only=True)
+    return transformers.AutoConfig.from_pretrained(
+        src, local_files_only=True, trust_remote_code=False
+    )
 
 
 def load_model(src: Path, task: str, to: str, opts: Options) -> LoadedModel:
@@ -38,8 +40,8 @@ def load_model(src: Path, task: str, to: str, opts: Options) -> LoadedModel:
             f"--task {task} exports a Hugging Face directory (config.json and weights)", path=src
         )
     kind = check_task(task, to, read_config(src), src)
-    guard(src, trust=opts.trust, allow=opts.allow)
-    loaded = module_from_hf(src, None, {}, trust_remote_code=opts.trust)
+    guard(src, trust=opts.trust, allow=opts.allow, remote_code=opts.trust_remote_code)
+    loaded = module_from_hf(src, None, {}, trust_remote_code=opts.trust_remote_code)
     model = loaded.model
     model.config.use_cache = True
     return LoadedModel(model, kind, list(loaded.notes))

@@ -65,7 +65,9 @@ def source_weights(
     clean). A file without tensors is no weights with ``--model`` when they are ``for_model``
     (the factory's model as it builds it), an error otherwise."""
     if scans is None:
-        scans = guard(src, trust=opts.trust, allow=opts.allow)  # an index: with its shards
+        scans = guard(  # an index: with its shards
+            src, trust=opts.trust, allow=opts.allow, remote_code=opts.trust_remote_code
+        )
     try:
         ws = read_weights(
             src, key=opts.key, keep_prefix=opts.keep_prefix, skip_unsupported=opts.skip_unsupported
@@ -128,7 +130,7 @@ def eager_from_weights(src: Path, src_format: str, weights: WeightSet, opts: Opt
     if FORMATS_BY_NAME[src_format].carries_model_spec:
         # the directory was scanned when its weights were read; transformers loads them
         shapes = {e.name: tuple(e.shape) for e in weights.entries}
-        loaded = module_from_hf(src, opts.task, shapes, trust_remote_code=opts.trust)
+        loaded = module_from_hf(src, opts.task, shapes, trust_remote_code=opts.trust_remote_code)
         model = loaded.model
         # derived only when none were given: a derivation that fails must not block --input
         inputs = user_inputs(opts) or from_hf_model(model, src, seed=opts.seed)
@@ -200,19 +202,20 @@ def _holds_meta(value: Any, depth: int = 0, seen: set[int] | None = None) -> boo
 
 
 def eager_from_pickle(src: Path, opts: Options) -> Eager:
-    """A whole pickled module, loaded with the classes the user trusts (``--trust``, or each
-    named by ``--allow``) through torch's restricted unpickler: nothing else can be called."""
+    """A whole pickled module, its classes (those ``--trust`` covers, or each named by
+    ``--allow``) rebuilt by the default mechanism: nothing else can be called."""
     import torch
 
-    model = trusted_load(src, trust=opts.trust, allow=opts.allow)
+    loaded = trusted_load(src, trust=opts.trust, allow=opts.allow, timeout=opts.load_timeout)
+    model = loaded.value
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"the pickle holds a {type(model).__name__}, not an nn.Module", path=src)
     classes = sorted({type(m).__module__ + "." + type(m).__qualname__ for m in model.modules()})
     note = (
-        "loaded a whole pickled module through torch's restricted unpickler, its classes "
-        f"allowlisted by {'--trust' if opts.trust else '--allow'}: {', '.join(classes)}"
+        "loaded a whole pickled module, its classes rebuilt without running their code "
+        f"(admitted by {'--trust' if opts.trust else '--allow'}): {', '.join(classes)}"
     )
-    return Eager(model.eval(), model, user_inputs(opts), [note])
+    return Eager(model.eval(), model, user_inputs(opts), [*loaded.warnings, note])
 
 
 def program_sample_inputs(ep: Any) -> ExampleInputs | None:

@@ -212,14 +212,17 @@ def module_from_hf(
             + ", ".join(code)
             + ")",
             path=directory,
-            hint="pass --trust if you trust its source",
+            hint="pass --trust-remote-code if you trust its source (--trust does not run a "
+            "folder's code)",
         )
-    remote = {"trust_remote_code": True} if code else {}
+    remote = {"trust_remote_code": bool(code)}
     config = _auto_config(transformers, directory, remote)
     names = list(getattr(config, "architectures", None) or [])
     notes: list[str] = []
     if code:
-        notes.append(f"--trust: the directory's own code ran (auto_map: {', '.join(code)})")
+        notes.append(
+            f"--trust-remote-code: the directory's own code ran (auto_map: {', '.join(code)})"
+        )
     if task:
         cls = getattr(transformers, _task_class(task), None)
         if cls is None:

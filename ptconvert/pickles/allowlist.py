@@ -179,6 +179,9 @@ def _safe_globals() -> frozenset[str]:
         "numpy.core.multiarray.scalar",
         "numpy._core.multiarray._reconstruct",
         "numpy._core.multiarray.scalar",
+        # protocol 5 pickles an array as its bytes: frombuffer(buf, dtype).reshape(shape, order)
+        "numpy.core.numeric._frombuffer",
+        "numpy._core.numeric._frombuffer",
         "copyreg._reconstructor",
         "builtins.object",
         "enum.Enum",
@@ -305,6 +308,24 @@ def is_pure_function(dotted: str) -> bool:
     )
 
 
+TEXT_EVALUATING = (
+    "sympy",
+    "torch.utils._sympy",
+    "mpmath",
+    "numexpr",
+    "pandas.core.computation",
+    "pandas.eval",
+    "jinja2",
+    "mako",
+    "chameleon",
+    "genshi",
+    "Cheetah",
+    "numba",
+    "Cython",
+    "pyximport",
+    "IPython",
+    "sage",
+)
 # Modules whose every member can run code, touch files, processes or the network, or load
 # another pickle. Matched against every prefix of a dotted name.
 DANGEROUS_MODULES: frozenset[str] = frozenset(
@@ -431,6 +452,9 @@ DANGEROUS_MODULES: frozenset[str] = frozenset(
         "torch.multiprocessing",
         "torch.utils.cpp_extension",
         "torch.utils.tensorboard",
+        # libraries whose constructors evaluate, compile or template text as code: a class of
+        # theirs rebuilt from a pickle's string runs it (sympy's sympify is eval)
+        *TEXT_EVALUATING,
     ]
 )
 
@@ -460,6 +484,7 @@ REASONS: dict[str, str] = {
     "shutil": "copies and deletes files",
     "sys": "changes the interpreter",
     "types": "builds code and function objects",
+    **{m: "its classes evaluate text as code when they are constructed" for m in TEXT_EVALUATING},
 }
 
 
@@ -494,6 +519,8 @@ def danger_reason(module: str, name: str) -> str | None:
     if (why := denied_reason(module, name)) is not None:
         return why
     module = normalize(module)
+    if "__main__" in module.split(".")[1:]:
+        return "a package's __main__ module: importing it runs the package's command line"
     if module.split(".")[0] in sys.stdlib_module_names:
         # not user code: a standard-library function or alias (tarfile.bltn_open is open)
         return "a standard-library name not on the allowlist (it may reach files or processes)"

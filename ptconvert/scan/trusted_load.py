@@ -1,32 +1,47 @@
-"""Loading a pickle whose classes the user trusts (``--trust``, ``--allow``): enforced by torch's
-restricted unpickler, not only by the scan that came before.
+"""Loading a pickle whose classes the user trusts (``--trust``, ``--allow``): the classes are
+rebuilt by the default mechanism, no code of theirs runs, and nothing else is called.
 
-``torch.load(weights_only=True)`` runs with exactly the globals the scan named allowlisted
-(``torch.serialization.safe_globals``), never ``weights_only=False`` and with no fallback. Classes
-the scan saw constructed are allowlisted as they are: constructing them is what trust admits.
+Trust is a grant to rebuild the classes the scan named, never to run their code on the file's
+data. The load is torch.load's container handling with ptconvert's own unpickler
+(``pickles/rebuild.py``): a global resolves only to a value of the allowlist or a class the scan
+named; an instance is made with ``object.__new__`` and its state set by ``__dict__`` update or
+torch's own ``__setstate__``. A class whose rebuild would run its own code (a ``__new__``,
+``__setstate__``, … of its own: ``admission.own_code``) is refused by ``--trust`` and admitted
+only by ``--allow`` naming it, with a warning. Only the modules of the classes trust covers are
+imported, never a ``__main__`` module (importing one runs a program).
+
+The load runs first in a spawned process under an audit hook (``load_probe.py``) and within
+``--load-timeout``: a load that would execute code, start a process, open a socket, write a file
+or import a module is stopped there and named; one that does not end is stopped at the limit.
+Then this process loads the same bytes the same way.
+
 A function or class the pickle only keeps as a value (an activation such as
-``torch._C._nn.gelu``, a hyperparameter's ``nn.GELU``) is allowlisted as a stand-in that raises
-if called, and swapped for it once the load is done: where the scanner missed a call (a class
-set as a tensor's ``set_``, which torch's BUILD calls), the load still cannot make it.
+``torch._C._nn.gelu``, a hyperparameter's ``nn.GELU``) is resolved to a stand-in that raises if
+called, and swapped for it once the load is done.
 """
 
 from __future__ import annotations
 
-import enum
+import functools
 import importlib
+import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ptconvert.errors import (
     CorruptFileError,
     MissingRequirementError,
+    NeedsTrustError,
     PtconvertError,
     UnsafeInputError,
     UnsupportedConversionError,
 )
-from ptconvert.scan.analysis import CONSTRUCTS, INSTANTIATES
+from ptconvert.scan.analysis import CONSTRUCTS
 from ptconvert.scan.guard import guard
+
+DEFAULT_LOAD_TIMEOUT_S = 300.0
 
 
 class _Deferred:
@@ -44,53 +59,177 @@ class _Deferred:
         )
 
 
-def trusted_load(path: Path, *, trust: bool, allow: Iterable[str] = ()) -> Any:
-    """The object a trusted pickle holds, loaded by torch's restricted unpickler with exactly the
-    globals the scan named allowlisted. What it cannot build is said (the global) and refused."""
-    import pickle
+@dataclass
+class Prepared:
+    """What a trusted load may resolve, made before any byte of the pickle is read."""
 
-    import torch
+    names: dict[str, Any]
+    admitted: set[type] = field(default_factory=set)
+    own_code_allowed: set[type] = field(default_factory=set)
+    callables: set[int] = field(default_factory=set)
+    deferred: dict[int, _Deferred] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
+
+@dataclass
+class TrustedLoad:
+    value: Any
+    warnings: list[str]
+
+
+def trusted_load(
+    path: Path,
+    *,
+    trust: bool,
+    allow: Iterable[str] = (),
+    timeout: float | None = DEFAULT_LOAD_TIMEOUT_S,
+) -> TrustedLoad:
+    """The object a trusted pickle holds, its classes rebuilt by the default mechanism (those
+    ``allow`` names by their own code). The load is tried first in a process of its own under
+    an audit hook, within ``timeout`` seconds (None: no probe, for that process itself)."""
+    from ptconvert.scan.load_probe import probe
+
+    allow = list(allow)
+    prepared = prepare(path, trust=trust, allow=allow)
+    if timeout is not None:
+        probe(_probe_child, (str(path), trust, allow), path=path, timeout=timeout)
+    return TrustedLoad(load_prepared(path, prepared), prepared.warnings)
+
+
+def _probe_child(path: str, trust: bool, allow: list[str], send: Any, parent: int) -> None:
+    """The probe's process (load_probe.py): the same preparation and load, under the hook."""
+    from ptconvert.scan.load_probe import child_main
+
+    def prepared() -> Prepared:
+        done = prepare(Path(path), trust=trust, allow=allow)
+        _warm_up()
+        return done
+
+    child_main(send, parent, prepared, lambda done: load_prepared(Path(path), done))
+
+
+def prepare(path: Path, *, trust: bool, allow: list[str]) -> Prepared:
+    """The scan (refusing what it refuses), the imports trust covers, and each class judged:
+    admitted, or allowed to run its own code by ``--allow``, or refused naming it."""
     scans = guard(path, trust=trust, allow=allow)
     names = sorted({c for s in scans for c in s.classes})
     constructed = {f.global_name for s in scans for f in s.findings if f.reason in CONSTRUCTS}
-    newobj = {f.global_name for s in scans for f in s.findings if f.reason == INSTANTIATES}
-    allowed: list[Any] = []
-    deferred: dict[int, _Deferred] = {}
+    prepared = Prepared(dict(_allowlisted()))
+    prepared.callables = {id(v) for v in prepared.names.values()}
+    own: dict[str, list[str]] = {}
     for name in names:
         value = _imported(path, name)
-        if isinstance(value, type) and name in constructed:
-            if name not in newobj and not issubclass(value, enum.Enum):
-                raise UnsafeInputError(  # what the scan took for an Enum member by value
-                    f"refused at load: the pickle calls {name} with its own argument, and "
-                    "only an Enum member is rebuilt that way (trust admits constructing the "
-                    "classes a pickle names, not calling them with its data)",
-                    path=path,
-                    hint="run `ptconvert scan` on it; do not load it",
+        if isinstance(value, type):
+            from ptconvert.scan.admission import own_code
+
+            hooks = own_code(value)
+            if not hooks:
+                prepared.admitted.add(value)
+            elif name in allow:
+                prepared.own_code_allowed.add(value)
+                prepared.warnings.append(
+                    f"--allow {name}: its own code ({', '.join(hooks)}) runs on this file's "
+                    "data while it is unpickled"
                 )
-            allowed.append(value)
+            elif name in constructed:
+                own[name] = hooks
+            prepared.names[name] = value  # a class kept as a value: construct it is refused
         else:
             stand_in = _Deferred(path, name, value)
-            deferred[id(stand_in)] = stand_in
-            allowed.append((stand_in, name))
+            prepared.deferred[id(stand_in)] = stand_in
+            prepared.names[name] = stand_in
+    if own:
+        listed = "; ".join(f"{n} ({', '.join(h)})" for n, h in sorted(own.items()))
+        raise NeedsTrustError(
+            "rebuilding these classes runs their own code on the file's data, which --trust "
+            f"does not admit: {listed}",
+            path=path,
+            hint="--trust admits classes rebuilt by the default mechanism only; --allow "
+            + " --allow ".join(sorted(own))
+            + " admits them one by one (their code then runs on this file's data: only for a "
+            "source you trust)",
+        )
+    return prepared
+
+
+def load_prepared(path: Path, prepared: Prepared) -> Any:
+    """torch.load's container handling with the rebuilding unpickler, under ``prepared``."""
+    import torch
+
+    from ptconvert.pickles import rebuild
+
+    _refuse_torchscript(path)
+    rebuilding = rebuild.Rebuilding(
+        prepared.names, prepared.admitted, prepared.own_code_allowed, prepared.callables
+    )
+    rebuild.Unpickler.rebuilding = rebuilding
     try:
-        with torch.serialization.safe_globals(allowed):
-            loaded = torch.load(path, map_location="cpu", weights_only=True)
+        loaded = torch.load(path, map_location="cpu", weights_only=False, pickle_module=rebuild)
     except PtconvertError:
         raise  # a stand-in called: said as the refusal it is
-    except pickle.UnpicklingError as exc:  # content it cannot build (benign or not): exit 4
-        raise UnsupportedConversionError(
-            f"torch's restricted unpickler refuses this file, so it is not loaded: {_first(exc)}",
-            path=path,
-            hint="it allowlists only the globals the scan named "
-            f"({', '.join(names) or 'none'}); convert its tensors with --to safetensors instead",
+    except rebuild.Refused as exc:
+        raise UnsafeInputError(
+            f"refused at load: {exc}", path=path, hint="run `ptconvert scan` on it"
         ) from None
-    except Exception as exc:  # a class's own __setstate__, a storage that does not fit …
+    except Exception as exc:  # content it cannot build, a storage that does not fit …
         raise CorruptFileError(
-            f"torch.load (weights_only=True) cannot load it: {type(exc).__name__}: {_first(exc)}",
+            f"the trusted load cannot rebuild it: {type(exc).__name__}: {_first(exc)}",
             path=path,
         ) from None
-    return _swapped(loaded, deferred, {}) if deferred else loaded
+    finally:
+        rebuild.Unpickler.rebuilding = None
+    return _swapped(loaded, prepared.deferred, {}) if prepared.deferred else loaded
+
+
+def _refuse_torchscript(path: Path) -> None:
+    """torch.load hands a TorchScript archive to torch.jit.load whatever unpickler it is
+    given: the trusted load is for pickles only."""
+    from ptconvert.formats import detect
+
+    if detect(path).format != "pt":
+        raise UnsupportedConversionError(
+            "the trusted load reads torch.save checkpoints only", path=path
+        )
+
+
+@functools.cache
+def _allowlisted() -> dict[str, Any]:
+    """The allowlist's names resolved to their values: torch's, the standard library's and
+    numpy's modules only (imported once, before any pickle is read)."""
+    from ptconvert.pickles.allowlist import SAFE_GLOBALS
+
+    out: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numpy.core's deprecation
+        for dotted in sorted(SAFE_GLOBALS):
+            module, _, name = dotted.rpartition(".")
+            try:
+                out[dotted] = getattr(importlib.import_module(module), name)
+            except (ImportError, AttributeError):
+                continue  # not in this torch or numpy: a pickle naming it is refused
+    return out
+
+
+def _warm_up() -> None:
+    """One load of a tiny checkpoint through the same path: torch imports what its loading
+    needs on first use, and no import may happen once the hook is armed."""
+    import io
+
+    import torch
+
+    from ptconvert.pickles import rebuild
+
+    buf = io.BytesIO()
+    torch.save({"w": torch.zeros(1), "p": torch.nn.Parameter(torch.zeros(1))}, buf)
+    buf.seek(0)
+    names = _allowlisted()
+    rebuild.Unpickler.rebuilding = rebuild.Rebuilding(
+        dict(names), set(), set(), {id(v) for v in names.values()}
+    )
+    try:
+        torch.load(buf, map_location="cpu", weights_only=False, pickle_module=rebuild)
+    finally:
+        rebuild.Unpickler.rebuilding = None
 
 
 def _first(exc: BaseException) -> str:
@@ -98,8 +237,17 @@ def _first(exc: BaseException) -> str:
 
 
 def _imported(path: Path, dotted: str) -> Any:
-    """The global a trusted pickle names, imported (its module's code runs: that is the trust)."""
+    """The global a trusted pickle names, imported: its module's code runs, which the user's
+    trust covers for the modules of the classes the scan named, never for a ``__main__``
+    module (importing one runs a program: ``pygments.__main__`` is pygments' command line)."""
     module, _, name = dotted.rpartition(".")
+    if "__main__" in module.split(".")[1:] or not module:
+        raise UnsafeInputError(
+            f"refused: the pickle names {dotted}, and importing {module or dotted!r} would run "
+            "a program's entry point, not define a class",
+            path=path,
+            hint="run `ptconvert scan` on it; do not load it",
+        )
     try:
         return getattr(importlib.import_module(module), name)
     except ModuleNotFoundError as exc:  # the classes the pickle names live in the user's code

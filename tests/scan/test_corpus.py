@@ -96,6 +96,15 @@ CONTAINERS = [
     "source_polyglot.py",
     "additems_add_class.pkl",
     "append_attribute_class.pkl",
+    # issue 38: constructors that evaluate text; a package's __main__ module
+    "ctor_sympy_sequential.pt",
+    "ctor_sympy_state_dict.pt",
+    "ctor_sympy_legacy.pt",
+    "ctor_sympy_hparams.ckpt",
+    "ctor_sympy_metadata.pt",
+    "ctor_sympy_trace_reduce.pt",
+    "ctor_sympy_lambda.pt",
+    "main_module_class.pkl",
 ]
 TECHNIQUES = [f"{n}.pkl" for n in raw_techniques(Path("/m"))] + CONTAINERS
 # Refused as unreadable ("error"), never passed as clean: containers the scanner cannot open

@@ -1,5 +1,6 @@
 """A Hugging Face directory whose ``auto_map`` names its own code: the scan says so, a
-conversion needs ``--trust`` (transformers imports, so runs, that code) and says it ran."""
+conversion needs ``--trust-remote-code`` (transformers imports, so runs, that code; ``--trust``
+alone does not grant it) and says it ran."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def remote_code_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Pa
     return tmp_path / "hf", marker
 
 
-def test_a_directory_with_auto_map_needs_trust_and_says_its_code_runs(
+def test_a_directory_with_auto_map_needs_trust_remote_code_and_says_its_code_runs(
     remote_code_dir: tuple[Path, Path], tmp_path: Path, capsys
 ) -> None:
     src, marker = remote_code_dir
@@ -81,7 +82,13 @@ def test_a_directory_with_auto_map_needs_trust_and_says_its_code_runs(
     code, body, _ = run_cli(argv, capsys)
     assert code == 11 and "modeling_tiny.TinyModel" in body["error"]["message"], body
     assert not marker.exists() and not out.exists()
-    code, body, _ = run_cli([*argv, "--trust"], capsys)
+    code, body, _ = run_cli([*argv, "--trust"], capsys)  # trust in pickles is not this grant
+    error = body["error"]
+    assert code == 11 and "--trust-remote-code" in error["hint"], body
+    assert "modeling_tiny.py" in error["message"] and "modeling_tiny.TinyModel" in error["message"]
+    assert "configuration_tiny.TinyConfig" in error["message"]
+    assert not marker.exists() and not out.exists()
+    code, body, _ = run_cli([*argv, "--trust-remote-code"], capsys)
     assert code == 0, body
     assert marker.exists()  # trusted: transformers imported the directory's code
     assert any("own code ran" in n for n in body["notes"]), body["notes"]
@@ -94,7 +101,8 @@ def test_a_directory_with_auto_map_needs_trust_and_says_its_code_runs(
 
 
 def test_python_source_in_a_model_folder_is_named_when_refused(samples, tmp_path: Path, capsys):
-    """A folder's own .py file is code: refused without --trust, the message names the file."""
+    """A folder's own .py file is code: refused without --trust-remote-code, the message names
+    the file."""
     import shutil
 
     src = tmp_path / "bert"
@@ -102,9 +110,12 @@ def test_python_source_in_a_model_folder_is_named_when_refused(samples, tmp_path
     (src / "handler.py").write_text("print('serving')\n")
     out = tmp_path / "out"
     code, body, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out)], capsys)
-    assert code == 11 and body["error"]["path"].endswith("handler.py"), body
-    assert "Python source" in body["error"]["message"] and not out.exists()
+    assert code == 11 and "handler.py" in body["error"]["message"], body
+    assert "--trust-remote-code" in body["error"]["hint"] and not out.exists()
     code, body, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out), "--trust"], capsys)
+    assert code == 11 and not out.exists(), body
+    argv = [str(src), "--to", "safetensors", "-o", str(out), "--trust-remote-code"]
+    code, body, _ = run_cli(argv, capsys)
     assert code == 0, body
 
 
@@ -120,7 +131,7 @@ def test_remote_code_that_does_not_build_is_a_named_error(
     code_file = src / "modeling_tiny.py"
     code_file.write_text(code_file.read_text().replace("        self.post_init()\n", ""))
     out = tmp_path / "tiny.pt2"
-    argv = [str(src), "--to", "pt2", "-o", str(out), "--input", "x:2x8:float32", "--trust"]
-    code, body, _ = run_cli(argv, capsys)
+    argv = [str(src), "--to", "pt2", "-o", str(out), "--input", "x:2x8:float32"]
+    code, body, _ = run_cli([*argv, "--trust-remote-code"], capsys)
     assert code == 4 and "transformers cannot load" in body["error"]["message"], body
     assert body["error"]["path"] == str(src) and not out.exists()

@@ -1,6 +1,7 @@
-"""``--trust`` enforced where the file is loaded: torch's restricted unpickler with exactly the
-classes the scan named (and the user trusted) allowlisted, so a gadget the scanner misses still
-cannot run; ``--allow`` trusts classes one by one; a route never unpickles a file it wrote."""
+"""``--trust`` enforced where the file is loaded: the rebuilding unpickler resolves exactly the
+classes the scan named (and the user trusted) and calls none of their code, so a gadget the
+scanner misses still cannot run; ``--allow`` trusts classes one by one; a route never unpickles a
+file it wrote."""
 
 from __future__ import annotations
 
@@ -76,8 +77,8 @@ def test_a_gadget_the_scan_missed_does_not_run_under_trust(
     net_module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     """The scan is made to miss an ``os.system`` call inside a trusted module: the load itself
-    refuses it (exit 4: torch's restricted unpickler cannot build it), nothing runs, nothing is
-    written."""
+    refuses it (exit 10: the unpickler resolves only what the scan cleared), nothing runs,
+    nothing is written."""
     marker = tmp_path / "PAYLOAD_RAN"
     model = net_module.Net()
     model.payload = Reduce(os.system, f"touch {marker}")
@@ -87,30 +88,35 @@ def test_a_gadget_the_scan_missed_does_not_run_under_trust(
     out = tmp_path / "out"
     for extra in (["--to", "torchscript"], ["--to", "pt2", "--input", "x:2x4:float32"]):
         code, body, _ = run_cli([str(src), *extra, "-o", str(out), "--trust"], capsys)
-        assert code == 4, body  # torch's unpickler cannot build posix.system: never loaded
-        assert "restricted unpickler" in body["error"]["message"]
+        assert code == 10, body  # refused by the probe's own scan, in its process
         assert not marker.exists() and not out.exists()
+    with pytest.raises(ptconvert.UnsafeInputError, match="did not clear"):
+        trusted_load(src, trust=True, timeout=None)  # posix.system resolves to nothing
+    assert not marker.exists()
 
 
-def test_a_whole_module_loads_through_the_restricted_unpickler(
+def test_a_whole_module_loads_through_the_rebuilding_unpickler(
     net_module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from ptconvert.pickles import rebuild
+
     src = tmp_path / "net.pt"
     torch.save(net_module.Net().eval(), src)
     loads: list[object] = []
     real_load = torch.load
 
-    def spy(*args, **kwargs):
-        loads.append(kwargs.get("weights_only"))
-        return real_load(*args, **kwargs)
+    def spy(f, *args, **kwargs):
+        if str(f) == str(src):  # not the check's reading of its own outputs
+            loads.append(kwargs.get("pickle_module"))
+        return real_load(f, *args, **kwargs)
 
     monkeypatch.setattr(torch, "load", spy)
     report = ptconvert.convert(
         src, "torchscript", tmp_path / "net.ts", trust=True, inputs=["x:2x4:float32"]
     )
     assert report.parity is not None and report.parity.status == "pass"
-    assert loads and all(w is True for w in loads), loads
-    assert any("restricted unpickler" in n and NET in n for n in report.notes), report.notes
+    assert loads and all(m is rebuild for m in loads), loads
+    assert any("without running their code" in n and NET in n for n in report.notes), report.notes
     scripted = torch.jit.load(str(tmp_path / "net.ts"))
     x = torch.randn(3, 4)
     assert torch.allclose(
@@ -145,7 +151,7 @@ def test_a_call_of_a_function_the_scan_missed_is_refused_at_load(
     torch.save(model, src)
     _missed(monkeypatch, NET, LINEAR, "trustnet.helper_with_effect")
     with pytest.raises(ptconvert.UnsafeInputError, match=r"calls trustnet\.helper_with_effect"):
-        trusted_load(src, trust=True)
+        trusted_load(src, trust=True, timeout=None)  # no probe: its scan would not miss it
     assert not marker.exists()
 
 
@@ -158,7 +164,7 @@ def test_functions_kept_as_values_load_as_themselves(tmp_path: Path) -> None:
     torch.manual_seed(0)
     src = tmp_path / "bert.pt"
     torch.save(transformers.BertModel(config).eval(), src)
-    loaded = trusted_load(src, trust=True)
+    loaded = trusted_load(src, trust=True).value
     act = loaded.encoder.layer[0].intermediate.intermediate_act_fn.act
     assert act is torch._C._nn.gelu
     reference = torch.load(src, weights_only=False)  # the test's own trusted file
@@ -298,8 +304,10 @@ def test_a_class_set_as_a_tensor_method_is_refused_by_the_scan_and_at_load(
     # a scan made to miss it: the class is kept as a value only, so the load gets a stand-in
     kept = Finding("needs-code", "data.pkl", 0, "GLOBAL", "trustnet.Effect", "imports a module")
     monkeypatch.setattr(guard_module, "_scan", lambda p: FileScan(str(p), "needs-code", [kept], 1))
-    with pytest.raises(ptconvert.UnsafeInputError, match=r"calls trustnet\.Effect"):
-        trusted_load(src, trust=True)
+    # BUILD sets a Tensor's state by Tensor.__setstate__ (the class's), never by the set_ its
+    # __dict__ holds: the state does not fit, the load fails, Effect never runs
+    with pytest.raises(ptconvert.InputError, match="cannot rebuild"):
+        trusted_load(src, trust=True, timeout=None)
     assert not marker.exists() and not out.exists()
 
 
@@ -314,7 +322,7 @@ def test_a_class_called_with_the_pickles_argument_is_refused_unless_an_enum(
     torch.save({"w": torch.zeros(2), "x": Reduce(net_module.Effect, str(marker))}, src)
     out = tmp_path / "o.ts"
     code, body, _ = run_cli([str(src), "--to", "torchscript", "-o", str(out), "--trust"], capsys)
-    assert code == 10 and "only an Enum member" in body["error"]["message"], body
+    assert code == 10 and "runs its __init__" in body["error"]["message"], body
     assert not marker.exists() and not out.exists()
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
@@ -338,7 +346,7 @@ def test_kept_values_come_back_as_themselves_wherever_they_sit(net_module, tmp_p
     model.slotted.fn = relu
     src = tmp_path / "kept.pt"
     torch.save(model, src)
-    loaded = trusted_load(src, trust=True)
+    loaded = trusted_load(src, trust=True).value
     assert loaded.a == (relu, gelu) and loaded.b == (relu, gelu)
     assert loaded.slotted.fn is relu and list(loaded.table) == [torch.nn.GELU]
     assert type(loaded.size) is torch.Size
