@@ -173,7 +173,7 @@ class _Processes:
         from ptconvert.quiet import is_verbose
 
         context = multiprocessing.get_context("spawn")
-        setup = (self.jobs, is_verbose(), self.queue)
+        setup = (self.jobs, is_verbose(), self.queue, os.getpid())
         return ProcessPoolExecutor(
             self.jobs, mp_context=context, initializer=_worker_setup, initargs=setup
         )
@@ -204,9 +204,14 @@ def _here(fn: Callable[..., dict[str, Any]], *args: Any) -> Future[dict[str, Any
     return done
 
 
-def _worker_setup(jobs: int, verbose: bool, queue: Any = None) -> None:
-    """Each of ``jobs`` workers takes its share of the cores (torch would take them all), the
+def _worker_setup(jobs: int, verbose: bool, queue: Any = None, parent: int | None = None) -> None:
+    """Each of ``jobs`` workers dies with the driver (``parent``: a driver that is killed leaves
+    no conversion running), takes its share of the cores (torch would take them all), the
     driver's -v, and, where the driver shows progress, a reporter sending it the steps."""
+    if parent is not None:
+        from ptconvert.spawn import die_with_parent
+
+        die_with_parent(parent)
     import torch
 
     from ptconvert.quiet import set_verbose

@@ -96,7 +96,7 @@ def convert_program(
         copy_cannot_change(src, to, opts)
         out = Path(output) if output else default_output(src, to)
         check_output(out, [src], opts.force)
-        return verified_copy(src, d, out, started, opts.force)
+        return verified_copy(src, d, out, started, opts.force, opts.load_timeout)
     if weights:
         refuse_shards(to, opts.max_shard_size, src)
     banned: set[Edge] = set(inapplicable(d, to))

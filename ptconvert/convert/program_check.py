@@ -473,10 +473,13 @@ class FreshLoad:
         warm = ""
         if fmt.warm_line:
             warm = f"try:\n    {fmt.warm_line}\nexcept ImportError:\n    pass\n"
-        # once its verdict is written it ends at once: an interpreter that imported torch takes
+        # it dies with this process (no load left running if ptconvert is killed); once its
+        # verdict is written it ends at once: an interpreter that imported torch takes
         # 0.5-0.7 s to tear itself down, time the caller would wait for nothing
         code = (
-            f"import os, sys, torch\ntorch.set_num_threads({threads})\n{warm}"
+            f"import os, sys\nfrom ptconvert.spawn import die_with_parent\n"
+            f"die_with_parent({os.getpid()})\n"
+            f"import torch\ntorch.set_num_threads({threads})\n{warm}"
             "exec(compile(sys.stdin.read(), '<the file, loaded>', 'exec'))\n"
             "sys.stdout.flush()\nsys.stderr.flush()\nos._exit(0)\n"
         )

@@ -48,13 +48,23 @@ def copy_cannot_change(src: Path, to: str, opts: Options) -> None:
 
 
 def verified_copy(
-    src: Path, d: Detection, out: Path, started: float, force: bool
+    src: Path,
+    d: Detection,
+    out: Path,
+    started: float,
+    force: bool,
+    load_timeout: float | None = None,
 ) -> ConversionReport:
     """The file already has the format asked for: a byte copy, checked against the source and,
-    for programs, loaded in a fresh process as a user would."""
+    for programs, loaded in a fresh process as a user would (a TorchScript archive whose code
+    runs at load tried first, stopped after ``load_timeout`` s: nothing is written then)."""
     import filecmp
 
     held = describe(src).files
+    if d.format == "torchscript":  # its __setstate__ runs at load: tried before any write
+        from ptconvert.formats.torchscript_probe import load_in_time
+
+        load_in_time(src, load_timeout)
     if len(held) > 1:  # ONNX external data: its file names are written inside the model
         raise UsageError(
             f"the file is already {d.format}, with its data in "

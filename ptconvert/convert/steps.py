@@ -78,7 +78,7 @@ def ts_to_exported(state: RunState, opts: Options) -> None:
     from ptconvert.convert.exporting import dynamic_range_words
 
     inputs = _require_inputs(state)
-    module = state.scripted if state.scripted is not None else _load_torchscript(state)
+    module = state.scripted if state.scripted is not None else _load_torchscript(state, opts)
     sample = inputs.at(max(inputs.batch, 2))  # batch ≥ 2: dodge the 0/1 specialisation
     names = _provided_arguments(module, sample, state.src)
     args = tuple(sample[n] for n in names)
@@ -116,10 +116,13 @@ def _provided_arguments(module: Any, sample: dict[str, Any], src: Path) -> list[
     return names[: given.index(False)] if False in given else names
 
 
-def _load_torchscript(state: RunState) -> Any:
+def _load_torchscript(state: RunState, opts: Options) -> Any:
     import torch
 
+    from ptconvert.formats.torchscript_probe import load_in_time
+
     guard(state.src)
+    load_in_time(state.src, opts.load_timeout)  # its __setstate__ may not run unbounded here
     module = torch.jit.load(str(state.src), map_location="cpu")
     if state.reference is None:
         state.reference = module
@@ -136,7 +139,7 @@ def program_weights(state: RunState, opts: Options) -> None:
     if state.exported is not None:
         tensors = dict(state.exported.state_dict)
     elif state.src_format == "torchscript":
-        tensors = dict(_load_torchscript(state).state_dict())
+        tensors = dict(_load_torchscript(state, opts).state_dict())
     else:
         load_pt2(state, opts)
         assert state.exported is not None

@@ -58,7 +58,13 @@ def check_written(state: RunState, opts: Options) -> WeightsCheck:
     assert state.weights is not None and state.output is not None
     with progress.step("verifying every tensor bitwise"):
         target = _verify_target(state.output, state.written, state.folder)
-        return verify_weights(state.weights, target, scans=state.scans, trust=opts.trust)
+        return verify_weights(
+            state.weights,
+            target,
+            scans=state.scans,
+            trust=opts.trust,
+            load_timeout=opts.load_timeout,
+        )
 
 
 def weights_written(

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from ptconvert.errors import RuntimeDiedError
-from ptconvert.spawn import without_main
+from ptconvert.spawn import die_with_parent, without_main
 
 _TIMEOUT_S = 600  # a call that runs this long without answering is given up
 _POLL_S = 0.5
@@ -124,8 +125,10 @@ def _said(sink: Any) -> str:
     return lines[-1].strip() if lines else ""
 
 
-def _serve(kind: str, path: str, device: str, conn: Any) -> None:
-    """Child process: load the runtime, then answer calls until told to stop."""
+def _serve(kind: str, path: str, device: str, conn: Any, parent: int) -> None:
+    """Child process: load the runtime, then answer calls until told to stop (or killed with
+    its parent, ``parent``: a runtime spinning in a load or a call is never left behind)."""
+    die_with_parent(parent)
     import numpy as np
 
     sink = _captured_stderr()
@@ -165,7 +168,9 @@ class IsolatedRuntime:
         self.kind, self.path = kind, path
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(kind, path, device, child), daemon=True)
+        self._proc = ctx.Process(
+            target=_serve, args=(kind, path, device, child, os.getpid()), daemon=True
+        )
         with without_main():  # the child runs ptconvert's code, never the caller's script
             self._proc.start()
         child.close()  # only the child holds its end: its death is an end of file here

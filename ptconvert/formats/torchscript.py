@@ -70,6 +70,10 @@ class TorchScriptFormat(Format):
         def state() -> dict[str, Any]:
             import torch
 
+            from ptconvert.formats.torchscript_probe import load_in_time
+
+            assert ws.origin is not None
+            load_in_time(ws.origin)  # bounded (the caller gave --load-timeout first, if known)
             return dict(torch.jit.load(str(ws.origin), map_location="cpu").state_dict())
 
         return program_reference(ws, may_load(), state, "torch.jit.load(...).state_dict()")
@@ -105,6 +109,9 @@ class TorchScriptFormat(Format):
     def open(self, path: Path, device: str = "cpu") -> Program:
         import torch
 
+        from ptconvert.formats.torchscript_probe import load_in_time
+
+        load_in_time(path)  # bounded (the caller gave --load-timeout first, if known)
         ts = torch.jit.load(str(path), map_location="cpu")  # in-process: beside eager
         args = ts.forward.schema.arguments[1:]
         names = [a.name for a in args]

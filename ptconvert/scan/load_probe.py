@@ -1,33 +1,27 @@
 """A trusted load tried first in a process of its own, under a PEP 578 audit hook and a time
 limit: defence in depth behind the rebuilding unpickler.
 
-The child imports what the load needs (the modules trust covers, torch's lazily imported parts
-through a load of a tiny checkpoint), then installs an audit hook that cannot be removed and
-loads the file. Any event by which code could run or reach outside (``exec``, ``compile``, an
-import, a process, a socket, a file opened for writing, ctypes) raises inside the load, which
-stops there; the child reports the event and the class being rebuilt, and the parent raises a
-named error (exit 10): nothing has been written. A child that does not answer within the limit
-is killed (exit 3), and one whose parent dies dies with it. What the hook cannot see: code
-that raises no audit event (pure Python arithmetic, attribute stores on objects in memory);
-the rebuilding unpickler is what keeps such code from being called at all.
+The child (``spawn.probe``) imports what the load needs (the modules trust covers, torch's lazily
+imported parts through a load of a tiny checkpoint), then installs an audit hook that cannot be
+removed and loads the file inside ``audited()``. Any event by which code could run or reach
+outside (``exec``, ``compile`` of made-up text, an import, a process, a socket, a file opened
+for writing, ctypes) raises inside the load, which stops there; the child reports the event and
+the class being rebuilt, and the parent raises a named error (exit 10): nothing has been
+written. A child that does not answer within the limit is killed (exit 3), and one whose parent
+dies dies with it. What the hook cannot see: code that raises no audit event (pure Python
+arithmetic, attribute stores on objects in memory); the rebuilding unpickler is what keeps such
+code from being called at all.
 """
 
 from __future__ import annotations
 
-import gc
-import multiprocessing as mp
 import os
 import sys
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from ptconvert.errors import (
-    CorruptFileError,
-    LoadTimeoutError,
-    PtconvertError,
-)
-from ptconvert.spawn import die_with_parent, without_main
+from ptconvert.errors import UnsafeInputError
 
 # Events that abort a load: running code, processes, the network, native code, the filesystem
 # changed. Matched exactly or as a prefix before a dot ("socket" covers socket.connect).
@@ -88,99 +82,31 @@ class Aborted(BaseException):
     """Raised by the audit hook inside the load."""
 
 
-def probe(
-    target: Callable[..., None], args: tuple[Any, ...], *, path: Path, timeout: float
-) -> None:
-    """Run ``target(*args, send, parent_pid)`` (a module-level function that calls
-    ``child_main``) in a spawned process; return when its load completed, raise what stopped
-    it otherwise (the child's named error, the audit event, the time limit)."""
-    ctx = mp.get_context("spawn")
-    receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=target, args=(*args, send, os.getpid()), daemon=True)
-    with without_main():
-        proc.start()
-    send.close()
-    try:
-        if not receive.poll(timeout):
-            raise LoadTimeoutError(
-                f"the trusted load did not finish within {timeout:g} s (--load-timeout); it "
-                "was stopped",
-                path=path,
-                hint="a larger --load-timeout if the file is large, else do not load it",
-            )
-        try:
-            status, *rest = receive.recv()
-        except EOFError:
-            proc.join(5)
-            raise CorruptFileError(
-                f"the trusted load's process died (exit code {proc.exitcode})", path=path
-            ) from None
-    finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join(5)
-        receive.close()
-    if status == "ok":
-        return
-    kind, message, hint = rest
-    cls = _ERRORS.get(kind, CorruptFileError)
-    raise cls(message, path=path, hint=hint)
+@contextmanager
+def audited() -> Iterator[None]:
+    """The audit hook armed for what runs inside (installed once: it cannot be removed); an
+    event it stopped is raised on leaving as the named error (exit 10), even if the code that
+    got ``Aborted`` caught it."""
+    from ptconvert.pickles.rebuild import Rebuilding
 
-
-def _errors() -> dict[str, type[PtconvertError]]:
-    from ptconvert import errors
-
-    return {
-        n: c
-        for n, c in vars(errors).items()
-        if isinstance(c, type) and issubclass(c, PtconvertError)
-    }
-
-
-_ERRORS = _errors()
-
-
-def child_main(
-    send: Any, parent: int, prepare: Callable[[], Any], load: Callable[[Any], Any]
-) -> None:
-    """The probe's process: ``prepare()`` (imports allowed), arm the hook, ``load`` what it
-    prepared and let it be collected, report to the parent, exit without teardown."""
-    die_with_parent(parent)
-    try:
-        prepared = prepare()
-        from ptconvert.pickles.rebuild import Rebuilding
-
+    if not _Rebuilding:
         _Rebuilding.append(Rebuilding)
         sys.addaudithook(_hook)
-        _ARMED[0] = True
-        try:
-            loaded = load(prepared)
-            del loaded  # collected under the hook too: a __del__ of the file's objects runs here
-            gc.collect()
-        finally:
-            _ARMED[0] = False
-        if _SEEN:
-            raise Aborted(_SEEN[0])
-        send.send(("ok",))
+    _ARMED[0] = True
+    try:
+        yield
     except Aborted:
-        event, where = _SEEN[0] if _SEEN else ("?", None)
-        during = f" while rebuilding {where}" if where else ""
-        send.send(
-            (
-                "error",
-                "UnsafeInputError",
-                f"refused at load: the trusted load raised the audit event {event!r}"
-                f"{during}, so it was stopped; nothing was written",
-                "the file tries to run code or reach outside the process: do not load it",
-            )
-        )
-    except PtconvertError as exc:
-        send.send(("error", type(exc).__name__, exc.message, exc.hint))
-    except BaseException as exc:
-        send.send(("error", "CorruptFileError", f"{type(exc).__name__}: {exc}"[:500], None))
+        pass
     finally:
-        send.close()
-        os._exit(0)  # no interpreter teardown: nothing of the load runs after this
+        _ARMED[0] = False
+    if _SEEN:
+        event, where = _SEEN[0]
+        during = f" while rebuilding {where}" if where else ""
+        raise UnsafeInputError(
+            f"refused at load: the trusted load raised the audit event {event!r}{during}, so "
+            "it was stopped; nothing was written",
+            hint="the file tries to run code or reach outside the process: do not load it",
+        )
 
 
 _ARMED = [False]

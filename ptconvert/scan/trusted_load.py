@@ -87,25 +87,27 @@ def trusted_load(
     """The object a trusted pickle holds, its classes rebuilt by the default mechanism (those
     ``allow`` names by their own code). The load is tried first in a process of its own under
     an audit hook, within ``timeout`` seconds (None: no probe, for that process itself)."""
-    from ptconvert.scan.load_probe import probe
+    from ptconvert.spawn import probe
 
     allow = list(allow)
     prepared = prepare(path, trust=trust, allow=allow)
     if timeout is not None:
-        probe(_probe_child, (str(path), trust, allow), path=path, timeout=timeout)
+        what = "the trusted load"
+        probe(_probe_child, (str(path), trust, allow), path=path, timeout=timeout, what=what)
     return TrustedLoad(load_prepared(path, prepared), prepared.warnings)
 
 
 def _probe_child(path: str, trust: bool, allow: list[str], send: Any, parent: int) -> None:
-    """The probe's process (load_probe.py): the same preparation and load, under the hook."""
-    from ptconvert.scan.load_probe import child_main
+    """The probe's process: the same preparation and load, under the audit hook."""
+    from ptconvert.scan.load_probe import audited
+    from ptconvert.spawn import serve_probe
 
     def prepared() -> Prepared:
         done = prepare(Path(path), trust=trust, allow=allow)
         _warm_up()
         return done
 
-    child_main(send, parent, prepared, lambda done: load_prepared(Path(path), done))
+    serve_probe(send, parent, prepared, lambda done: load_prepared(Path(path), done), audited)
 
 
 def prepare(path: Path, *, trust: bool, allow: list[str]) -> Prepared:

@@ -58,12 +58,15 @@ def verify_weights(
     *,
     scans: list[Any] | None = None,
     trust: bool = False,
+    load_timeout: float | None = None,
 ) -> WeightsCheck:
     """Read ``output`` back and compare it with an independent reading of ``source``'s file.
 
     ``scans`` are the security scans of the source (``ptconvert.scan.guard``), and ``trust``
     the user's word: a program's own loader (TorchScript, pt2) runs only on a scan-clean file or
-    with ``trust``; without ``scans`` the program is scanned here first. Pickle checkpoints are
+    with ``trust``; without ``scans`` the program is scanned here first. A TorchScript archive
+    whose code runs at load is loaded in a child first, stopped after ``load_timeout`` seconds
+    (``--load-timeout``; None: its default). Pickle checkpoints are
     never unpickled with code execution, whatever ``trust`` says.
     VerificationError on any difference, or when no independent reader can read the source.
     """
@@ -79,7 +82,7 @@ def verify_weights(
     back = read_weights(output, keep_prefix=True)
     out = _resolve(back)
     with ExitStack() as stack:
-        ref = reference(source, scans, trust, stack)
+        ref = reference(source, scans, trust, stack, load_timeout)
         expected = {n: r for n, r in ref.tensors.items() if not _skipped(n, source.skipped)}
         problems = list(ref.problems)
         missing = sorted(set(expected) - set(out))
@@ -114,12 +117,20 @@ def _read_without_torch(ws: WeightSet) -> bool:
     return fmt is not None and fmt.reference_without_torch
 
 
-def reference(ws: WeightSet, scans: list[Any] | None, trust: bool, stack: ExitStack) -> Reference:
+def reference(
+    ws: WeightSet,
+    scans: list[Any] | None,
+    trust: bool,
+    stack: ExitStack,
+    load_timeout: float | None = None,
+) -> Reference:
     """The source read by its format's independent reader, with the declared prefix strip."""
     if ws.origin is None:
         raise VerificationError("the source of these weights is not a file: nothing to compare")
     tick = time.perf_counter()
-    ref = FORMATS_BY_NAME[ws.format].reference(ws, lambda: _may_load(ws, scans, trust), stack)
+    ref = FORMATS_BY_NAME[ws.format].reference(
+        ws, lambda: _may_load(ws, scans, trust, load_timeout), stack
+    )
     ref.seconds += time.perf_counter() - tick
     if ws.stripped_prefix:
         cut = len(ws.stripped_prefix)
@@ -130,15 +141,24 @@ def reference(ws: WeightSet, scans: list[Any] | None, trust: bool, stack: ExitSt
     return ref
 
 
-def _may_load(ws: WeightSet, scans: list[Any] | None, trust: bool) -> bool:
+def _may_load(
+    ws: WeightSet, scans: list[Any] | None, trust: bool, load_timeout: float | None = None
+) -> bool:
     """Whether a program's own loader may run on the source: the scan found it clean, or
-    ``trust``."""
+    ``trust``. A TorchScript archive it may run on is first loaded in a child, within
+    ``load_timeout`` (``LoadTimeoutError`` if not: its ``__setstate__`` runs at load)."""
     if scans is None:
         from ptconvert.scan.guard import guard
 
         assert ws.origin is not None
         scans = guard(ws.origin, trust=trust)  # a shard index: with its shards
-    return trust or all(getattr(r, "verdict", "") == "clean" for r in scans)
+    may = trust or all(getattr(r, "verdict", "") == "clean" for r in scans)
+    if may and ws.format == "torchscript":
+        from ptconvert.formats.torchscript_probe import load_in_time
+
+        assert ws.origin is not None
+        load_in_time(ws.origin, load_timeout)
+    return may
 
 
 def _skipped(name: str, skipped: dict[str, str]) -> bool:

@@ -26,8 +26,8 @@ def commands(src: str, out: Path) -> dict[str, list[str]]:
     """Label → argv for every command over ``src``, outputs under ``out``."""
     model = ["--model", MODEL]
     got: dict[str, list[str]] = {"info": ["info", src], "scan": ["scan", src]}
-    for to in ("safetensors", "pt", "torchscript", "pt2"):
-        extra = [*model, "--no-verify"] if to in ("torchscript", "pt2") else []
+    for to in ("safetensors", "pt", "torchscript", "pt2", "onnx", "aoti"):
+        extra = [*model, "--no-verify"] if to not in ("safetensors", "pt") else []
         for trust in ([], TRUST):
             label = f"--to {to}{' --trust' if trust else ''}"
             dest = out / f"{to}{'-trust' if trust else ''}.out"
@@ -103,3 +103,25 @@ def test_torchscript_code_under_a_models_folder_is_not_a_pt2(
 
     result = scan_file(tmp_path / "net.ts")
     assert result.verdict == "clean", result.findings
+
+
+@pytest.mark.slow  # ~3 minutes: every trusted command starts its load probe
+def test_no_command_runs_the_code_of_a_class_trust_rebuilds(tmp_path: Path, capsys) -> None:
+    """The issue-38 samples whose payload is a class's own code (needs-code by the scan): every
+    command, with and without --trust, and --allow of that class, never runs it."""
+    from fixtures.trust_corpus import OWN_CODE, own_code_samples
+
+    marker = tmp_path / "PAYLOAD_RAN"
+    samples = own_code_samples(tmp_path / "samples", marker)
+    allow = [a for cls in OWN_CODE for a in ("--allow", cls)]
+    ran = {}
+    for name, path in samples.items():
+        out = tmp_path / name.replace(".", "-")
+        out.mkdir()
+        for label, argv in commands(str(path), out).items():
+            extra = allow if "--trust" in argv else []
+            run_cli([*argv, *extra], capsys)
+            if marker.exists():
+                ran[f"{name}: {label}"] = True
+                marker.unlink()
+    assert ran == {}
