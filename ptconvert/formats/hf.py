@@ -83,17 +83,20 @@ _CONFIG_HINT = "restore the model's config.json (the one its weights were saved 
 
 
 def remote_code(config: dict[str, Any]) -> list[str]:
-    """The classes of the directory's own code that ``auto_map`` names (``modeling_x.XModel``;
-    ``repo--modeling_x.XModel`` for another repository's): transformers imports, so runs, their
-    files under ``trust_remote_code``."""
-    auto_map = config.get("auto_map")
-    if not isinstance(auto_map, dict):
-        return []
+    """The classes of the directory's own code that ``auto_map`` (``modeling_x.XModel``;
+    ``repo--modeling_x.XModel`` for another repository's) or ``custom_pipelines`` (its
+    ``impl``) names: transformers imports, so runs, their files under ``trust_remote_code``."""
     names: set[str] = set()
-    for value in auto_map.values():  # a tokenizer's entry is [slow, fast]
-        for name in value if isinstance(value, list) else [value]:
+    auto_map = config.get("auto_map")
+    for value in auto_map.values() if isinstance(auto_map, dict) else ():
+        for name in value if isinstance(value, list) else [value]:  # a tokenizer's: [slow, fast]
             if isinstance(name, str) and name:
                 names.add(name)
+    pipelines = config.get("custom_pipelines")  # {task: {"impl": "pipeline_x.Pipe", …}}
+    for task in pipelines.values() if isinstance(pipelines, dict) else ():
+        impl = task.get("impl") if isinstance(task, dict) else None
+        if isinstance(impl, str) and impl:
+            names.add(impl)
     return sorted(names)
 
 

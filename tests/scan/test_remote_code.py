@@ -135,3 +135,34 @@ def test_remote_code_that_does_not_build_is_a_named_error(
     code, body, _ = run_cli([*argv, "--trust-remote-code"], capsys)
     assert code == 4 and "transformers cannot load" in body["error"]["message"], body
     assert body["error"]["path"] == str(src) and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("config_name", "entry", "named"),
+    [
+        ("tokenizer_config.json", {"auto_map": {"AutoTokenizer": ["tok_x.XTok", None]}}, "XTok"),
+        ("preprocessor_config.json", {"auto_map": {"AutoProcessor": "proc_x.XProc"}}, "XProc"),
+        ("config.json", {"custom_pipelines": {"x": {"impl": "pipeline_x.XPipe"}}}, "XPipe"),
+    ],
+)
+def test_tokenizer_processor_and_pipeline_code_need_trust_remote_code(
+    samples, config_name: str, entry: dict, named: str, tmp_path: Path, capsys
+) -> None:
+    """A folder's code named by its tokenizer's, processor's or pipeline's config is the same
+    grant: --trust alone is exit 11 naming the class and --trust-remote-code."""
+    import json
+    import shutil
+
+    src = tmp_path / "bert"
+    shutil.copytree(samples["hf_bert"], src)
+    config = src / config_name
+    body = json.loads(config.read_text()) if config.is_file() else {}
+    config.write_text(json.dumps({**body, **entry}))
+    out = tmp_path / "out"
+    for grant in ([], ["--trust"]):
+        code, got, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out), *grant], capsys)
+        assert code == 11 and named in got["error"]["message"], got
+        assert "--trust-remote-code" in got["error"]["hint"] and not out.exists()
+    argv = [str(src), "--to", "safetensors", "-o", str(out), "--trust-remote-code"]
+    code, got, _ = run_cli(argv, capsys)
+    assert code == 0, got
