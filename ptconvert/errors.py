@@ -297,7 +297,8 @@ EXIT_CODES: dict[int, str] = {
     NotImplementedYetError.exit_code: "not implemented yet",
     OutputExistsError.exit_code: "output exists (pass --force to replace it)",
     UnsafeInputError.exit_code: "refused by the security scan (dangerous)",
-    NeedsTrustError.exit_code: "needs code: loading would import user classes (pass --trust)",
+    NeedsTrustError.exit_code: "needs code: loading would import user classes (--trust), "
+    "rebuild a class by its own code (--allow it), or run a folder's code (--trust-remote-code)",
     FilesystemError.exit_code: "the filesystem: no space, read-only, permission denied, a "
     "missing folder, a file where a folder should be, a symbolic link loop",
     CacheError.exit_code: "the cache directory cannot be used (another user's, writable by "
