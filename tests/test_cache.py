@@ -181,6 +181,8 @@ def _another_value(f: dataclasses.Field[Any], kind: Any, tmp_path: Path) -> Any:
         return not default
     if base is int:
         return (default or 0) + 1
+    if base is float:
+        return default + 1.0
     if base is str:
         return "changed"
     if base is list and typing.get_args(kind) == (int,):

@@ -33,6 +33,7 @@ NOT_IN_KEY: dict[str, str] = {
     "force_memory": "the memory estimate decides whether to start, not what is written",
     "verify": "an entry is stored only verified; a --no-verify run may use one",
     "cache": "whether to use the cache at all",
+    "load_timeout": "how long a load may take before it is stopped, not what is loaded",
 }
 
 # Packages whose version changes what a conversion writes (when installed).
