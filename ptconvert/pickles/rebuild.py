@@ -32,6 +32,7 @@ import copyreg
 import enum
 import pickle
 import sys
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -70,6 +71,13 @@ class Rebuilding:
         import torch
 
         self.checked[id(torch._tensor._rebuild_from_type_v2)] = self._rebuild_from_type
+        import collections
+
+        self.checked[id(collections.defaultdict)] = self._defaultdict
+        for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
+            value = names.get(f"{module}._reconstruct")
+            if value is not None:
+                self.checked[id(value)] = self._numpy_reconstruct
         self.checked[id(torch._utils._rebuild_wrapper_subclass)] = self._rebuild_wrapper_subclass
 
     def name(self, value: Any) -> str:
@@ -88,6 +96,7 @@ class Rebuilding:
         if not isinstance(cls, type) or (cls not in self.admitted and not self._safe_type(cls)):
             raise Refused(f"{op} makes an instance of {self.name(cls)}, which is not admitted")
         if self._safe_type(cls):  # an allowlisted type (OrderedDict, a datetime, …)
+            self.plain((args, kwargs), f"{op} of {self.name(cls)}")
             return cls.__new__(cls, *args, **kwargs)
         base = _builtin_base(cls)
         if base is object:
@@ -108,10 +117,12 @@ class Rebuilding:
         check = self.checked.get(id(func))
         if check is not None:
             return check(func, *args)
-        if id(func) in self.callables:
+        if id(func) in self.callables and id(func) not in _NEVER_CALLED:
+            self.plain(args, f"REDUCE of {self.name(func)}")
             return func(*args)
         if isinstance(func, type) and func in self.admitted:
             if issubclass(func, enum.Enum) and len(args) == 1:
+                self.plain(args, f"REDUCE of {self.name(func)}")
                 return func(args[0])  # a member by its value: Enum's own lookup
             raise Refused(
                 f"REDUCE calls {self.name(func)} with the pickle's arguments: that runs its "
@@ -123,6 +134,52 @@ class Rebuilding:
     def _safe_type(self, cls: type) -> bool:
         return id(cls) in self.callables
 
+    def plain(self, value: Any, where: str) -> None:
+        """Refuse ``value`` when it holds an instance of a class the pickle named: an allowlisted
+        callable given one calls into it (its ``__iter__``, ``__index__``, ``__fspath__``,
+        ``keys``, ``__repr__`` …), which is that class's own code. Builtin containers and the
+        attributes of allowlisted instances (a Namespace's) are looked into, boundedly."""
+        stack, count = [value], 0
+        while stack:
+            v = stack.pop()
+            count += 1
+            if count > _MAX_CHECKED:
+                raise Refused(f"{where}: more values than the trusted load checks")
+            t = type(v)
+            if t in self.admitted or t in self.own_code_allowed:
+                raise Refused(
+                    f"{where} is given a {self.name(t)} instance, and would call into it (the "
+                    "class's own code)",
+                    self.name(t),
+                )
+            if t in (tuple, list, set, frozenset):
+                stack.extend(v)
+            elif isinstance(v, dict):
+                stack.extend(v.keys())
+                stack.extend(v.values())
+            elif self._safe_type(t) and isinstance(getattr(v, "__dict__", None), dict):
+                stack.extend(vars(v).values())
+
+    def _defaultdict(self, func: Any, factory: Any = None, *rest: Any) -> Any:
+        """``defaultdict(factory, …)``: the factory is called for every missing key, so it must be
+        a builtin type (``int``, ``list`` …) or none."""
+        if factory is not None and not (
+            isinstance(factory, type) and factory.__module__ == "builtins"
+        ):
+            raise Refused(f"a defaultdict whose factory is {self.name(factory)}")
+        self.plain(rest, "defaultdict")
+        return func(factory, *rest)
+
+    def _numpy_reconstruct(self, func: Any, subtype: Any, *rest: Any) -> Any:
+        """numpy's ``_reconstruct(ndarray, shape, dtype)``: an ndarray, not a subclass (its
+        ``__array_finalize__`` would run)."""
+        import numpy
+
+        if subtype is not numpy.ndarray:
+            raise Refused(f"numpy's _reconstruct of {self.name(subtype)}")
+        self.plain(rest, "numpy's _reconstruct")
+        return func(subtype, *rest)
+
     def _reconstructor(self, _func: Any, cls: Any, base: Any, state: Any) -> Any:
         """``copyreg._reconstructor(cls, base, state)``: an instance of ``cls`` made the way a
         ``base`` makes it; ``base`` must be ``object`` or a builtin type."""
@@ -132,6 +189,7 @@ class Rebuilding:
             raise Refused(f"copyreg._reconstructor of {self.name(cls)}")
         obj = self.new(cls, (), {}, "copyreg._reconstructor")
         if base is not object and state is not None:
+            self.plain(state, "copyreg._reconstructor's state")
             base.__init__(obj, state)
         return obj
 
@@ -169,6 +227,8 @@ class Rebuilding:
                 return
         elif cls not in self.admitted and not self._safe_type(cls) and not self._torch_value(cls):
             raise Refused(f"BUILD sets the state of a {self.name(cls)}, which is not admitted")
+        if type(state) not in _STATE_TYPES:  # a mapping of the file's making: its keys() is code
+            raise Refused(f"BUILD of a {self.name(cls)} with a {self.name(type(state))} state")
         setstate = getattr(cls, "__setstate__", None)
         if setstate is not None:  # the admission found it torch's own (or a builtin's)
             setstate(inst, state)
@@ -212,6 +272,21 @@ class Rebuilding:
             return do()
         finally:
             Rebuilding.current = saved
+
+
+_MAX_CHECKED = 1_000_000  # values plain() looks at for one call
+# what a BUILD's state may be: torch's own __setstate__ iterates or updates from it
+_STATE_TYPES = (dict, OrderedDict, tuple, list, type(None), bool, int, float, str, bytes)
+
+
+def _never_called() -> frozenset[int]:
+    """Allowlisted values REDUCE never calls: ``enum.Enum``'s functional API makes a class from
+    the pickle's namespace (its ``_missing_``, ``__set_name__`` …); a real pickle names an Enum
+    class by reference."""
+    return frozenset({id(enum.Enum)})
+
+
+_NEVER_CALLED = _never_called()
 
 
 def is_named_tuple(cls: type) -> bool:

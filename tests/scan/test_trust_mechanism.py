@@ -23,6 +23,7 @@ import ptconvert
 from fixtures.trust_corpus import (
     OWN_CODE,
     EvaluatesText,
+    call_into_samples,
     looping_sample,
     own_code_samples,
 )
@@ -153,6 +154,23 @@ def test_a_class_called_after_a_harmless_construction_is_refused(
     code, body, _ = run_cli([src, "--to", "pt2", "-o", str(out), "--trust", *INPUT], capsys)
     assert code == 10 and "runs its __init__" in body["error"]["message"], body
     assert not marker.exists() and not out.exists()
+
+
+def test_an_allowlisted_call_never_calls_into_an_instance(tmp_path: Path, capsys) -> None:
+    """``str(obj)``, ``PurePosixPath(obj)`` of an admitted class's instance would run its
+    ``__str__``/``__fspath__``: refused at load (exit 10); under torch.load the payload runs."""
+    marker = tmp_path / "PAYLOAD_RAN"
+    samples = call_into_samples(tmp_path / "samples", marker)
+    for name, path in samples.items():
+        out = tmp_path / f"{name}.pt2"
+        argv = [str(path), "--to", "pt2", "-o", str(out), "--trust", *INPUT]
+        code, body, _ = run_cli(argv, capsys)
+        assert code == 10 and "would call into it" in body["error"]["message"], (name, body)
+        assert not marker.exists() and not out.exists()
+    for path in samples.values():
+        torch.load(path, weights_only=False)  # the test's own fixtures: a real attack
+        assert marker.exists(), path
+        marker.unlink()
 
 
 def test_a_load_that_never_ends_is_stopped_at_the_limit(tmp_path: Path, capsys) -> None:
