@@ -27,7 +27,7 @@ from ptconvert.errors import UnsupportedConversionError, UsageError
 from ptconvert.model.axes import Axis
 from ptconvert.model.inputs import ExampleInputs
 from ptconvert.model.wrappers import named_outputs, positional_names
-from ptconvert.options import DYNAMIC_SPEC, Options
+from ptconvert.options import DYNAMIC_SPEC, ExportMode, Options
 from ptconvert.quiet import quiet_torch
 
 AXES_NOTE = "dynamic with --dynamic-batch (optimum's names): "
@@ -144,9 +144,64 @@ def _tied_batch(
     return dict.fromkeys(names, batch)
 
 
-def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
+# ``--export-mode``: the ``strict`` flags tried, in order, until one exports
+EXPORT_MODES: dict[ExportMode, tuple[bool, ...]] = {
+    "auto": (False, True),
+    "strict": (True,),
+    "non-strict": (False,),
+}
+
+
+class ExportFailed(Exception):
+    """Every mode of an ``--export-mode`` failed (``export_in_mode``): the message names each
+    mode's first line, ``non-strict: TypeError: …; strict: Unsupported: …``."""
+
+
+def export_once(
+    module: Any,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    shapes: Any = None,
+    *,
+    strict: bool,
+) -> Any:
+    """``module`` exported once, strict or not: ptconvert's one call of ``torch.export.export``
+    (every route's export comes here, so ``--export-mode`` reaches them all)."""
     import torch
 
+    with quiet_torch():
+        return torch.export.export(
+            module, tuple(args), kwargs, dynamic_shapes=shapes, strict=strict
+        )
+
+
+def export_in_mode(
+    module: Any, args: Sequence[Any], kwargs: dict[str, Any] | None, shapes: Any, mode: ExportMode
+) -> Any:
+    """``module`` exported in each mode of ``mode`` (``EXPORT_MODES``) until one succeeds. The
+    failure of a single mode is raised as torch raised it; that of several as ``ExportFailed``
+    naming each, as ``export_module`` words them."""
+    failures: list[Exception] = []
+    for strict in EXPORT_MODES[mode]:
+        try:
+            return export_once(module, args, kwargs, shapes, strict=strict)
+        except Exception as exc:  # torch raises many kinds here; the caller words them
+            failures.append(exc)
+    if len(failures) == 1:
+        raise failures[0]
+    raise ExportFailed(
+        "; ".join(
+            f"{_mode_word(strict)}: {_first_line(exc)}"
+            for strict, exc in zip(EXPORT_MODES[mode], failures, strict=True)
+        )
+    ) from None
+
+
+def _mode_word(strict: bool) -> str:
+    return "strict" if strict else "non-strict"
+
+
+def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
     module, wrapped = state.module, hasattr(state.module, "config")
     # A program takes its inputs either positionally or by keyword, not both. A model whose
     # forward takes them as its leading parameters is exported positionally, as it is called;
@@ -178,17 +233,16 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
         args, kwargs = tuple(sample[n] for n in names), None
         shapes = tuple(shapes[n] for n in names) if shapes is not None else None
         state.positional = names
-    modes = {"auto": (False, True), "strict": (True,), "non-strict": (False,)}[opts.strict]
+    modes = EXPORT_MODES[opts.strict]
     errors: list[str] = []
     where: str | None = None
     attempts = [(strict, False) for strict in modes]
     while attempts:
         strict, cloned = attempts.pop(0)
         try:
-            with quiet_torch():
-                ep = torch.export.export(module, args, kwargs, dynamic_shapes=shapes, strict=strict)
+            ep = export_once(module, args, kwargs, shapes, strict=strict)
         except Exception as exc:  # torch raises many kinds here; each is reported
-            errors.append(f"{'strict' if strict else 'non-strict'}: {_first_line(exc)}")
+            errors.append(f"{_mode_word(strict)}: {_first_line(exc)}")
             where = where or _source_line(str(exc))
             if not cloned and _FROZEN.search(str(exc)):
                 # the model writes into an input whose storage is frozen (an inference tensor,

@@ -25,7 +25,7 @@ from typing import Any
 from ptconvert.convert.state import RunState
 from ptconvert.deps import require
 from ptconvert.errors import UnsupportedConversionError, named_error
-from ptconvert.options import DYNAMIC_SPEC, Options
+from ptconvert.options import DYNAMIC_SPEC, ExportMode, Options
 from ptconvert.quiet import quiet_torch
 
 MAX_BATCH = 8  # the batch's upper bound in a .pte (or the largest --batch-sizes)
@@ -40,7 +40,7 @@ def pte_export(state: RunState, opts: Options) -> None:
     assert state.exported is not None and state.output is not None
     bounds = upper_bounds(state, opts)
     if bounds:
-        _export_bounded(state, bounds)
+        _export_bounded(state, bounds, opts.strict)
     started = time.perf_counter()
     program = lower(state.exported, opts.pte_backend, src=state.src)
     try:
@@ -102,14 +102,13 @@ def _example_sizes(ep: Any) -> dict[Key, int]:
     }
 
 
-def _export_bounded(state: RunState, bounds: dict[Any, tuple[int, int]]) -> None:
+def _export_bounded(state: RunState, bounds: dict[Any, tuple[int, int]], mode: ExportMode) -> None:
     """``state.exported`` exported again from its own module with every dynamic dim bounded
-    (those of ``bounds`` changed, the others as they were)."""
-    import torch
+    (those of ``bounds`` changed, the others as they were), in ``mode`` (``--export-mode``)."""
     from torch.export import Dim
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
-    from ptconvert.convert.exporting import dynamic_range_words
+    from ptconvert.convert.exporting import dynamic_range_words, export_in_mode
     from ptconvert.verify.dims import dynamic_dims, user_inputs
 
     ep = state.exported
@@ -149,10 +148,7 @@ def _export_bounded(state: RunState, bounds: dict[Any, tuple[int, int]]) -> None
     module = ep.module()
     try:
         bound = inspect.signature(module.forward).bind(*shape_args, **shape_kwargs).arguments
-        with quiet_torch():
-            bounded = torch.export.export(
-                module, args, kwargs, dynamic_shapes=dict(bound), strict=False
-            )
+        bounded = export_in_mode(module, args, kwargs, dict(bound), mode)
     except Exception as exc:  # torch raises many kinds here: the first line says which
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         raise UnsupportedConversionError(

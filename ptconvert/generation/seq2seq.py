@@ -30,6 +30,7 @@ from typing import Any
 from ptconvert.errors import UnsupportedConversionError, UsageError
 from ptconvert.generation.loading import cache_keyword, cache_layers, returned_cache
 from ptconvert.generation.seq2seq_folder import CONFIGS, DECODER_PT2, ENCODER_PT2
+from ptconvert.options import ExportMode
 
 
 def is_speech(model: Any) -> bool:
@@ -223,12 +224,14 @@ def static_decoder(model: Any, batch: int, length: int) -> Any:
     return Decoder().eval()
 
 
-def export_pt2(model: Any, folder: Path, batch: int, length: int, meta: dict[str, Any]) -> None:
-    """``encoder.pt2`` and ``decoder.pt2`` (static cache) into ``folder``."""
+def export_pt2(
+    model: Any, folder: Path, batch: int, length: int, meta: dict[str, Any], mode: ExportMode
+) -> None:
+    """``encoder.pt2`` and ``decoder.pt2`` (static cache) into ``folder``, exported in ``mode``
+    (``--export-mode``)."""
     import torch
 
     from ptconvert.generation.static_cache import save_program
-    from ptconvert.quiet import quiet_torch
 
     speech = is_speech(model)
     positions = 0 if speech else _encoder_positions(model, length)
@@ -239,13 +242,9 @@ def export_pt2(model: Any, folder: Path, batch: int, length: int, meta: dict[str
     # a speech encoder's frames are fixed: only the batch is dynamic
     source = None if speech else torch.export.Dim("encoder_sequence_length", min=1, max=positions)
     sources = {0: rows} if speech else {0: rows, 1: source}
-    with torch.no_grad(), quiet_torch():
-        encoder = torch.export.export(
-            encoder_module(model),
-            (),
-            inputs,
-            dynamic_shapes=dict.fromkeys(inputs, sources),
-            strict=False,
+    with torch.no_grad():
+        encoder = _export_part(
+            model, "encoder", encoder_module(model), inputs, dict.fromkeys(inputs, sources), mode
         )
         states = encoder.module()(**inputs)
         decoder_inputs = {
@@ -262,15 +261,30 @@ def export_pt2(model: Any, folder: Path, batch: int, length: int, meta: dict[str
         }
         if speech:  # Whisper's decoder takes no mask of the encoder's positions
             del decoder_inputs["encoder_attention_mask"], dims["encoder_attention_mask"]
-        decoder = torch.export.export(
-            static_decoder(model, batch, length),
-            (),
-            decoder_inputs,
-            dynamic_shapes=dims,
-            strict=False,
+        decoder = _export_part(
+            model, "decoder", static_decoder(model, batch, length), decoder_inputs, dims, mode
         )
     save_program(encoder, folder / ENCODER_PT2, {**meta, "part": "encoder"})
     save_program(decoder, folder / DECODER_PT2, {**meta, "part": "decoder"})
+
+
+def _export_part(
+    model: Any, part: str, module: Any, inputs: dict[str, Any], dims: Any, mode: ExportMode
+) -> Any:
+    """The encoder or the decoder (``part``) exported in ``mode``; a failure said, never an
+    internal error."""
+    from ptconvert.convert.exporting import export_in_mode
+
+    try:
+        return export_in_mode(module, (), inputs, dims, mode)
+    except Exception as exc:  # torch raises many kinds here: the first line says which
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise UnsupportedConversionError(
+            f"{type(model).__name__}'s {part} does not export (pt2, static cache): "
+            f"{type(exc).__name__}: {first}",
+            hint="--to onnx writes optimum's folder of graphs with past_key_values inputs "
+            "(no static cache)",
+        ) from None
 
 
 def encoder_inputs(model: Any) -> str:
@@ -301,7 +315,7 @@ def export_folder(
         f"exporting the encoder and the decoder with a static cache (batch {batch}, "
         f"{length} positions)"
     ):
-        export_pt2(model, tmp, batch, length, meta)
+        export_pt2(model, tmp, batch, length, meta, opts.strict)
     notes.append(
         f"decoder's static cache of {batch} row(s) × {length} positions inside "
         f"{DECODER_PT2} (mutated buffers; the cross-attention keys and values are "

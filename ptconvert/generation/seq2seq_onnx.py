@@ -264,13 +264,13 @@ def _export_one(
     each one's second dim, or third for keys and values), written to ``path`` and checked."""
     import torch
 
+    from ptconvert.convert.exporting import export_in_mode
     from ptconvert.convert.onnx_export import _export, _reason, _rename_dims
     from ptconvert.generation.onnx_past import _with_dim, save_checked
-    from ptconvert.quiet import quiet_torch
 
     try:
-        with torch.no_grad(), quiet_torch():
-            ep = torch.export.export(module, args, dynamic_shapes=dims, strict=False)
+        with torch.no_grad():
+            ep = export_in_mode(module, args, None, dims, opts.strict)
         program = _export(ep, opts)
     except Exception as exc:
         raise UnsupportedConversionError(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert.errors import UnsupportedConversionError, UsageError
+from ptconvert.options import ExportMode
 
 META_NAME = "generation.json"  # the archive's extra file: task, batch, cache length
 DEFAULT_CACHE_LENGTH = 1024
@@ -56,7 +57,8 @@ def export_static(model: Any, opts: Any, *, own_buffers: bool = False) -> tuple[
     batch = cache_batch(opts.batch_sizes)
     length = cache_length(model, opts.cache_length)
     with progress.step(f"exporting with a static cache (batch {batch}, {length} positions)"):
-        return export_decoder(model, batch, length, own_buffers=own_buffers), batch, length
+        ep = export_decoder(model, batch, length, opts.strict, own_buffers=own_buffers)
+        return ep, batch, length
 
 
 def export_program(
@@ -85,15 +87,18 @@ def export_program(
     return cache, interface
 
 
-def export_decoder(model: Any, batch: int, length: int, *, own_buffers: bool = False) -> Any:
+def export_decoder(
+    model: Any, batch: int, length: int, mode: ExportMode, *, own_buffers: bool = False
+) -> Any:
     """The decoder-only LM with a static cache of ``batch`` rows and ``length`` positions, as an
-    ExportedProgram whose number of new tokens per call is dynamic (1 to ``length``).
+    ExportedProgram whose number of new tokens per call is dynamic (1 to ``length``), exported
+    in ``mode`` (``--export-mode``).
     ``own_buffers``: the cache in the program's buffers (``_own_buffers``), as AOTInductor
     needs it (``aoti_cache.py``); a ``.pt2``'s module keeps it in lifted constants."""
     import torch
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
-    from ptconvert.quiet import quiet_torch
+    from ptconvert.convert.exporting import export_in_mode
 
     generation = model.generation_config
     saved = generation.cache_implementation
@@ -113,16 +118,16 @@ def export_decoder(model: Any, batch: int, length: int, *, own_buffers: bool = F
     tokens = torch.export.Dim("sequence_length", min=1, max=length)
     example = min(5, length)
     try:
-        with torch.no_grad(), quiet_torch():
-            return torch.export.export(
+        with torch.no_grad():
+            return export_in_mode(
                 _own_buffers(wrapper.model) if own_buffers else wrapper.model,
-                args=(),
-                kwargs={
+                (),
+                {
                     "input_ids": torch.zeros((batch, example), dtype=torch.long),
                     "cache_position": torch.arange(example),
                 },
-                dynamic_shapes={"input_ids": {1: tokens}, "cache_position": {0: tokens}},
-                strict=False,
+                {"input_ids": {1: tokens}, "cache_position": {0: tokens}},
+                mode,
             )
     except Exception as exc:  # torch raises many kinds here: said, never an internal error
         first = (str(exc).strip().splitlines() or [""])[0][:300]
