@@ -37,7 +37,7 @@ from ptconvert.formats.torch_objects import (
 )
 from ptconvert.pickles.allowlist import classify
 from ptconvert.pickles.machine import run_pickle
-from ptconvert.pickles.records import Global, PickleRun
+from ptconvert.pickles.records import Global, PickleRun, brief
 from ptconvert.pickles.torch_streams import LEGACY_MAGIC
 
 # the members torch's legacy loader reads, by name (in any order; sys_info it never reads)
@@ -157,7 +157,9 @@ def _storage_itemsizes(run: PickleRun) -> dict[str, int]:
 
 
 def _text(value: Any) -> str:
-    return value.decode("latin-1") if isinstance(value, bytes) else str(value)
+    if isinstance(value, (str, bytes)):
+        return value.decode("latin-1") if isinstance(value, bytes) else value
+    return brief(value, None)  # str() of a pickled value may never end
 
 
 def _read_tar(path: Path) -> PickledCheckpoint:
@@ -193,7 +195,7 @@ def _read_tar(path: Path) -> PickledCheckpoint:
             return Opaque(f"module {global_name(pid[1]) if len(pid) > 1 else '?'}")
         t = tensors.get(_text(pid))
         if t is None:
-            return Unmapped("legacy tar reference", f"no tensor has the key {pid!r:.40}")
+            return Unmapped("legacy tar reference", f"no tensor has the key {brief(pid, 40)}")
         if t.dtype not in DTYPE_SIZES:
             return Unmapped("legacy tar tensor", "its storage has an unknown type")
         return t
@@ -217,7 +219,7 @@ def _tar_storage_records(
     runs = [_check(run_pickle(data), path, "legacy tar storage count")]
     count, pos = runs[0].root, runs[0].end
     if not isinstance(count, int) or count < 0:
-        raise CorruptFileError(f"legacy tar storage count is {count!r:.40}", path=path)
+        raise CorruptFileError(f"legacy tar storage count is {brief(count, 40)}", path=path)
     out: dict[str, tuple[str, int, int, str]] = {}
     for _ in range(count):
         run = _check(run_pickle(data, pos), path, "legacy tar storage record")
@@ -238,7 +240,7 @@ def _tar_storage_records(
         runs.append(run)
         for view in run.root if isinstance(run.root, list) else ():
             if not (isinstance(view, tuple) and len(view) == 4 and _text(view[1]) in out):
-                raise CorruptFileError(f"legacy tar storage view {view!r:.60}", path=path)
+                raise CorruptFileError(f"legacy tar storage view {brief(view, 60)}", path=path)
             dtype, _, start, root = out[_text(view[1])]
             offset, numel = int(view[2]), int(view[3])
             out[_text(view[0])] = (dtype, numel, start + offset * DTYPE_SIZES.get(dtype, 1), root)
@@ -259,7 +261,7 @@ def tar_tensors(
     pos = runs[0].end
     count = runs[0].root
     if not isinstance(count, int) or count < 0:
-        raise CorruptFileError(f"legacy tar tensor count is {count!r:.40}", path=path)
+        raise CorruptFileError(f"legacy tar tensor count is {brief(count, 40)}", path=path)
     out: dict[str, TensorRef] = {}
     for _ in range(count):
         run = _check(run_pickle(data, pos), path, "legacy tar tensor record")
@@ -317,7 +319,7 @@ def _kind(value: Any) -> str:
         return f"{type(value).__name__} of {len(value)}"
     if isinstance(value, Opaque):
         return f"object {value.cls}"
-    return f"{type(value).__name__} {value!r}"[:80]
+    return f"{type(value).__name__} {brief(value)}"[:80]
 
 
 def describe_pickles(info: FileInfo, runs: list[PickleRun]) -> None:

@@ -14,6 +14,7 @@ from ptconvert.errors import VerificationError
 from ptconvert.formats.reference import CHUNK, DROP_EVERY, Pages, Ref, Reference
 from ptconvert.formats.torch_objects import flatten_tensors
 from ptconvert.formats.weightset import WeightSet
+from ptconvert.pickles.records import MAX_NESTING
 from ptconvert.pickles.stdlib_checkpoint import PickleFile, read_pickle_file
 from ptconvert.pickles.stdlib_unpickler import Tensor
 
@@ -129,28 +130,37 @@ def _blocks(shape: tuple[int, ...], itemsize: int) -> Iterator[tuple[Any, ...]]:
 def _plain(value: Any, problems: list[str], is_tensor: Callable[[Any], bool]) -> Any:
     """An unpickled tree as dicts, lists and tuples around tensors (``is_tensor``; torch's by
     default): an object becomes the dict of its attributes (as the symbolic reader reads
-    objects), a set holding tensors is reported (its tensors have no names)."""
+    objects), a set holding tensors is reported (its tensors have no names). Each container is
+    read once however often it is shared, and no deeper than the symbolic reader reads: past
+    that depth (where that reader refuses the tensors it cannot reach) it is reported too."""
     tensor = is_tensor
     memo: dict[int, Any] = {}
 
-    def walk(v: Any) -> Any:
+    def walk(v: Any, depth: int = 0) -> Any:
         if tensor(v) or v is None or isinstance(v, (str, bytes, int, float)):
             return v
         if id(v) in memo:
             return memo[id(v)]
+        if depth > MAX_NESTING:  # the walk recurses: bounded, and said once
+            memo[id(v)] = None
+            why = f"values nested deeper than {MAX_NESTING} levels are not read"
+            if why not in problems:
+                problems.append(why)
+            return None
         if isinstance(v, dict):
             out: Any = {}
             memo[id(v)] = out
             for k, x in v.items():
-                out[k] = walk(x)
+                out[k] = walk(x, depth + 1)
             return out
         if isinstance(v, list):
             out = []
             memo[id(v)] = out
-            out.extend(walk(x) for x in v)
+            out.extend(walk(x, depth + 1) for x in v)
             return out
         if isinstance(v, tuple):
-            return tuple(walk(x) for x in v)
+            memo[id(v)] = out = tuple(walk(x, depth + 1) for x in v)
+            return out
         if isinstance(v, (set, frozenset)):
             n = sum(1 for x in v if tensor(x))
             if n:
@@ -158,7 +168,7 @@ def _plain(value: Any, problems: list[str], is_tensor: Callable[[Any], bool]) ->
             return None
         attrs = getattr(v, "__dict__", None)
         if isinstance(attrs, dict) and not isinstance(v, type):
-            return walk(attrs)
+            return walk(attrs, depth + 1)
         return v
 
     return walk(value)

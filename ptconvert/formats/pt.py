@@ -4,6 +4,7 @@ independently for the check (``checkpoint_reference.py``) and written (``torch_z
 
 from __future__ import annotations
 
+import itertools
 import tarfile
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -116,14 +117,15 @@ class PtFormat(Format):
         )
         unsupported = {k: t.kind for k, t in tensors.items() if isinstance(t, UnsupportedTensor)}
         if unsupported:
-            info.notes.append(f"{len(unsupported)} tensors are not plain strided: {unsupported}")
+            info.notes.append(
+                f"{len(unsupported)} tensors are not plain strided: {_first(unsupported)}"
+            )
         unmapped = {
             k: f"{t.construct}: {t.reason}" for k, t in tensors.items() if isinstance(t, Unmapped)
         }
         if unmapped:
-            info.notes.append(
-                f"{len(unmapped)} entries hold tensor data ptconvert cannot name: {unmapped}"
-            )
+            what = f"{len(unmapped)} entries hold tensor data ptconvert cannot name"
+            info.notes.append(f"{what}: {_first(unmapped)}")
         if not tensors:
             info.notes.append("the file holds no tensors")
         info.contents = describe_contents(ckpt.tree)
@@ -131,6 +133,13 @@ class PtFormat(Format):
         if ckpt.archive is not None:
             _check_storages(info, ckpt, tensors)
         return info
+
+
+def _first(entries: dict[str, str], n: int = 20) -> str:
+    """The first ``n`` entries of a note: a pickle that shares values can make a million."""
+    if len(entries) <= n:
+        return str(entries)
+    return f"{dict(itertools.islice(entries.items(), n))} and {len(entries) - n:,} more"
 
 
 def _check_storages(info: FileInfo, ckpt: PickledCheckpoint, tensors: dict[str, Any]) -> None:

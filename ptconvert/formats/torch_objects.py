@@ -12,7 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ptconvert.pickles.records import Call, Dict, Global, PersistentRef, Unknown
+from ptconvert.pickles.records import (
+    MAX_INT_BITS,
+    MAX_NESTING,
+    Call,
+    Dict,
+    Global,
+    PersistentRef,
+    Unknown,
+    brief,
+)
 
 # torch storage class name → (dtype name, bytes per element)
 STORAGE_DTYPES: dict[str, tuple[str, int]] = {
@@ -150,6 +159,14 @@ class Opaque:
 
 TENSOR_LEAVES = (TensorRef, UnsupportedTensor, Unmapped)
 
+# Paths that values shared by reference may add to a tree, beyond its distinct parts (tied
+# weights add a few): a pickle of 100 bytes can share tuples so that a walk of every path (as
+# ``flatten_tensors`` names tensors) visits 2**40 values.
+MAX_SHARED_PATHS = 100_000
+_INT64 = 1 << 63
+# the constructs of an ``Unmapped`` where the reading stopped: too deep, too shared
+NESTING, SHARED = "nesting", "shared values"
+
 # callables that build a mapping; their items become a plain dict
 DICT_BUILDERS = frozenset(
     {
@@ -199,8 +216,12 @@ class _Interpreter:
         # results by node identity: a memoized subtree is read once (a pickle may reference one
         # object many times), and a node met again while it is read is a cycle
         self.done: dict[int, Any] = {}
-        self.active: set[int] = set()
+        self.active: set[int] = set()  # the nodes being read: a path from the root
         self.alive: list[Any] = []  # keeps every memoized node alive, so that ids stay unique
+        # values a walk of each result container visits, by id (results stay alive in ``done``),
+        # and the children of every distinct result container so far
+        self.paths: dict[int, int] = {}
+        self.edges = 0
 
     def value(self, node: Any) -> Any:
         if not isinstance(node, (Dict, list, tuple, Call)):
@@ -210,14 +231,33 @@ class _Interpreter:
             return self.done[key]
         if key in self.active:
             return Opaque("<recursive reference>")
+        if len(self.active) >= MAX_NESTING:  # the reading recurses: bounded, and said
+            return Unmapped(NESTING, f"nested deeper than {MAX_NESTING} levels: not read")
         self.active.add(key)
         try:
             out = self._value(node)
         finally:
             self.active.discard(key)
+        if self._paths(out) > self.edges + MAX_SHARED_PATHS:
+            self.alive.append(out)  # counted by id: that id stays its own
+            out = Unmapped(
+                SHARED,
+                f"shared so often that naming them would visit over {MAX_SHARED_PATHS:,} values",
+            )
         self.done[key] = out
         self.alive.append(node)
         return out
+
+    def _paths(self, out: Any) -> int:
+        """Values a walk of ``out`` visits, each shared one once per path (its children were
+        made first, so their counts are known)."""
+        if not isinstance(out, (dict, list, tuple)):
+            return 1
+        if id(out) not in self.paths:  # a result may stand for two nodes: counted once
+            children = out.values() if isinstance(out, dict) else out
+            self.paths[id(out)] = 1 + sum(self.paths.get(id(c), 1) for c in children)
+            self.edges += len(children)
+        return self.paths[id(out)]
 
     def _value(self, node: Any) -> Any:
         if isinstance(node, Dict):
@@ -236,12 +276,16 @@ class _Interpreter:
             return _foreign_pid(node.pid)
         if isinstance(node, (Global, Unknown)):
             return Opaque(global_name(node) or type(node).__name__)
+        if isinstance(node, int) and node.bit_length() > MAX_INT_BITS:
+            return Opaque(f"int of {node.bit_length()} bits")  # too long to print
         return node
 
     def key(self, key: Any) -> Any:
-        if isinstance(key, (str, int, float, bool, type(None), bytes)):
+        if isinstance(key, (str, float, bool, type(None), bytes)) or (
+            isinstance(key, int) and key.bit_length() <= MAX_INT_BITS
+        ):
             return key
-        return repr(self.value(key))
+        return brief(self.value(key), None)
 
     def items(self, items: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
         return [(self.key(k), self.value(v)) for k, v in items]
@@ -278,13 +322,13 @@ class _Interpreter:
             # describe its state, which is where its tensors live
             out = self.value(attributes)
             rest = self.value([call.args, call.kwargs, call.items, call.appends])
-            if _has_leaves(rest):
-                return Unmapped(fname or "call", "tensors among its constructor arguments")
-            return out
+            why = _unmapped(rest, fname or "call", "tensors among its constructor arguments")
+            return out if why is None else why
         inside = self.value([call.args, call.kwargs, call.state, call.items, call.appends])
-        if _has_leaves(inside):
-            return Unmapped(fname or "call", "holds tensor data in an object ptconvert cannot read")
-        return Opaque(fname or "call")
+        why = _unmapped(
+            inside, fname or "call", "holds tensor data in an object ptconvert cannot read"
+        )
+        return Opaque(fname or "call") if why is None else why
 
     def mapping(self, call: Call, fname: str, sources: tuple[Any, ...]) -> Any:
         out: dict[Any, Any] = {}
@@ -297,9 +341,9 @@ class _Interpreter:
             out.update(self.items(call.kwargs.items))
         out.update(self.items(call.items))
         # BUILD state of a dict is its attributes (``_metadata`` of a state dict), never items
-        if _has_leaves(self.value([call.state, call.appends])):
-            return Unmapped(fname, "tensors stored as attributes of a dict, not as its items")
-        return out
+        rest = self.value([call.state, call.appends])
+        why = _unmapped(rest, fname, "tensors stored as attributes of a dict, not as its items")
+        return out if why is None else why
 
     def pairs(self, src: Any, fname: str) -> list[tuple[Any, Any]] | Unmapped:
         if src is None:
@@ -313,9 +357,8 @@ class _Interpreter:
         value = self.value(src)
         if isinstance(value, dict):
             return list(value.items())
-        if _has_leaves(value):
-            return Unmapped(fname, "built from something that is not (key, value) pairs")
-        return []  # e.g. Counter over a string: no tensors either way
+        why = _unmapped(value, fname, "built from something that is not (key, value) pairs")
+        return [] if why is None else why  # e.g. Counter over a string: no tensors either way
 
     def tensor(self, fname: str, args: tuple[Any, ...]) -> TensorRef | Unmapped:
         need = 7 if fname.endswith("_v3") else 4
@@ -327,7 +370,7 @@ class _Interpreter:
         storage, view_offset = found
         if fname.endswith("_v3"):
             # dtypes without a typed storage class: an untyped (byte) storage plus a dtype global
-            dtype = (global_name(args[6]) or repr(args[6])).removeprefix("torch.")
+            dtype = (global_name(args[6]) or brief(args[6])).removeprefix("torch.")
             if dtype not in DTYPE_SIZES:
                 return Unmapped(fname, f"unknown dtype {dtype}")
             size = DTYPE_SIZES[dtype]
@@ -339,8 +382,10 @@ class _Interpreter:
             shape = tuple(int(s) for s in args[2])
             stride = tuple(int(s) for s in args[3])
             offset = int(args[1]) + view_offset
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return Unmapped(fname, "its size, stride or offset is not a tuple of integers")
+        if any(not -_INT64 <= n < _INT64 for n in (*shape, *stride, offset)):
+            return Unmapped(fname, "its size, stride or offset does not fit in 64 bits")
         if len(shape) != len(stride):
             return Unmapped(fname, f"size {shape} and stride {stride} differ in length")
         grad = len(args) > 4 and isinstance(args[4], bool) and args[4]
@@ -350,7 +395,7 @@ class _Interpreter:
         """``_rebuild_from_type_v2(func, type, args, state)``: a tensor with Python attributes,
         or an instance of a tensor subclass."""
         new_type = global_name(args[1]) or "?"
-        inner = self.call(Call(args[0], args[2], "REDUCE", -1))
+        inner = self.value(Call(args[0], args[2], "REDUCE", -1))  # its depth counts
         if isinstance(inner, TensorRef) and new_type not in _PLAIN_TENSOR_TYPES:
             return UnsupportedTensor(f"tensor subclass {new_type}", "_rebuild_from_type_v2")
         if isinstance(inner, TENSOR_LEAVES):
@@ -374,7 +419,7 @@ class _Interpreter:
         if not _is_storage_pid(ref.pid):
             return _foreign_pid(ref.pid)
         _, stype, key, location, numel = ref.pid[:5]
-        cls = global_name(stype) or repr(stype)
+        cls = global_name(stype) or brief(stype)
         dtype_name = cls.rsplit(".", 1)[-1]
         if dtype_name not in STORAGE_DTYPES:
             return Unmapped(cls, "unknown storage class")
@@ -384,14 +429,16 @@ class _Interpreter:
         if isinstance(view, tuple) and len(view) == 3 and isinstance(view[1], int):
             offset = view[1]  # legacy storage view: (view key, offset, size) into the root
         elif view is not None:
-            return Unmapped("storage view", f"unexpected view metadata {view!r:.80}")
-        if not isinstance(numel, int):
-            return Unmapped(cls, f"storage size {numel!r:.40} is not an integer")
+            return Unmapped("storage view", f"unexpected view metadata {brief(view)}")
+        if not isinstance(numel, int) or not -_INT64 <= numel < _INT64:
+            return Unmapped(cls, f"storage size {brief(numel, 40)} is not a 64-bit integer")
         return StorageRef(self.prefix + _text(key), dtype, numel, _text(location)), offset
 
 
 def _text(value: Any) -> str:
-    return value.decode("latin-1") if isinstance(value, bytes) else str(value)
+    if isinstance(value, (str, bytes)):
+        return value.decode("latin-1") if isinstance(value, bytes) else value
+    return brief(value, None)  # str() of a pickled value may never end
 
 
 def _foreign_pid(pid: Any) -> Unmapped:
@@ -400,7 +447,7 @@ def _foreign_pid(pid: Any) -> Unmapped:
             "protocol 0 storage reference",
             "a persistent id written as text, which torch.load cannot read either",
         )
-    return Unmapped("persistent id", f"not a reference to a stored storage: {pid!r:.80}")
+    return Unmapped("persistent id", f"not a reference to a stored storage: {brief(pid)}")
 
 
 def _is_storage_pid(pid: Any) -> bool:
@@ -423,18 +470,21 @@ def _attribute_state(state: Any) -> Any:
     return None
 
 
-def _has_leaves(tree: Any) -> bool:
-    """Whether an interpreted value holds a tensor leaf anywhere."""
+def _unmapped(tree: Any, construct: str, reason: str) -> Unmapped | None:
+    """``Unmapped(construct, reason)`` when an interpreted value holds a tensor leaf anywhere
+    (the first one found, where the reading stopped, says why instead); None if it holds none."""
     seen: set[int] = set()
     stack = [tree]
     while stack:
         node = stack.pop()
+        if isinstance(node, Unmapped) and node.construct in (NESTING, SHARED):
+            return node
         if isinstance(node, TENSOR_LEAVES):
-            return True
+            return Unmapped(construct, reason)
         if isinstance(node, (dict, list, tuple)) and id(node) not in seen:
             seen.add(id(node))
             stack.extend(node.values() if isinstance(node, dict) else node)
-    return False
+    return None
 
 
 _MODULE_SLOTS = frozenset({"_parameters", "_buffers", "_modules"})
@@ -457,25 +507,31 @@ def flatten_tensors(
     that two leaves flatten to (``{"a": {"b": x}, "a.b": y}``) keeps the last leaf and is added
     to ``collisions`` when given. Depth-first and iterative: any nesting depth works."""
     out: dict[str, Any] = {}
-    # each entry carries the ids of its enclosing containers: a container inside itself (a cycle
-    # torch.load can return) is not entered again, a container shared by two paths is named twice
-    stack: list[tuple[Any, str, frozenset[int]]] = [(tree, prefix, frozenset())]
+    # ``inside`` holds the containers enclosing the entry popped (each entered one is left by the
+    # id pushed below its children): a container inside itself (a cycle torch.load can return)
+    # is not entered again, a container shared by two paths is named twice
+    stack: list[tuple[Any, str] | int] = [(tree, prefix)]
+    inside: set[int] = set()
     while stack:
-        node, path, outer = stack.pop()
+        entry = stack.pop()
+        if isinstance(entry, int):
+            inside.discard(entry)
+            continue
+        node, path = entry
         if is_tensor(node):
             name = path.rstrip(".") or "tensor"
             if name in out and collisions is not None:
                 collisions.append(name)
             out[name] = node
-        elif isinstance(node, (dict, list, tuple)) and id(node) not in outer:
-            inner = outer | {id(node)}
+        elif isinstance(node, (dict, list, tuple)) and id(node) not in inside:
+            inside.add(id(node))
+            stack.append(id(node))
             if isinstance(node, dict):
                 # nn.Module state keeps tensors under these attributes; state_dict() names skip them
                 children = [
-                    (v, f"{path}{'' if k in _MODULE_SLOTS else f'{k}.'}", inner)
-                    for k, v in node.items()
+                    (v, f"{path}{'' if k in _MODULE_SLOTS else f'{k}.'}") for k, v in node.items()
                 ]
             else:
-                children = [(v, f"{path}{i}.", inner) for i, v in enumerate(node)]
+                children = [(v, f"{path}{i}.") for i, v in enumerate(node)]
             stack.extend(reversed(children))
     return out

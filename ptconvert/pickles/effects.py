@@ -13,7 +13,7 @@ import _imp
 from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
 from typing import Any
 
-from ptconvert.pickles.records import Call, Dict, Event, Global, Unknown, dotted
+from ptconvert.pickles.records import Call, Dict, Event, Global, Unknown, brief, dotted
 
 
 def import_global(
@@ -153,13 +153,13 @@ def set_attributes(target: Call, state: Any) -> None:
 _MAPPING_CALLS = frozenset({"builtins.dict", "collections.OrderedDict"})
 
 
-def _state_pairs(state: Any) -> list[tuple[Any, Any]] | None:
+def _state_pairs(state: Any, pair: bool = True) -> list[tuple[Any, Any]] | None:
     if state is None:
         return []
     if isinstance(state, Dict):
         return list(state.items)
-    if isinstance(state, tuple) and len(state) == 2:  # (state, slotstate)
-        first, second = _state_pairs(state[0]), _state_pairs(state[1])
+    if pair and isinstance(state, tuple) and len(state) == 2:  # (state, slotstate): one level
+        first, second = _state_pairs(state[0], False), _state_pairs(state[1], False)
         return None if first is None or second is None else first + second
     if not isinstance(state, Call) or dotted(state.func) not in _MAPPING_CALLS:
         return None
@@ -192,6 +192,6 @@ def set_items(
             if isinstance(key, int) and -len(target) <= key < len(target):
                 target[key] = value
             elif isinstance(key, (int, str, bytes, float, type(None), Dict, list, tuple)):
-                raise IndexError(f"SETITEM on a list with key {key!r} at offset {pos}")
+                raise IndexError(f"SETITEM on a list with key {brief(key)} at offset {pos}")
     elif not isinstance(target, Unknown):
         raise TypeError(f"SETITEM on a {type(target).__name__} at offset {pos}")

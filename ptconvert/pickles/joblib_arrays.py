@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ptconvert.pickles.records import Call, Dict, dotted
+from ptconvert.pickles.records import Call, Dict, brief, dotted
 
 # joblib.dump writes each numpy array as this wrapper, then the array's bytes right after the
 # wrapper's BUILD, outside the pickle's opcodes; joblib.load reads them there (numpy_pickle.py).
@@ -40,7 +40,7 @@ def joblib_array_layout(state: Any) -> tuple[bool, int, bool]:
     if not isinstance(shape, tuple) or not all(
         isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
     ):
-        raise ValueError(f"joblib array shape is not literal ({shape!r:.60})")
+        raise ValueError(f"joblib array shape is not literal ({brief(shape, 60)})")
     count = 1
     for n in shape:
         count *= n

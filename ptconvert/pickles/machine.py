@@ -44,6 +44,9 @@ from ptconvert.pickles.records import (
 # Resource caps: a hostile pickle must not make the reader allocate without bound.
 MAX_OPCODES = 20_000_000
 MAX_STACK = 1_000_000
+# Values in a tuple, each tuple it holds counted once per reference: a tuple holding another
+# twice, 40 deep, is 2**40 values that ``hash`` (a dict key, a set item) visits in any unpickler.
+MAX_TUPLE_VALUES = 1_000_000
 
 
 def run_pickle(
@@ -82,6 +85,24 @@ def run_pickle(
     end = start
     count = 0
     arrays = 0
+    # the sizes of the tuples that hold tuples, with each tuple (so that its id stays its own)
+    nested: dict[int, tuple[tuple[Any, ...], int]] = {}
+    too_big = False
+
+    def make_tuple(items: list[Any], op: str, pos: int) -> tuple[Any, ...]:
+        nonlocal too_big
+        value = tuple(items)
+        inner = [
+            nested[id(v)][1] if id(v) in nested else 1 + len(v) for v in value if type(v) is tuple
+        ]
+        if inner:  # capped: a size that doubles at each level would grow without bound
+            size = min(1 + len(value) - len(inner) + sum(inner), MAX_TUPLE_VALUES + 1)
+            nested[id(value)] = (value, size)
+            if size > MAX_TUPLE_VALUES and not too_big:  # said once; the reading goes on
+                too_big = True
+                why = f"a tuple of over {MAX_TUPLE_VALUES:,} values (tuples shared by reference)"
+                events.append(Event("limit", op, pos, None, why))
+        return value
 
     def pop_mark() -> list[Any]:
         nonlocal stack
@@ -167,10 +188,10 @@ def run_pickle(
                 n = int(name[-1])
                 items = stack[-n:]
                 del stack[-n:]
-                stack.append(tuple(items))
+                stack.append(make_tuple(items, name, pos))
             elif name == "TUPLE":
                 items = pop_mark()  # rebinds ``stack``: pop before appending
-                stack.append(tuple(items))
+                stack.append(make_tuple(items, name, pos))
             elif name == "EMPTY_LIST":
                 stack.append([])
             elif name == "LIST":

@@ -7,6 +7,8 @@ these trees and the scanner judges these events, neither needing the machine's o
 
 from __future__ import annotations
 
+import builtins
+import reprlib
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,7 +69,7 @@ class Dict:
 class Event:
     """Something the scanner must judge: an import, a call, a BUILD, or an unknowable value."""
 
-    kind: str  # "import" | "call" | "build" | "unknown" | "persid"
+    kind: str  # "import" | "call" | "build" | "unknown" | "persid" | "limit" (a value too large)
     opcode: str
     offset: int
     target: Any = None
@@ -113,3 +115,47 @@ class RawRegion:
 def dotted(value: Any) -> str | None:
     """``module.name`` of a ``Global``; None for anything else."""
     return f"{value.module}.{value.name}" if isinstance(value, Global) else None
+
+
+# Containers inside containers that the readers follow: past this depth a walk stops and says so
+# (a pickle nests 100,000 lists in 200 KB; a recursive walk would hit Python's recursion limit).
+MAX_NESTING = 100
+# Ints wider than this are shown by their width: Python refuses to print more than 4,300 digits.
+MAX_INT_BITS = 4096
+
+
+class _Brief(reprlib.Repr):
+    """``reprlib`` over pickled values: a few levels and items of each container, so that
+    values shared exponentially or nested past the recursion limit print in bounded work."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxstring, self.maxlong, self.maxother = 4, 100, 100, 100
+        self.maxtuple = self.maxlist = self.maxdict = 10
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > MAX_INT_BITS:
+            return f"<int of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        cut = self.fillvalue if len(x) > self.maxstring else ""
+        return builtins.repr(x[: self.maxstring]) + cut
+
+    def repr_Dict(self, x: Dict, level: int) -> str:  # reprlib looks methods up by type name
+        return "Dict(" + self.repr_list(x.items, level) + ")"
+
+    def repr_Call(self, x: Call, level: int) -> str:
+        return f"{dotted(x.func) or 'call'}{self.repr1(x.args, level - 1)}"
+
+    def repr_PersistentRef(self, x: PersistentRef, level: int) -> str:
+        return f"PersistentRef({self.repr1(x.pid, level - 1)})"
+
+
+_BRIEF = _Brief()
+
+
+def brief(value: Any, limit: int | None = 80) -> str:
+    """``repr(value)`` in bounded work, cut to ``limit`` characters: what a message shows of a
+    pickled value (``repr`` itself may never end, overflow the stack or refuse a long int)."""
+    return _BRIEF.repr(value)[:limit]

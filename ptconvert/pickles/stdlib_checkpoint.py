@@ -34,6 +34,7 @@ from ptconvert.pickles.stdlib_unpickler import (
     Storage,
     StorageType,
     Tensor,
+    brief,
     rebuild_tensor,
     storage_id,
 )
@@ -124,7 +125,7 @@ def _read_zip(path: Path, whole: memoryview) -> PickleFile:
         def persistent_load(saved_id: Any) -> Storage:
             found = storage_id(saved_id)
             if found is None or found[3] is not None:
-                raise ValueError(f"not a storage id: {saved_id!r:.80}")
+                raise ValueError(f"not a storage id: {brief(saved_id, 80)}")
             stype, key, numel, _ = found
             # torch.load keeps the first storage of a key (and its dtype)
             return storages.setdefault(key, Storage(key, stype.dtype, numel))
@@ -185,7 +186,7 @@ def _read_legacy(fh: IO[bytes], whole: memoryview) -> PickleFile:
         if found is None:
             if isinstance(saved_id, tuple) and saved_id[:1] in (("module",), (b"module",)):
                 return saved_id[1] if len(saved_id) > 1 else None  # a module's class
-            raise ValueError(f"not a storage id: {saved_id!r:.80}")
+            raise ValueError(f"not a storage id: {brief(saved_id, 80)}")
         stype, key, numel, view = found
         root = roots.setdefault(key, Storage(key, stype.dtype, numel))
         if view is None:
@@ -193,7 +194,7 @@ def _read_legacy(fh: IO[bytes], whole: memoryview) -> PickleFile:
         try:
             view_key, offset, view_numel = view
         except (TypeError, ValueError):
-            raise ValueError(f"storage view {view!r:.60}") from None
+            raise ValueError(f"storage view {brief(view, 60)}") from None
         at = _count(offset) * ITEMSIZES[root.dtype]
         return views.setdefault(str(view_key), Storage(key, root.dtype, _count(view_numel), at))
 
@@ -241,10 +242,10 @@ def _read_tar(tar: tarfile.TarFile, fh: IO[bytes], whole: memoryview) -> PickleF
     for _ in range(_count(_load(fh))):
         record = _load(fh)
         if not isinstance(record, tuple) or len(record) != 3:
-            raise ValueError(f"legacy tar storage record {record!r:.60}")
+            raise ValueError(f"legacy tar storage record {brief(record, 60)}")
         key, _, stype = record
         if not isinstance(stype, StorageType):
-            raise ValueError(f"legacy tar storage {key!r:.40} of type {stype!r:.40}")
+            raise ValueError(f"legacy tar storage {brief(key, 40)} of type {brief(stype, 40)}")
         offsets[str(key)] = fh.tell() + 8
         pos, count, data[str(key)] = _counted(whole, fh.tell(), str(key), ITEMSIZES[stype.dtype])
         objects[key] = Storage(str(key), stype.dtype, count)
@@ -261,7 +262,7 @@ def _read_tar(tar: tarfile.TarFile, fh: IO[bytes], whole: memoryview) -> PickleF
     for _ in range(_count(_load(fh))):
         record = _load(fh)
         if not isinstance(record, tuple) or len(record) != 3:
-            raise ValueError(f"legacy tar tensor record {record!r:.60}")
+            raise ValueError(f"legacy tar tensor record {brief(record, 60)}")
         key, storage_key, _ = record
         (ndim,) = struct.unpack("<i", _exact(fh, 8)[:4])  # then 4 unused bytes
         sizes = struct.unpack(f"<{ndim}q", _exact(fh, 8 * ndim))
@@ -286,7 +287,7 @@ def _read_tar(tar: tarfile.TarFile, fh: IO[bytes], whole: memoryview) -> PickleF
 
 def _count(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"a count of {value!r:.40}")
+        raise ValueError(f"a count of {brief(value, 40)}")
     return value
 
 

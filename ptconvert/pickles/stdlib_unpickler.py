@@ -16,6 +16,7 @@ import collections
 import copyreg
 import math
 import pickle
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +86,19 @@ ITEMSIZES: dict[str, int] = {
 _PLAIN_TENSOR_TYPES = frozenset(
     {"torch.Tensor", "torch.nn.parameter.Parameter", "torch.nn.parameter.Buffer"}
 )
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 3
+
+
+def brief(value: Any, limit: int) -> str:
+    """``repr`` cut to ``limit`` characters, in bounded work: reprlib's few levels and items (a
+    pickled tuple may hold another twice, 40 deep: its ``repr`` never ends)."""
+    try:
+        return _REPR.repr(value)[:limit]
+    except Exception:  # reprlib picks a method by type name: a stand-in may be named "tuple"
+        return f"<{type(value).__name__}>"
 
 
 def _no_build(self: Any, state: Any) -> None:
@@ -270,7 +284,7 @@ def rebuild_tensor_v3(
 ) -> Any:
     """A dtype without a typed storage class: an untyped storage viewed as ``dtype``."""
     if not isinstance(dtype, DType):
-        return NotATensor(f"a tensor of dtype {dtype!r:.40}")
+        return NotATensor(f"a tensor of dtype {brief(dtype, 40)}")
     return _tensor(storage, dtype.name, offset, size, stride, meta[0] if meta else None)
 
 
@@ -367,7 +381,8 @@ class RecordUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         if self.persistent is None:
-            raise pickle.UnpicklingError(f"a persistent id where none is expected: {pid!r:.60}")
+            why = f"a persistent id where none is expected: {brief(pid, 60)}"
+            raise pickle.UnpicklingError(why)
         return self.persistent(pid)
 
     def load(self) -> Any:

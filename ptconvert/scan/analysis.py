@@ -17,7 +17,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ptconvert.pickles.allowlist import LIBRARY_CLASSES, classify, danger_reason, is_pure_function
-from ptconvert.pickles.records import Call, Dict, Event, Global, PersistentRef, PickleRun, Unknown
+from ptconvert.pickles.records import (
+    MAX_NESTING,
+    Call,
+    Dict,
+    Event,
+    Global,
+    PersistentRef,
+    PickleRun,
+    Unknown,
+    brief,
+)
 from ptconvert.report import Report, Verdict
 
 SEVERITY_ORDER: dict[Verdict, int] = {"clean": 0, "needs-code": 1, "error": 2, "dangerous": 3}
@@ -133,6 +143,8 @@ class _Judge:
             self.kept(call.appends, call.offset, "APPENDS", f"an item added to {_callee(call)}")
         elif event.kind == "build":
             self.build(event)
+        elif event.kind == "limit":  # a value no reader walks or hashes in bounded time
+            self.add("error", event.offset, event.opcode, None, event.detail)
 
     def imported(self, g: Global) -> None:
         if g.reason or g.module is None or g.name is None:
@@ -232,10 +244,11 @@ class _Judge:
 
     def kept(self, value: Any, pos: int, op: str, where: str) -> None:
         """Every global of user code inside ``value``, however deep: kept there, it is callable
-        by whatever gets the value (a global that is a call's callee or class is judged there)."""
-        stack = [value]
+        by whatever gets the value (a global that is a call's callee or class is judged there).
+        Nesting deeper than the readers follow is an error: ``info`` and conversions stop there."""
+        stack = [(value, 0)]
         while stack:
-            v = stack.pop()
+            v, depth = stack.pop()
             if isinstance(v, Global):
                 if self.verdict_of(v) != "needs-code" or is_pure_function(_name(v)):
                     continue
@@ -253,12 +266,16 @@ class _Judge:
             if len(self.seen) > MAX_VALUES:
                 self.add("error", pos, op, None, "too many nested values to judge")
                 return
+            if depth >= MAX_NESTING:
+                why = f"values nested deeper than {MAX_NESTING} levels, past what ptconvert reads"
+                self.add("error", pos, op, None, why)
+                return
             if isinstance(v, Dict):
-                stack.extend(x for kv in v.items for x in kv)
+                stack.extend((x, depth + 1) for kv in v.items for x in kv)
             elif isinstance(v, PersistentRef):
-                stack.append(v.pid)  # a legacy loader hands part of the id back as the value
+                stack.append((v.pid, depth + 1))  # a legacy loader hands part of the id back
             else:
-                stack.extend(v)
+                stack.extend((x, depth + 1) for x in v)
 
 
 def _callee(call: Call) -> str:
@@ -343,7 +360,7 @@ def _special_keys(state: Any) -> list[str]:
         for key, _ in _mapping_items(part) or ():
             if not isinstance(key, str) or key.startswith("__") or key in _CALLED_ATTRIBUTES:
                 names.append(key)
-    return [str(n) for n in names]
+    return [n if isinstance(n, str) else brief(n) for n in names]  # str() of a tuple may not end
 
 
 _TOO_DEEP = Unknown("more values than the scan follows", -1)
