@@ -32,6 +32,7 @@ import copyreg
 import enum
 import pickle
 import sys
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -323,17 +324,34 @@ def _slot(cls: type, name: Any) -> Any:
 _PyUnpickler: Any = pickle._Unpickler
 
 
-class Unpickler(_PyUnpickler):
-    """``pickle._Unpickler`` under a ``Rebuilding`` (``rebuilding`` is set by the caller)."""
+_LOCAL = threading.local()  # the Rebuilding of the torch_load running in this thread
 
-    rebuilding: ClassVar[Rebuilding | None] = None
+
+def torch_load(file: Any, rebuilding: Rebuilding) -> Any:
+    """``torch.load(file)`` with this module as its pickle module, under ``rebuilding`` (torch
+    makes the unpickler itself: it finds the policy through this thread's state)."""
+    import torch
+
+    saved = getattr(_LOCAL, "rebuilding", None)
+    _LOCAL.rebuilding = rebuilding
+    try:
+        module = sys.modules[__name__]
+        return torch.load(file, map_location="cpu", weights_only=False, pickle_module=module)
+    finally:
+        _LOCAL.rebuilding = saved
+
+
+class Unpickler(_PyUnpickler):
+    """``pickle._Unpickler`` under the ``Rebuilding`` of the ``torch_load`` that runs it."""
+
     dispatch: ClassVar[dict[int, Any]] = dict(_PyUnpickler.dispatch)
 
     @property
     def _r(self) -> Rebuilding:
-        if self.rebuilding is None:
+        rebuilding = getattr(_LOCAL, "rebuilding", None)
+        if rebuilding is None:
             raise Refused("no trusted load is in progress")
-        return self.rebuilding
+        return rebuilding
 
     def find_class(self, module: str, name: str) -> Any:
         import _compat_pickle
@@ -424,6 +442,3 @@ for _op, _name in (
 def load(file: Any, **kwargs: Any) -> Any:
     """``pickle.load`` for torch.load's legacy layouts (its magic number, storage lists)."""
     return Unpickler(file, **kwargs).load()
-
-
-__name__ = __name__  # torch.load reads pickle_module.__name__

@@ -156,17 +156,14 @@ def prepare(path: Path, *, trust: bool, allow: list[str]) -> Prepared:
 
 def load_prepared(path: Path, prepared: Prepared) -> Any:
     """torch.load's container handling with the rebuilding unpickler, under ``prepared``."""
-    import torch
-
     from ptconvert.pickles import rebuild
 
     _refuse_torchscript(path)
     rebuilding = rebuild.Rebuilding(
         prepared.names, prepared.admitted, prepared.own_code_allowed, prepared.callables
     )
-    rebuild.Unpickler.rebuilding = rebuilding
     try:
-        loaded = torch.load(path, map_location="cpu", weights_only=False, pickle_module=rebuild)
+        loaded = rebuild.torch_load(path, rebuilding)
     except PtconvertError:
         raise  # a stand-in called: said as the refusal it is
     except rebuild.Refused as exc:
@@ -178,8 +175,6 @@ def load_prepared(path: Path, prepared: Prepared) -> Any:
             f"the trusted load cannot rebuild it: {type(exc).__name__}: {_first(exc)}",
             path=path,
         ) from None
-    finally:
-        rebuild.Unpickler.rebuilding = None
     return _swapped(loaded, prepared.deferred, {}) if prepared.deferred else loaded
 
 
@@ -221,17 +216,14 @@ def _warm_up() -> None:
 
     from ptconvert.pickles import rebuild
 
-    buf = io.BytesIO()
-    torch.save({"w": torch.zeros(1), "p": torch.nn.Parameter(torch.zeros(1))}, buf)
-    buf.seek(0)
     names = _allowlisted()
-    rebuild.Unpickler.rebuilding = rebuild.Rebuilding(
-        dict(names), set(), set(), {id(v) for v in names.values()}
-    )
-    try:
-        torch.load(buf, map_location="cpu", weights_only=False, pickle_module=rebuild)
-    finally:
-        rebuild.Unpickler.rebuilding = None
+    rebuilding = rebuild.Rebuilding(dict(names), set(), set(), {id(v) for v in names.values()})
+    sample = {"w": torch.zeros(1), "p": torch.nn.Parameter(torch.zeros(1))}
+    for zipped in (True, False):  # the zip layout and the legacy one
+        buf = io.BytesIO()
+        torch.save(sample, buf, _use_new_zipfile_serialization=zipped)
+        buf.seek(0)
+        rebuild.torch_load(buf, rebuilding)
 
 
 def _first(exc: BaseException) -> str:

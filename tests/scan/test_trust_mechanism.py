@@ -289,3 +289,20 @@ def test_a_pickled_model_of_torch_layers_converts_with_trust(
     assert code == 0 and body["parity"]["status"] == "pass", body
     x = torch.randn(2, 3, 8)
     assert torch.allclose(torch.export.load(out).module()(x), model(x), atol=1e-5)
+
+
+def test_trusted_loads_in_threads_each_keep_their_own_policy(tmp_path: Path) -> None:
+    """Two trusted loads at once (a pipeline's threads): each unpickler resolves through its own
+    load's table, never the other's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch.manual_seed(0)
+    paths = []
+    for i, layer in enumerate([torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)]):
+        paths.append(tmp_path / f"m{i}.pt")
+        torch.save(torch.nn.Sequential(layer, torch.nn.ReLU()), paths[-1])
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda p: trusted_load(p, trust=True, timeout=None).value, paths * 4))
+    x = torch.randn(2, 4)
+    for path, model in zip(paths * 4, got, strict=True):
+        assert torch.equal(model(x), torch.load(path, weights_only=False)(x)), path
