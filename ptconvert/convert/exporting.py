@@ -197,6 +197,14 @@ def export_in_mode(
     ) from None
 
 
+def wrapper_mode(mode: ExportMode) -> ExportMode:
+    """The mode of a generation export (transformers' static-cache and seq2seq wrappers, the
+    decoders with past): ``auto`` is non-strict only. A strict export of a wrapper non-strict
+    refused can succeed and then fail when run (OPT's static cache: a runtime assertion on its
+    positions), so auto does not fall back to it; ``--export-mode strict`` still asks for it."""
+    return "non-strict" if mode == "auto" else mode
+
+
 def _mode_word(strict: bool) -> str:
     return "strict" if strict else "non-strict"
 

@@ -95,10 +95,10 @@ def export_decoder_onnx(model: Any, path: Path, opts: Options) -> list[str]:
     dims = ({0: dyn, 1: dyn}, {0: dyn, 1: dyn}, tuple(rest))
     wrapper = _wrapper(model, layers, positions)
     try:
-        from ptconvert.convert.exporting import export_in_mode
+        from ptconvert.convert.exporting import export_in_mode, wrapper_mode
 
         with torch.no_grad():
-            ep = export_in_mode(wrapper, args, None, dims, opts.strict)
+            ep = export_in_mode(wrapper, args, None, dims, wrapper_mode(opts.strict))
         program = _export(ep, opts)
     except Exception as exc:
         raise UnsupportedConversionError(

@@ -302,6 +302,7 @@ def export_folder(
     model's configs; the report's cache and interface (``src`` and ``out``: an AOTI package's,
     ``targets.Target``)."""
     from ptconvert import progress
+    from ptconvert.convert.exporting import wrapper_mode
     from ptconvert.generation.static_cache import cache_batch, cache_length, static_meta
 
     start = start_token(model)
@@ -315,7 +316,7 @@ def export_folder(
         f"exporting the encoder and the decoder with a static cache (batch {batch}, "
         f"{length} positions)"
     ):
-        export_pt2(model, tmp, batch, length, meta, opts.strict)
+        export_pt2(model, tmp, batch, length, meta, wrapper_mode(opts.strict))
     notes.append(
         f"decoder's static cache of {batch} row(s) × {length} positions inside "
         f"{DECODER_PT2} (mutated buffers; the cross-attention keys and values are "

@@ -264,13 +264,13 @@ def _export_one(
     each one's second dim, or third for keys and values), written to ``path`` and checked."""
     import torch
 
-    from ptconvert.convert.exporting import export_in_mode
+    from ptconvert.convert.exporting import export_in_mode, wrapper_mode
     from ptconvert.convert.onnx_export import _export, _reason, _rename_dims
     from ptconvert.generation.onnx_past import _with_dim, save_checked
 
     try:
         with torch.no_grad():
-            ep = export_in_mode(module, args, None, dims, opts.strict)
+            ep = export_in_mode(module, args, None, dims, wrapper_mode(opts.strict))
         program = _export(ep, opts)
     except Exception as exc:
         raise UnsupportedConversionError(

@@ -53,11 +53,14 @@ def export_static(model: Any, opts: Any, *, own_buffers: bool = False) -> tuple[
     cache length. ``own_buffers``: the cache in its own buffers, for a runtime that keeps them
     between calls (AOTInductor, ExecuTorch)."""
     from ptconvert import progress
+    from ptconvert.convert.exporting import wrapper_mode
 
     batch = cache_batch(opts.batch_sizes)
     length = cache_length(model, opts.cache_length)
     with progress.step(f"exporting with a static cache (batch {batch}, {length} positions)"):
-        ep = export_decoder(model, batch, length, opts.strict, own_buffers=own_buffers)
+        ep = export_decoder(
+            model, batch, length, wrapper_mode(opts.strict), own_buffers=own_buffers
+        )
         return ep, batch, length
 
 
