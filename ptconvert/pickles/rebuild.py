@@ -60,7 +60,9 @@ class Rebuilding:
         admitted: set[type],
         own_code_allowed: set[type],
         callables: set[int],
+        stand_ins: set[int] | None = None,
     ) -> None:
+        self.stand_ins = stand_ins or set()
         self.names = names
         self.admitted = admitted
         self.own_code_allowed = own_code_allowed
@@ -136,10 +138,12 @@ class Rebuilding:
         return id(cls) in self.callables
 
     def plain(self, value: Any, where: str) -> None:
-        """Refuse ``value`` when it holds an instance of a class the pickle named: an allowlisted
-        callable given one calls into it (its ``__iter__``, ``__index__``, ``__fspath__``,
-        ``keys``, ``__repr__`` …), which is that class's own code. Builtin containers and the
-        attributes of allowlisted instances (a Namespace's) are looked into, boundedly."""
+        """Refuse ``value`` unless it is plain data: an allowlisted callable given anything else
+        may call into it (an instance's ``__iter__``, ``__index__``, ``__fspath__``, ``keys``,
+        ``__repr__``; a class's metaclass), which is code of the file's choosing. Plain: scalars,
+        text and bytes, torch's tensors, storages and dtypes, numpy's dtypes, scalars and
+        non-object arrays, allowlisted types, this load's stand-ins, and builtin containers,
+        ``deque``s, ``torch.Size``s and allowlisted namespaces of plain data (boundedly)."""
         stack, count = [value], 0
         while stack:
             v = stack.pop()
@@ -147,19 +151,28 @@ class Rebuilding:
             if count > _MAX_CHECKED:
                 raise Refused(f"{where}: more values than the trusted load checks")
             t = type(v)
-            if t in self.admitted or t in self.own_code_allowed:
+            if t in _SCALARS or id(v) in self.stand_ins or _torch_plain(v):
+                continue
+            if t in _SEQUENCES:
+                stack.extend(v)
+            elif t in (dict, OrderedDict):
+                stack.extend(v.keys())
+                stack.extend(v.values())
+            elif isinstance(v, type):
+                if not self._safe_type(v):
+                    raise Refused(f"{where} is given the class {self.name(v)}", self.name(v))
+            elif self._safe_type(t):  # an allowlisted type's instance: its methods are its own
+                if _numpy_object(v):
+                    raise Refused(f"{where} is given an array of Python objects")
+                attrs = getattr(v, "__dict__", None)
+                if isinstance(attrs, dict):  # a Namespace: what it holds
+                    stack.extend(attrs.values())
+            else:
                 raise Refused(
                     f"{where} is given a {self.name(t)} instance, and would call into it (the "
                     "class's own code)",
                     self.name(t),
                 )
-            if t in (tuple, list, set, frozenset):
-                stack.extend(v)
-            elif isinstance(v, dict):
-                stack.extend(v.keys())
-                stack.extend(v.values())
-            elif self._safe_type(t) and isinstance(getattr(v, "__dict__", None), dict):
-                stack.extend(vars(v).values())
 
     def _defaultdict(self, func: Any, factory: Any = None, *rest: Any) -> Any:
         """``defaultdict(factory, …)``: the factory is called for every missing key, so it must be
@@ -302,8 +315,48 @@ def is_named_tuple(cls: type) -> bool:
 
 
 def _builtin_base(cls: type) -> type:
-    """The nearest base of ``cls`` that is a builtin type (object, dict, list, tuple …)."""
-    return next(k for k in cls.__mro__ if k.__module__ == "builtins")
+    """The nearest base of ``cls`` that is a builtin type; only object and the containers are
+    made by the default mechanism (a ``type`` subclass would build a class from the pickle's
+    namespace: ``__set_name__``, ``__init_subclass__``)."""
+    base = next(k for k in cls.__mro__ if k.__module__ == "builtins")
+    if base not in _CONSTRUCTIBLE:
+        raise Refused(f"an instance of {cls.__qualname__}, a {base.__name__} subclass")
+    return base
+
+
+_CONSTRUCTIBLE = (object, dict, list, tuple, set, frozenset, int, float, complex, str, bytes)
+_SCALARS = frozenset({type(None), bool, int, float, complex, str, bytes, bytearray})
+_SEQUENCES = frozenset({tuple, list, set, frozenset, __import__("collections").deque})
+
+
+def _torch_plain(v: Any) -> bool:
+    """A tensor, storage, dtype, device, layout … of torch's own, or a numpy dtype, scalar or
+    array of numbers: values whose methods are torch's and numpy's."""
+    module = type(v).__module__ or ""
+    if module == "torch" or module.startswith(("torch.", "torch._C")):
+        import torch
+
+        if type(v) is torch.Size:
+            return all(type(d) is int for d in v)
+        return (
+            isinstance(v, (torch.Tensor, torch.UntypedStorage, torch.storage.TypedStorage))
+            or (
+                type(v)
+                in (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.qscheme)
+            )
+            or type(v).__name__ == "StorageType"
+        )
+    if module == "numpy" or module.startswith("numpy."):
+        import numpy
+
+        if isinstance(v, numpy.ndarray):
+            return not v.dtype.hasobject
+        return isinstance(v, (numpy.dtype, numpy.generic)) and not isinstance(v, numpy.object_)
+    return False
+
+
+def _numpy_object(v: Any) -> bool:
+    return bool(getattr(getattr(v, "dtype", None), "hasobject", False))
 
 
 def _slot(cls: type, name: Any) -> Any:
@@ -352,6 +405,29 @@ class Unpickler(_PyUnpickler):
         if rebuilding is None:
             raise Refused("no trusted load is in progress")
         return rebuilding
+
+    # torch assigns its persistent_load to the instance: kept here, called through the check
+    @property
+    def persistent_load(self) -> Callable[[Any], Any]:
+        return self._checked_persistent_load
+
+    @persistent_load.setter
+    def persistent_load(self, loader: Callable[[Any], Any]) -> None:
+        self._torch_persistent_load = loader
+
+    def _checked_persistent_load(self, pid: Any) -> Any:
+        """torch's persistent_load, but for the legacy layout's ``("module", cls, file, source)``:
+        the class itself, when admitted (torch would compare its source with the file's and
+        may write a ``.patch`` file named by the class)."""
+        if isinstance(pid, tuple) and pid and pid[0] in ("module", b"module"):
+            cls = pid[1] if len(pid) > 1 else None
+            if not self._r.is_class(cls):
+                raise Refused(f"a legacy module id names {self._r.name(cls)}, not admitted")
+            return cls
+        loader = getattr(self, "_torch_persistent_load", None)
+        if loader is None:
+            raise Refused("a persistent id outside a torch checkpoint")
+        return loader(pid)
 
     def find_class(self, module: str, name: str) -> Any:
         import _compat_pickle

@@ -3,14 +3,16 @@ any code of the class itself.
 
 Unpickling an instance calls into its class: ``__new__`` (NEWOBJ), ``__init__`` (REDUCE),
 ``__setstate__`` (BUILD), ``__setitem__``/``append``/``extend``/``add`` (SETITEMS, APPENDS,
-ADDITEMS), ``__getattr__``/``__getattribute__``/``__setattr__`` (the attribute lookups and
-stores BUILD makes), ``__hash__``/``__eq__`` (an instance used as a key), ``__del__`` (when it is
-collected) and, for an Enum rebuilt by value, ``_missing_``. A class is admitted by ``--trust``
-when every one of those it has is the default one: ``object``'s, a builtin type's, or one of
-torch's own classes (``nn.Module``'s ``__setstate__``, ``__getattr__``, ``__setattr__``), or
-one that ``dataclasses`` generated. Any other is the class's own code, which would run on the
-pickle's data: such a class is admitted only by ``--allow`` naming it (sympy's expression
-classes evaluate a string argument in ``__new__``).
+ADDITEMS), ``__hash__``/``__eq__`` (an instance used as a key), ``__del__`` (when it is
+collected), for an Enum rebuilt by value ``_missing_``, and for nn.Module and Tensor subclasses
+``__getattribute__``/``__setattr__`` (torch's own rebuilding goes through them). A class is
+admitted by ``--trust`` when every one of those it has is the default one: ``object``'s, a
+builtin type's, one of torch's own classes (``nn.Module``'s ``__setstate__``), or one that
+``dataclasses`` generated; a metaclass never is. Any other is the class's own code, which would
+run on the pickle's data: such a class is admitted only by ``--allow`` naming it (sympy's
+expression classes evaluate a string argument in ``__new__``). The rebuilding unpickler never
+hands an instance to other code (``rebuild.Rebuilding.plain``), so its other methods do not run
+at load.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def own_code(cls: type) -> list[str]:
     (``["__new__", "__setstate__"]``); empty when the default mechanism rebuilds it."""
     hooks = HOOKS + (TORCH_HOOKS if _torch_rebuilt(cls) else ())
     found = [hook for hook in hooks if not _is_default(cls, hook)]
+    if issubclass(cls, type):  # an instance of it is a class, made from the pickle's namespace
+        found.append("a metaclass (__set_name__, __init_subclass__ of what it builds)")
     meta = type(cls)
     named = f"{meta.__module__}.{meta.__qualname__}"
     if named not in _DEFAULT_METACLASSES and not _torch_own(meta.__module__, meta.__qualname__):

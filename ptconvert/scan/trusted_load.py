@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from ptconvert.errors import (
     UnsafeInputError,
     UnsupportedConversionError,
 )
+from ptconvert.pickles.rebuild import is_named_tuple
 from ptconvert.scan.analysis import CONSTRUCTS
 from ptconvert.scan.guard import guard
 
@@ -160,7 +162,11 @@ def load_prepared(path: Path, prepared: Prepared) -> Any:
 
     _refuse_torchscript(path)
     rebuilding = rebuild.Rebuilding(
-        prepared.names, prepared.admitted, prepared.own_code_allowed, prepared.callables
+        prepared.names,
+        prepared.admitted,
+        prepared.own_code_allowed,
+        prepared.callables,
+        set(prepared.deferred),
     )
     try:
         loaded = rebuild.torch_load(path, rebuilding)
@@ -175,7 +181,73 @@ def load_prepared(path: Path, prepared: Prepared) -> Any:
             f"the trusted load cannot rebuild it: {type(exc).__name__}: {_first(exc)}",
             path=path,
         ) from None
-    return _swapped(loaded, prepared.deferred, {}) if prepared.deferred else loaded
+    if prepared.deferred:
+        loaded = _swapped(loaded, prepared.deferred, {})
+    _refuse_foreign_parts(loaded, path)
+    return loaded
+
+
+# a module's own hooks: torch calls what they hold when the model runs or is saved
+_HOOKS = re.compile(r"^_.*hooks.*$")
+
+
+def _refuse_foreign_parts(value: Any, path: Path) -> None:
+    """A loaded nn.Module whose tree would make torch call what the file chose when the model
+    is used: a submodule that is no nn.Module (``eval()`` calls its ``train``), a hook that is
+    not torch's own, an instance attribute that shadows a method of its class (``forward``).
+    Read through ``object``'s own lookups only."""
+    import torch
+
+    if not issubclass(type(value), torch.nn.Module):
+        return
+    stack, seen = [value], set()
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        attrs = object.__getattribute__(module, "__dict__")
+        cls = type(module)
+        for key, held in attrs.items():
+            if key == "_modules" and type(held) in _MAPPINGS:
+                for sub in held.values():
+                    if sub is not None and not issubclass(type(sub), torch.nn.Module):
+                        raise UnsafeInputError(
+                            f"refused at load: a submodule of {cls.__qualname__} is a "
+                            f"{type(sub).__qualname__}, not an nn.Module (torch would call it)",
+                            path=path,
+                        )
+                    if sub is not None:
+                        stack.append(sub)
+            elif isinstance(key, str) and _HOOKS.match(key) and type(held) in _MAPPINGS:
+                foreign = [h for h in held.values() if not _torch_own_value(h)]
+                if foreign:
+                    raise UnsafeInputError(
+                        f"refused at load: {cls.__qualname__}.{key} holds "
+                        f"{_described(foreign[0])}, which torch would call",
+                        path=path,
+                    )
+            elif isinstance(key, str) and _is_method(cls, key):
+                raise UnsafeInputError(
+                    f"refused at load: an instance of {cls.__qualname__} replaces its method "
+                    f"{key!r} with a value of the file's",
+                    path=path,
+                )
+
+
+def _described(value: Any) -> str:
+    kind = value if issubclass(type(value), type) else type(value)
+    return f"{kind.__module__}.{kind.__qualname__}" + ("" if kind is value else " instance")
+
+
+def _torch_own_value(value: Any) -> bool:
+    """A hook torch itself registers (weight_norm's WeightNorm …): an instance of torch's own."""
+    module = type(value).__module__ or ""
+    return not issubclass(type(value), type) and module.startswith("torch.")
+
+
+def _is_method(cls: type, name: str) -> bool:
+    return any(callable(vars(k).get(name)) and not name.startswith("__") for k in cls.__mro__)
 
 
 def _refuse_torchscript(path: Path) -> None:
@@ -258,13 +330,15 @@ def _imported(path: Path, dotted: str) -> Any:
 
 
 def _swapped(value: Any, deferred: dict[int, _Deferred], memo: dict[int, Any]) -> Any:
-    """``value`` with every stand-in replaced by what it stands for: in place where it can be
-    (dict keys and values, lists, sets, ``__dict__`` and ``__slots__`` attributes); a tuple or
-    frozenset that held one is rebuilt (one rebuild for every reference to it), others are kept
-    as they are (a ``torch.Size`` stays one)."""
-    if isinstance(value, _Deferred) and id(value) in deferred:
+    """``value`` with every stand-in replaced by what it stands for, touching the file's objects
+    only through the builtin types' own methods and object's (never a method of a class the
+    file named): builtin dicts, lists and sets in place, ``__dict__`` and slot attributes,
+    tuples and frozensets rebuilt (a named tuple by ``tuple.__new__``); other tuple subclasses
+    and anything else are kept as they are (a stand-in left there raises if called)."""
+    t = type(value)
+    if t is _Deferred and id(value) in deferred:
         return value.value
-    if value is None or isinstance(value, (str, bytes, int, float, type)):
+    if t in _SCALARS or issubclass(t, type):
         return value
     if id(value) in memo:
         return memo[id(value)]
@@ -273,37 +347,56 @@ def _swapped(value: Any, deferred: dict[int, _Deferred], memo: dict[int, Any]) -
     def swap(v: Any) -> Any:
         return _swapped(v, deferred, memo)
 
-    if isinstance(value, dict):
-        items = [(swap(k), swap(v)) for k, v in value.items()]
-        value.clear()
-        value.update(items)
-    elif isinstance(value, list):
-        value[:] = [swap(v) for v in value]
-    elif isinstance(value, set):
-        members = [swap(v) for v in value]
-        value.clear()
-        value.update(members)
-    elif isinstance(value, (tuple, frozenset)):
-        members = [swap(v) for v in value]
+    if t in _MAPPINGS:
+        items = [(swap(k), swap(v)) for k, v in t.items(value)]
+        t.clear(value)
+        for k, v in items:
+            t.__setitem__(value, k, v)
+    elif t is list:
+        list.__setitem__(value, slice(None), [swap(v) for v in value])
+    elif t is set:
+        members = [swap(v) for v in set.__iter__(value)]
+        set.clear(value)
+        set.update(value, members)
+    elif t in (tuple, frozenset) or is_named_tuple(t):
+        members = [swap(v) for v in (value if t is frozenset else tuple.__iter__(value))]
         if any(a is not b for a, b in zip(members, value, strict=True)):
-            rebuilt = _rebuilt(value, members)
+            rebuilt = frozenset(members) if t is frozenset else tuple.__new__(t, members)
             memo[id(value)] = rebuilt
             return rebuilt
-    else:
-        if isinstance(getattr(value, "__dict__", None), dict):
-            swap(vars(value))
-        for name in _slot_names(type(value)):
-            if hasattr(value, name):
-                setattr(value, name, swap(getattr(value, name)))
+    elif not issubclass(t, (tuple, frozenset, dict, list, set)):
+        try:
+            attrs = object.__getattribute__(value, "__dict__")
+        except AttributeError:
+            attrs = None
+        if type(attrs) is dict:
+            swap(attrs)
+        for name in _slot_names(t):
+            slot = _slot_descriptor(t, name)
+            try:
+                current = slot.__get__(value, t)
+            except AttributeError:
+                continue
+            new = swap(current)
+            if new is not current:
+                slot.__set__(value, new)
     return value
 
 
-def _rebuilt(value: tuple[Any, ...] | frozenset[Any], members: list[Any]) -> Any:
-    if isinstance(value, frozenset):
-        return type(value)(members)
-    if hasattr(value, "_fields"):  # a named tuple takes its fields as arguments
-        return type(value)(*members)
-    return type(value)(members)
+_SCALARS = frozenset({type(None), bool, int, float, complex, str, bytes})
+
+
+def _mappings() -> tuple[type, ...]:
+    import collections
+
+    return (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
+
+
+_MAPPINGS = _mappings()
+
+
+def _slot_descriptor(cls: type, name: str) -> Any:
+    return next(vars(k)[name] for k in cls.__mro__ if name in vars(k))
 
 
 def _slot_names(cls: type) -> list[str]:

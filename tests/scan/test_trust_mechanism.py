@@ -306,3 +306,111 @@ def test_trusted_loads_in_threads_each_keep_their_own_policy(tmp_path: Path) -> 
     x = torch.randn(2, 4)
     for path, model in zip(paths * 4, got, strict=True):
         assert torch.equal(model(x), torch.load(path, weights_only=False)(x)), path
+
+
+HOSTILE_CLASSES = """
+import pathlib
+MARK = pathlib.Path({marker!r})
+
+class Rep:
+    def __repr__(self):
+        MARK.touch()
+        return "Rep"
+
+class GA:
+    def __getattribute__(self, name):
+        MARK.touch()
+        return object.__getattribute__(self, name)
+
+class Meta(type):
+    def __repr__(cls):
+        MARK.touch()
+        return "K"
+
+class K(metaclass=Meta):
+    pass
+
+class Tr:
+    def train(self, mode=True):
+        MARK.touch()
+        return self
+"""
+
+
+class _Reduced:
+    def __init__(self, func, *args):
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return (self.func, self.args)
+
+
+@pytest.fixture
+def hostile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A module of classes whose ordinary methods (``__repr__``, ``__getattribute__``, a
+    metaclass's, ``train``) create the marker: no hook admission looks at."""
+    code = tmp_path / "code"
+    code.mkdir()
+    marker = tmp_path / "MARK"
+    (code / "hostilemod.py").write_text(HOSTILE_CLASSES.format(marker=str(marker)))
+    monkeypatch.syspath_prepend(str(code))
+    import hostilemod  # type: ignore[import-not-found]
+
+    yield hostilemod, marker
+    sys.modules.pop("hostilemod", None)
+
+
+def test_values_reach_no_method_of_the_files_classes(hostile, tmp_path: Path) -> None:
+    """From a review: an instance hidden in a deque given to ``str``, a class with its own
+    metaclass given to ``str``, a stand-in beside an instance with its own ``__getattribute__``
+    (the swap after the load walked it with getattr), a submodule that is no nn.Module (``eval``
+    calls its ``train``): each refused or walked without calling the class."""
+    import torch.nn.functional as F
+
+    mod, marker = hostile
+    rep = object.__new__(mod.Rep)
+    cases = {
+        "deque_str": _Reduced(str, collections.deque([rep])),
+        "meta_str": _Reduced(str, mod.K),
+        "swap_getattribute": [object.__new__(mod.GA), F.relu],
+    }
+    net = torch.nn.Module()
+    net.__dict__["_modules"]["x"] = object.__new__(mod.Tr)
+    cases["foreign_submodule"] = net
+    outcomes = {}
+    for name, obj in cases.items():
+        src = tmp_path / f"{name}.pt"
+        torch.save(obj, src)
+        marker.unlink(missing_ok=True)  # pickling GA here went through its __getattribute__
+        try:
+            value = trusted_load(src, trust=True, timeout=None).value
+            if isinstance(value, torch.nn.Module):
+                value.eval()
+            outcomes[name] = "loaded"
+        except ptconvert.UnsafeInputError:
+            outcomes[name] = "refused"
+        assert not marker.exists(), name
+    assert outcomes == {
+        "deque_str": "refused",
+        "meta_str": "refused",
+        "swap_getattribute": "loaded",
+        "foreign_submodule": "refused",
+    }
+
+
+def test_a_metaclass_is_never_constructed(tmp_path: Path) -> None:
+    """NEWOBJ of torch's own ``_ParameterMeta`` would build a class from the pickle's namespace
+    (its ``__set_name__``, ``__init_subclass__``; the legacy loader then writes a .patch file
+    named by it): a metaclass is not admitted."""
+    assert own_code(torch.nn.parameter._ParameterMeta)[-1].startswith("a metaclass")
+    meta = b"ctorch.nn.parameter\n_ParameterMeta\n"
+    data = b"\x80\x04" + meta + b"(VX\n)}t}\x92."
+    src = tmp_path / "meta.pt"
+    import zipfile
+
+    with zipfile.ZipFile(src, "w") as z:
+        z.writestr("archive/data.pkl", data)
+        z.writestr("archive/byteorder", "little")
+        z.writestr("archive/version", "3\n")
+    with pytest.raises(ptconvert.NeedsTrustError, match="_ParameterMeta"):
+        trusted_load(src, trust=True, timeout=None)
