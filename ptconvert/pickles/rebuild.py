@@ -61,8 +61,10 @@ class Rebuilding:
         own_code_allowed: set[type],
         callables: set[int],
         stand_ins: set[int] | None = None,
+        hashable: set[type] | None = None,
     ) -> None:
         self.stand_ins = stand_ins or set()
+        self.hashable = hashable or set()  # admitted classes whose __hash__/__eq__ are default
         self.names = names
         self.admitted = admitted
         self.own_code_allowed = own_code_allowed
@@ -279,6 +281,27 @@ class Rebuilding:
             return
         raise Refused(f"{method} on a {self.name(cls)}, which is not admitted")
 
+    def keys(self, keys: Any, op: str) -> None:
+        """Refuse keys (dict keys, set members) whose hashing or comparing would run a class's
+        own code: a key is a scalar, text, a tuple of keys, one of torch's or numpy's values, an
+        allowlisted value, or an instance of an admitted class that hashes by default."""
+        stack = list(keys)
+        while stack:
+            key = stack.pop()
+            t = type(key)
+            if t in _SCALARS or id(key) in self.stand_ins or _torch_plain(key):
+                continue
+            if t is tuple or t is frozenset:
+                stack.extend(key)
+            elif issubclass(t, type):
+                if type(key) is not type and not self._safe_type(key):
+                    raise Refused(f"{op} uses the class {self.name(key)} as a key")
+            elif not (self._safe_type(t) or t in self.hashable or t in self.own_code_allowed):
+                raise Refused(
+                    f"{op} uses a {self.name(t)} as a key: hashing it runs the class's own code",
+                    self.name(t),
+                )
+
     def _running(self, cls: type, do: Callable[[], Any]) -> Any:
         """``do()``, with the audit hook told whose own code runs."""
         saved, Rebuilding.current = Rebuilding.current, self.name(cls)
@@ -469,11 +492,21 @@ class Unpickler(_PyUnpickler):
 
     def load_setitem(self) -> None:
         self._r.container(self.stack[-3], "SETITEM")
+        self._r.keys([self.stack[-2]], "SETITEM")
         super().load_setitem()
 
     def load_setitems(self) -> None:
         self._r.container(self._marked_container(), "SETITEMS")
+        self._r.keys(self.stack[0::2], "SETITEMS")
         super().load_setitems()
+
+    def load_dict(self) -> None:
+        self._r.keys(self.stack[0::2], "DICT")
+        super().load_dict()
+
+    def load_frozenset(self) -> None:
+        self._r.keys(self.stack, "FROZENSET")
+        super().load_frozenset()
 
     def load_append(self) -> None:
         self._r.container(self.stack[-2], "APPEND")
@@ -485,6 +518,7 @@ class Unpickler(_PyUnpickler):
 
     def load_additems(self) -> None:
         self._r.container(self._marked_container(), "ADDITEMS")
+        self._r.keys(self.stack, "ADDITEMS")
         super().load_additems()
 
     def _marked_container(self) -> Any:
@@ -510,6 +544,8 @@ for _op, _name in (
     (pickle.APPEND, "load_append"),
     (pickle.APPENDS, "load_appends"),
     (pickle.ADDITEMS, "load_additems"),
+    (pickle.DICT, "load_dict"),
+    (pickle.FROZENSET, "load_frozenset"),
     (pickle.NEXT_BUFFER, "load_next_buffer"),
 ):
     Unpickler.dispatch[_op[0]] = getattr(Unpickler, _name)

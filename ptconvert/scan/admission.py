@@ -3,16 +3,17 @@ any code of the class itself.
 
 Unpickling an instance calls into its class: ``__new__`` (NEWOBJ), ``__init__`` (REDUCE),
 ``__setstate__`` (BUILD), ``__setitem__``/``append``/``extend``/``add`` (SETITEMS, APPENDS,
-ADDITEMS), ``__hash__``/``__eq__`` (an instance used as a key), ``__del__`` (when it is
-collected), for an Enum rebuilt by value ``_missing_``, and for nn.Module and Tensor subclasses
-``__getattribute__``/``__setattr__`` (torch's own rebuilding goes through them). A class is
-admitted by ``--trust`` when every one of those it has is the default one: ``object``'s, a
-builtin type's, one of torch's own classes (``nn.Module``'s ``__setstate__``), or one that
-``dataclasses`` generated; a metaclass never is. Any other is the class's own code, which would
-run on the pickle's data: such a class is admitted only by ``--allow`` naming it (sympy's
-expression classes evaluate a string argument in ``__new__``). The rebuilding unpickler never
-hands an instance to other code (``rebuild.Rebuilding.plain``), so its other methods do not run
-at load.
+ADDITEMS), ``__del__`` (when it is collected), for an Enum rebuilt by value ``_missing_``, and
+for nn.Module and Tensor subclasses ``__getattribute__``/``__setattr__`` (torch's own
+rebuilding goes through them). A class is admitted by ``--trust`` when every one of those it has
+is the default one: ``object``'s, a builtin type's, one of torch's own classes (``nn.Module``'s
+``__setstate__``), or one that ``dataclasses`` generated; a metaclass never is. Any other is
+the class's own code, which would run on the pickle's data: such a class is admitted only by
+``--allow`` naming it (sympy's expression classes evaluate a string argument in ``__new__``).
+The rebuilding unpickler never hands an instance to other code (``rebuild.Rebuilding.plain``),
+so its other methods do not run at load, and an instance is a key or a set member only when
+its ``__hash__`` and ``__eq__`` are default (``hashes_by_default``, checked where keys are
+stored: transformers' GenerationConfig has its own and is admitted, never a key).
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ HOOKS = (
     "append",
     "extend",
     "add",
-    "__hash__",
-    "__eq__",
     "__del__",
     "_missing_",
 )
@@ -64,6 +63,11 @@ def own_code(cls: type) -> list[str]:
     if owner is not None and not isinstance(vars(owner)["__dict__"], types.GetSetDescriptorType):
         found.append("__dict__")
     return found
+
+
+def hashes_by_default(cls: type) -> bool:
+    """Whether hashing and comparing an instance of ``cls`` runs none of its own code."""
+    return _is_default(cls, "__hash__") and _is_default(cls, "__eq__")
 
 
 def _torch_rebuilt(cls: type) -> bool:

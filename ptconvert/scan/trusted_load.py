@@ -40,6 +40,7 @@ from ptconvert.errors import (
     UnsupportedConversionError,
 )
 from ptconvert.pickles.rebuild import is_named_tuple
+from ptconvert.scan.admission import hashes_by_default
 from ptconvert.scan.analysis import CONSTRUCTS
 from ptconvert.scan.guard import guard
 
@@ -68,6 +69,7 @@ class Prepared:
     names: dict[str, Any]
     admitted: set[type] = field(default_factory=set)
     own_code_allowed: set[type] = field(default_factory=set)
+    named: set[type] = field(default_factory=set)  # classes --allow named (their hashing too)
     callables: set[int] = field(default_factory=set)
     deferred: dict[int, _Deferred] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -127,6 +129,8 @@ def prepare(path: Path, *, trust: bool, allow: list[str]) -> Prepared:
             from ptconvert.scan.admission import own_code
 
             hooks = own_code(value)
+            if name in allow:
+                prepared.named.add(value)
             if not hooks:
                 prepared.admitted.add(value)
             elif name in allow:
@@ -167,6 +171,7 @@ def load_prepared(path: Path, prepared: Prepared) -> Any:
         prepared.own_code_allowed,
         prepared.callables,
         set(prepared.deferred),
+        {c for c in prepared.admitted if hashes_by_default(c) or c in prepared.named},
     )
     try:
         loaded = rebuild.torch_load(path, rebuilding)

@@ -42,8 +42,15 @@ OWNER = {
     "own_setstate_state_dict.pt": "fixtures.trust_corpus.RunsItsState",
     "own_setstate_legacy.pt": "fixtures.trust_corpus.RunsItsState",
     "own_setitem_sequential.pt": "fixtures.trust_corpus.StoresByCode",
-    "own_hash_key_sequential.pt": "fixtures.trust_corpus.HashesByCode",
     "own_del_sequential.pt": "fixtures.trust_corpus.Finalizes",
+}
+# samples whose class --trust admits and whose load refuses what the file does with it
+REFUSED_AT_LOAD = {
+    "own_hash_key_sequential.pt": ("fixtures.trust_corpus.HashesByCode", "as a key"),
+    "reduce_after_newobj_sequential.pt": (
+        "fixtures.trust_corpus.TouchesOnInit",
+        "runs its __init__",
+    ),
 }
 
 
@@ -119,7 +126,21 @@ def test_trust_refuses_a_class_whose_rebuild_runs_its_own_code(
     assert not marker.exists() and not out.exists()
 
 
-@pytest.mark.parametrize("name", sorted(OWNER))
+@pytest.mark.parametrize("name", sorted(REFUSED_AT_LOAD))
+def test_trust_refuses_what_the_file_does_with_an_admitted_class(
+    own, name: str, tmp_path: Path, capsys
+) -> None:
+    """HashesByCode is admitted (its own __hash__ runs only if an instance is a key) but the
+    file makes one a dict key; TouchesOnInit is admitted but the file calls it by REDUCE."""
+    paths, marker = own
+    out = tmp_path / "out.pt2"
+    argv = [str(paths[name]), "--to", "pt2", "-o", str(out), "--trust", *INPUT]
+    code, body, _ = run_cli(argv, capsys)
+    assert code == 10 and REFUSED_AT_LOAD[name][1] in body["error"]["message"], body
+    assert not marker.exists() and not out.exists()
+
+
+@pytest.mark.parametrize("name", sorted([*OWNER, "own_hash_key_sequential.pt"]))
 def test_allow_lets_its_code_run_only_up_to_the_audit_hook(
     own, name: str, tmp_path: Path, capsys
 ) -> None:
@@ -127,7 +148,8 @@ def test_allow_lets_its_code_run_only_up_to_the_audit_hook(
     raises an audit event there, the load stops, exit 10 names it, nothing is written."""
     paths, marker = own
     out = tmp_path / "out.pt2"
-    argv = [str(paths[name]), "--to", "pt2", "-o", str(out), "--trust", "--allow", OWNER[name]]
+    cls = {**OWNER, **{n: c for n, (c, _) in REFUSED_AT_LOAD.items()}}[name]
+    argv = [str(paths[name]), "--to", "pt2", "-o", str(out), "--trust", "--allow", cls]
     code, body, _ = run_cli([*argv, *INPUT], capsys)
     assert code == 10 and "audit event" in body["error"]["message"], body
     assert not marker.exists() and not out.exists() and _children() == []
@@ -141,19 +163,6 @@ def test_the_audit_hook_names_the_event_and_the_class(own, tmp_path: Path, capsy
     assert code == 10, body
     assert "'compile'" in body["error"]["message"] and cls in body["error"]["message"]
     assert not marker.exists()
-
-
-def test_a_class_called_after_a_harmless_construction_is_refused(
-    own, tmp_path: Path, capsys
-) -> None:
-    """The class is admitted (no hook of its own), NEWOBJ'd once harmlessly, then called with
-    the pickle's argument by REDUCE: a call is not a rebuild, exit 10, its __init__ never ran."""
-    paths, marker = own
-    src = str(paths["reduce_after_newobj_sequential.pt"])
-    out = tmp_path / "out.pt2"
-    code, body, _ = run_cli([src, "--to", "pt2", "-o", str(out), "--trust", *INPUT], capsys)
-    assert code == 10 and "runs its __init__" in body["error"]["message"], body
-    assert not marker.exists() and not out.exists()
 
 
 def test_an_allowlisted_call_never_calls_into_an_instance(tmp_path: Path, capsys) -> None:
@@ -249,7 +258,12 @@ def test_admission_by_mechanism() -> None:
     modules = [getattr(torch.nn, n) for n in dir(torch.nn)]
     layers = [c for c in modules if isinstance(c, type) and issubclass(c, torch.nn.Module)]
     assert len(layers) > 100 and {c.__name__: own_code(c) for c in layers if own_code(c)} == {}
-    for cls in (transformers.BertModel, transformers.GPT2LMHeadModel, transformers.GPT2Config):
+    for cls in (
+        transformers.BertModel,
+        transformers.GPT2LMHeadModel,
+        transformers.GPT2Config,
+        transformers.GenerationConfig,  # its own __hash__/__eq__: checked where keys are stored
+    ):
         assert own_code(cls) == [], cls
 
     class Color(enum.Enum):
@@ -414,3 +428,26 @@ def test_a_metaclass_is_never_constructed(tmp_path: Path) -> None:
         z.writestr("archive/version", "3\n")
     with pytest.raises(ptconvert.NeedsTrustError, match="_ParameterMeta"):
         trusted_load(src, trust=True, timeout=None)
+
+
+def test_a_pickled_generative_model_loads_with_trust(tmp_path: Path) -> None:
+    """A whole pickled LlamaForCausalLM carries a GenerationConfig (its own __hash__ and
+    __eq__, never used as a key): rebuilt under --trust, computing what the model computes."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=99,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    src = tmp_path / "llama.pt"
+    torch.save(model, src)
+    loaded = trusted_load(src, trust=True, timeout=None)
+    assert loaded.warnings == []
+    ids = torch.randint(0, 99, (2, 5))
+    assert torch.equal(loaded.value(ids).logits, model(ids).logits)
