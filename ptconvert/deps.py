@@ -14,17 +14,19 @@ from ptconvert.errors import MissingRequirementError
 # The entry-point group plugins register under (plugins.py loads it; the cache keys its members).
 PLUGIN_GROUP = "ptconvert.plugins"
 
-# Which extra of ptconvert brings each optional top-level package.
+# Which extra of ptconvert brings each optional top-level package: these, and the packages each
+# registered format declares (``declare_extra``, called by the format registry).
 EXTRAS: dict[str, str] = {
-    "onnx": "onnx",
-    "onnxruntime": "onnx",
-    "onnxscript": "onnx",
     "transformers": "hf",
     "matplotlib": "plot",
     "ray": "ray",
-    "executorch": "executorch",
-    "gguf": "gguf",
 }
+
+
+def declare_extra(packages: tuple[str, ...], extra: str) -> None:
+    """``packages`` come with ptconvert's extra ``extra`` (a format declares what it imports)."""
+    for package in packages:
+        EXTRAS.setdefault(package, extra)
 
 
 def require(module: str, instead: str = "") -> ModuleType:

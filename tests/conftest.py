@@ -47,3 +47,29 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, A
     code = main([*args, "--json"])
     out, err = capsys.readouterr()
     return code, json.loads(out) if out.strip() else None, err
+
+
+def swap_step(monkeypatch: pytest.MonkeyPatch, name: str, make: Any) -> None:
+    """The converter named ``name`` replaced by ``make(the converter)`` for one test: a step
+    between the stages (``convert.steps``), or a target package's edge."""
+    import dataclasses
+
+    from ptconvert.convert import steps
+    from ptconvert.formats import FORMATS
+
+    if callable(getattr(steps, name, None)):  # the stages' edges look their step up each plan
+        monkeypatch.setattr(steps, name, make(getattr(steps, name)))
+        return
+    import importlib
+
+    found = False
+    for f in FORMATS:
+        edges = f.edges()
+        if any(e.step == name for e in edges):
+            swapped = [
+                dataclasses.replace(e, run=make(e.run)) if e.step == name else e for e in edges
+            ]
+            package = importlib.import_module(f"{type(f).__module__}.edges")
+            monkeypatch.setattr(package, "EDGES", swapped)
+            found = True
+    assert found, f"no converter named {name!r}"

@@ -33,6 +33,9 @@ LAYERS: list[set[str]] = [
     {"model"},  # models in memory: example inputs, model specs, wrappers, eager modules
     {"verify"},  # checks: parity, ranges, bitwise weights; runtimes per format
     {"convert"},  # the converter graph and its engine
+    # a program target's converters: the ``edges`` subpackage of its package under formats/
+    # (the rest of the package, detection and its runtime, sits with the readers)
+    {"targets"},
     {"generation"},  # exports with a KV cache, checked by generating (uses convert's ONNX step)
     {"api", "plugins"},  # the public API, and the formats and converters plugins add
     # the terminal: the command, its subcommands, its flags (made from the options' fields)
@@ -57,8 +60,11 @@ KNOWN_MODULE_CYCLES: list[tuple[set[str], str]] = []
 
 
 def _part(module: str) -> str:
-    """``ptconvert.convert.engine`` → ``convert``; the package itself → ``__init__``."""
+    """``ptconvert.convert.engine`` → ``convert``; the package itself → ``__init__``; a target
+    package's converters (``ptconvert.formats.onnx.edges…``) → ``targets``."""
     parts = module.split(".")
+    if len(parts) > 3 and parts[1] == "formats" and parts[3] == "edges":
+        return "targets"
     return parts[1] if len(parts) > 1 else "__init__"
 
 

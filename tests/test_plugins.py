@@ -103,11 +103,11 @@ def toy_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.metadata
 
     from ptconvert import plugins
-    from ptconvert.convert import graph, needs, steps
+    from ptconvert.convert import graph, needs
     from ptconvert.formats import FORMATS, FORMATS_BY_NAME
 
     saved = (list(FORMATS), dict(FORMATS_BY_NAME), list(graph.EDGES), list(graph._PLUGIN_NODES))
-    saved_steps, saved_needs = dict(steps.STEPS), dict(needs.NEEDS)
+    saved_needs = dict(needs.NEEDS)
     monkeypatch.setattr(
         importlib.metadata,
         "entry_points",
@@ -119,8 +119,6 @@ def toy_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     FORMATS[:], graph.EDGES[:], graph._PLUGIN_NODES[:] = saved[0], saved[2], saved[3]
     FORMATS_BY_NAME.clear()
     FORMATS_BY_NAME.update(saved[1])
-    steps.STEPS.clear()
-    steps.STEPS.update(saved_steps)
     needs.NEEDS.clear()
     needs.NEEDS.update(saved_needs)
 

@@ -36,16 +36,17 @@ NOT_IN_KEY: dict[str, str] = {
     "load_timeout": "how long a load may take before it is stopped, not what is loaded",
 }
 
-# Packages whose version changes what a conversion writes (when installed).
-KEYED_PACKAGES = (
-    "ptconvert",
-    "torch",
-    "transformers",
-    "onnx",
-    "onnxruntime",
-    "onnxscript",
-    "executorch",
-)
+# Packages whose version changes what a conversion writes (when installed): these, and the
+# packages every registered format declares it imports (``keyed_packages``).
+KEYED_PACKAGES = ("ptconvert", "torch", "transformers")
+
+
+def keyed_packages() -> tuple[str, ...]:
+    from ptconvert.formats import FORMATS
+
+    declared = (p for f in FORMATS for p in f.packages)
+    return tuple(dict.fromkeys([*KEYED_PACKAGES, *declared]))
+
 
 # Environment variables that change what torch.compile / Inductor / export produce: every one
 # set with these prefixes is in the key, by name and value.
@@ -154,7 +155,7 @@ def _versions() -> dict[str, str | None]:
     from importlib.metadata import PackageNotFoundError, version
 
     found: dict[str, str | None] = {"python": "{}.{}".format(*sys.version_info[:2])}
-    for name in KEYED_PACKAGES:
+    for name in keyed_packages():
         try:
             found[name] = version(name)
         except PackageNotFoundError:
@@ -226,7 +227,7 @@ def cache_key(d: Detection, to: str, out: Path, opts: Options) -> tuple[str, dic
     unchanged). Returns the key (a sha256, hex) of converting the detected source ``d`` to
     ``to`` onto ``out`` with ``opts``, and the document it hashes (kept in a cache entry for
     ``cache info``): the source's content, the ``--model`` and ``--example-inputs`` files, every
-    option but ``NOT_IN_KEY``, the versions of ``KEYED_PACKAGES`` and of the installed plugins,
+    option but ``NOT_IN_KEY``, the versions of ``keyed_packages()`` and of the installed plugins,
     the ``KEYED_ENVIRONMENT`` variables, the CPU (native code) or GPU (``--device cuda``).
 
     Not covered, so a changed output with the same key: what a ``pkg.module:factory`` module

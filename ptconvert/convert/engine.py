@@ -32,7 +32,6 @@ from ptconvert.convert.program_check import (
 )
 from ptconvert.convert.same_format import copy_cannot_change, verified_copy
 from ptconvert.convert.state import RunState, StepRecord
-from ptconvert.convert.steps import STEPS
 from ptconvert.convert.weights import check_written, refuse_shards, weights_route, weights_written
 from ptconvert.errors import (
     FilesystemError,
@@ -215,7 +214,8 @@ def _run_route(
                 state.writing, state.leads_to = not queue, edge.dst
                 try:
                     with progress.step(f"{edge.src} → {edge.dst} ({edge.label or edge.step})"):
-                        STEPS[edge.step](state, opts)
+                        assert edge.run is not None
+                        edge.run(state, opts)
                     _ensure(edge, state)
                 except (
                     UsageError,
@@ -229,7 +229,7 @@ def _run_route(
                     if weights_route([e.step for e in current.edges]):
                         raise  # weights read and written as they are: no other route to try
                     records.append(_record(edge, t0, "failed", state, notes_before, exc.message))
-                    if edge.step in CAPTURING_STEPS and _runnable(state):
+                    if edge.captures and _runnable(state):
                         first_call(state)  # the model's own error, if it raises, is the news
                     banned.add(edge)
                     try:
@@ -251,7 +251,7 @@ def _run_route(
             except VerificationError as exc:
                 # a program that runs but computes something else (a branch on a size frozen
                 # by export or trace): try the routes that remain from the module
-                capture = next((e for e in taken if e.step in CAPTURING_STEPS), None)
+                capture = next((e for e in taken if e.captures), None)
                 cut = route.index(f"{capture.src} → {capture.dst}") if capture else 0
                 if capture is not None:  # the refused program's notes go with it
                     del state.notes[notes_at.get(capture, len(state.notes)) :]
@@ -409,10 +409,6 @@ def _initialise_lazy(state: RunState, sample: dict[str, Any]) -> None:
             exc.path = exc.path or str(state.src)
             raise
     state.notes.append("the model has lazy modules: it was called once before capture")
-
-
-# steps that turn a module into a program: the ones a failed parity check rules out
-CAPTURING_STEPS = ("export", "script", "ts_to_exported")
 
 
 def _narrows(exc: VerificationError, capture: Edge | None, state: RunState) -> bool:

@@ -2,13 +2,15 @@
 
 Each edge declares its cost and what it needs (a model spec, example inputs, trust, …). ``plan``
 finds the cheapest route whose needs are met; when none is, it finds the cheapest route if the
-needs were met and says which are missing and which option provides each. Adding a converter is
-one ``Edge`` line in ``EDGES`` and one function in ``steps.py``.
+needs were met and says which are missing and which option provides each. A target's converters
+are declared by its package (``formats/<target>/edges``, ``Format.edges``); the stages' own are
+``_core_edges``; a plugin adds its with ``register_edge``.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,79 +21,131 @@ STAGES = ("weights", "module", "exported")
 _PLUGIN_NODES: list[str] = []  # nodes a plugin's edges name that are no registered format
 
 
+Step = Callable[[Any, Any], None]  # (RunState, Options) → None: fills the state it reads
+
+
 @dataclass(frozen=True)
 class Edge:
     src: str
     dst: str
-    step: str  # function name in ptconvert.convert.steps
+    step: str  # the step's name, in plans and reports
     cost: int
     needs: tuple[str, ...] = ()
     label: str = ""
     reads_source: bool = False  # reads the file given (only a route's first step can)
+    run: Step | None = None  # the converter (a plugin's edge may be given it at registration)
+    captures: bool = False  # turns a module into a program: a failed parity check rules it out
 
 
-# the converters (plugins append theirs); the formats' own edges are ``format_edges()``
-EDGES: list[Edge] = [
-    Edge("weights", "module", "build_module", 2, ("model_spec",), "build the model, load strictly"),
-    # a source that is code alone: no file, the model as --model's factory builds it
-    Edge("code", "module", "build_from_code", 2, ("model_spec",), "build the model from its code"),
-    Edge(
-        "pt",
-        "module",
-        "unpickle_module",
-        2,
-        ("trust",),
-        "load a whole pickled module",
-        reads_source=True,
-    ),
-    Edge("module", "exported", "export", 3, ("example_inputs",), "torch.export"),
-    Edge("module", "torchscript", "script", 4, (), "torch.jit.script (or trace)"),
-    Edge("torchscript", "exported", "ts_to_exported", 4, ("example_inputs",), "TS2EPConverter"),
-    Edge(
-        "pt2",
-        "exported",
-        "load_pt2",
-        1,
-        label="torch.export.load (after the scan)",
-        reads_source=True,
-    ),
-    Edge("exported", "pt2", "save_pt2", 1, label="torch.export.save"),
-    Edge("exported", "weights", "program_weights", 1, label="the program's state dict"),
-    Edge("exported", "aoti", "aoti_compile", 6, ("cpp_compiler",), "AOTInductor compile + package"),
-    Edge("exported", "onnx", "onnx_export", 3, ("onnx",), "torch.onnx (dynamo exporter)"),
-    Edge(
-        "exported",
-        "pte",
-        "pte_export",
-        4,
-        ("executorch",),
-        "ExecuTorch lowering (XNNPACK or portable kernels)",
-    ),
-]
+def _core_edges() -> list[Edge]:
+    """The converters between the stages, which no format owns."""
+    from ptconvert.convert import steps
+
+    return [
+        Edge(
+            "weights",
+            "module",
+            "build_module",
+            2,
+            ("model_spec",),
+            "build the model, load strictly",
+            run=steps.build_module,
+        ),
+        # a source that is code alone: no file, the model as --model's factory builds it
+        Edge(
+            "code",
+            "module",
+            "build_from_code",
+            2,
+            ("model_spec",),
+            "build the model from its code",
+            run=steps.build_from_code,
+        ),
+        Edge(
+            "module",
+            "exported",
+            "export",
+            3,
+            ("example_inputs",),
+            "torch.export",
+            run=steps.export,
+            captures=True,
+        ),
+        Edge(
+            "exported",
+            "weights",
+            "program_weights",
+            1,
+            label="the program's state dict",
+            run=steps.program_weights,
+        ),
+    ]
+
+
+# converters plugins registered (``register_edge``); the formats' own are ``format_edges()``
+EDGES: list[Edge] = []
 
 
 def format_edges() -> list[Edge]:
-    """Each registered format's edges to and from the weights stage, as it declares them: read
-    (the file's tensors, read symbolically; a program's also its loaded state dict, for any
-    program the route holds: ``read_step``) and write."""
+    """Each registered format's edges, as it declares them: reading its tensors (symbolically)
+    and writing them, a whole pickled module's load, and a target package's converters."""
+    from ptconvert.convert import steps
+    from ptconvert.convert.weights import read_source, write_target
     from ptconvert.formats import FORMATS
 
     out: list[Edge] = []
     for f in FORMATS:
         if f.reads_weights:
-            out.append(Edge(f.name, "weights", "read_weights", 1, f.read_needs, f.read_label, True))
-        if f.reads_weights and f.read_step != "read_weights":
-            label = "the loaded program's state dict"
-            out.append(Edge(f.name, "weights", f.read_step, 1, f.read_needs, label))
+            out.append(
+                Edge(
+                    f.name,
+                    "weights",
+                    "read_weights",
+                    1,
+                    f.read_needs,
+                    f.read_label,
+                    True,
+                    run=read_source,
+                )
+            )
+        if f.may_hold_module:
+            out.append(
+                Edge(
+                    f.name,
+                    "module",
+                    "unpickle_module",
+                    2,
+                    ("trust",),
+                    "load a whole pickled module",
+                    reads_source=True,
+                    run=steps.unpickle_module,
+                )
+            )
     for f in FORMATS:
         if f.writes_weights:
-            out.append(Edge("weights", f.name, "write_weights", 1, label=f.write_label))
+            out.append(
+                Edge(
+                    "weights",
+                    f.name,
+                    "write_weights",
+                    1,
+                    label=f.write_label,
+                    run=write_target,
+                )
+            )
     return out
 
 
+def target_edges() -> list[Edge]:
+    """The converters the registered formats' packages declare (``Format.edges``)."""
+    from ptconvert.formats import FORMATS
+
+    return [e for f in FORMATS for e in f.edges()]
+
+
 def edges() -> list[Edge]:
-    """Every edge of the graph: the formats' own, then the converters."""
-    return [*format_edges(), *EDGES]
+    """Every edge of the graph: the formats' own, the stages', then the plugins' converters."""
+    return [*format_edges(), *_core_edges(), *target_edges(), *EDGES]
 
 
 def file_nodes() -> list[str]:
@@ -101,18 +155,21 @@ def file_nodes() -> list[str]:
     return [*(f.name for f in FORMATS), *_PLUGIN_NODES]
 
 
-def register_edge(edge: Edge, step: Any) -> None:
-    """Add a converter (a plugin's): ``step(state, options)`` runs the edge. A node it names that
-    is not a stage becomes a file node (a target ``--to`` accepts)."""
-    from ptconvert.convert.steps import STEPS
+def register_edge(edge: Edge, step: Step | None = None) -> None:
+    """Add a converter (a plugin's): ``step(state, options)`` runs the edge (or ``edge.run``). A
+    node it names that is not a stage becomes a file node (a target ``--to`` accepts)."""
+    import dataclasses
 
-    if edge.step in STEPS and STEPS[edge.step] is not step:
+    run = step or edge.run
+    if run is None:
+        raise UsageError(f"the converter {edge.step!r} has no step to run")
+    taken = [e for e in edges() if e.step == edge.step and e.run is not run]
+    if taken:
         raise UsageError(f"a converter step named {edge.step!r} is registered already")
-    STEPS[edge.step] = step
     for node in (edge.src, edge.dst):
         if node not in STAGES and node not in file_nodes():
             _PLUGIN_NODES.append(node)
-    EDGES.append(edge)
+    EDGES.append(dataclasses.replace(edge, run=run))
 
 
 @dataclass

@@ -7,20 +7,10 @@ and names them with their hint); a plugin's edge may declare a need of its own w
 
 from __future__ import annotations
 
-import importlib.util
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from ptconvert.errors import UsageError
 from ptconvert.formats import FORMATS_BY_NAME
+from ptconvert.formats.base import Need
 from ptconvert.options import Options
-
-
-@dataclass(frozen=True)
-class Need:
-    name: str
-    hint: str  # what provides it, for the message when it is missing
-    met: Callable[[str, Options], bool]  # (the source's format, the options) → met?
 
 
 def _model_spec(src_format: str, opts: Options) -> bool:
@@ -28,16 +18,7 @@ def _model_spec(src_format: str, opts: Options) -> bool:
     return bool(opts.model) or bool(known and known.carries_model_spec)
 
 
-def _compiler(src_format: str, opts: Options) -> bool:
-    from ptconvert.convert.aoti import compiler
-
-    return compiler() is not None
-
-
-def _installed(*modules: str) -> Callable[[str, Options], bool]:
-    return lambda src_format, opts: all(importlib.util.find_spec(m) for m in modules)
-
-
+# the core needs and the plugins' (``register_need``); a format's own are ``Format.needs``
 NEEDS: dict[str, Need] = {
     n.name: n
     for n in (
@@ -59,38 +40,29 @@ NEEDS: dict[str, Need] = {
             "loading it imports its classes)",
             lambda f, o: o.trusts_code,
         ),
-        Need(
-            "cpp_compiler",
-            "install a C++ compiler (g++ or clang++) or set CXX: AOTInductor compiles the "
-            "program into native code with it",
-            _compiler,
-        ),
-        Need(
-            "onnx",
-            "pip install 'ptconvert[onnx]' (onnx, onnxscript and onnxruntime)",
-            _installed("onnx", "onnxscript", "onnxruntime", "onnx_ir"),
-        ),
-        Need(
-            "executorch",
-            "pip install 'ptconvert[executorch]' (ExecuTorch: its lowering and its runtime)",
-            _installed("executorch"),
-        ),
     )
 }
 
 
 def register_need(need: Need) -> None:
     """Add a need (a plugin's edge may declare it)."""
-    if need.name in NEEDS and NEEDS[need.name] is not need:
+    if need.name in every_need() and every_need()[need.name] is not need:
         raise UsageError(f"a need named {need.name!r} is registered already")
     NEEDS[need.name] = need
 
 
+def every_need() -> dict[str, Need]:
+    """The core needs, the registered formats' and the plugins'."""
+    from ptconvert.formats import FORMATS
+
+    return {**{n.name: n for f in FORMATS for n in f.needs}, **NEEDS}
+
+
 def available(src_format: str, opts: Options) -> frozenset[str]:
     """The needs the options, the file and this machine meet."""
-    return frozenset(n.name for n in NEEDS.values() if n.met(src_format, opts))
+    return frozenset(n.name for n in every_need().values() if n.met(src_format, opts))
 
 
 def hint(name: str) -> str:
-    need = NEEDS.get(name)
+    need = every_need().get(name)
     return need.hint if need else f"{name} (a need no registered check provides)"

@@ -92,7 +92,7 @@ def optimize(
     if output is not None:  # said before minutes of work, not after: each name it may take
         for target in targets():
             check_output(_destination(src, output, target)[0], [src], opts.force)
-    parent = _destination(src, output, "pt2")[0].parent  # the same for every format
+    parent = _destination(src, output, targets()[0])[0].parent  # the same for every format
     # beside the output (the kept file renames into place), removed whatever happens
     stack = contextlib.ExitStack()
     staging = stack.enter_context(temp_folder(parent / "ptconvert-optimize", name=parent))

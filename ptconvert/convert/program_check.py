@@ -417,22 +417,20 @@ def _runs_wrong(state: RunState, to: str, dims: list[Any]) -> VerificationError:
 # route, before this process imports torch, and imports it meanwhile (seconds hidden); above,
 # once the file is written (its torch, ~0.2 GB, beside the save's copy of the largest tensor was
 # the conversion's peak memory) — unless the save writes the weights from where they lie
-# (convert/pt2_save.py): then a pt2's interpreter starts with the route at every size
+# (``Format.writes_weights_in_place``, a pt2): then its interpreter starts with the route
 PREWARM_BYTES = 256 * 2**20
 
 
 def started_early(opts: Options, to: str, weight_bytes: int | None) -> FreshLoad | None:
     """The check's fresh interpreter, started now when the route will be verified by one (an
     in-process program format) and its weights are small enough; else None."""
-    from ptconvert.convert import pt2_save
-
     target = FORMATS_BY_NAME.get(to)
     early = (
         opts.verify
         and target is not None
         and target.kind == "program"
         and not target.isolated
-        and ((weight_bytes or 0) <= PREWARM_BYTES or (to == "pt2" and pt2_save.available()))
+        and ((weight_bytes or 0) <= PREWARM_BYTES or target.writes_weights_in_place())
     )
     return FreshLoad(to) if early else None
 

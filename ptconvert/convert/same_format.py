@@ -61,10 +61,7 @@ def verified_copy(
     import filecmp
 
     held = describe(src).files
-    if d.format == "torchscript":  # its __setstate__ runs at load: tried before any write
-        from ptconvert.formats.torchscript_probe import load_in_time
-
-        load_in_time(src, load_timeout)
+    d.handler.load_in_time(src, load_timeout)  # code that runs at load: tried before any write
     if len(held) > 1:  # ONNX external data: its file names are written inside the model
         raise UsageError(
             f"the file is already {d.format}, with its data in "

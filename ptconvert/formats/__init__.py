@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from ptconvert.deps import declare_extra
 from ptconvert.errors import (
     EmptyFileError,
     HtmlPageError,
@@ -56,6 +57,8 @@ FORMATS: list[Format] = [
     GgufFormat(),
 ]
 FORMATS_BY_NAME: dict[str, Format] = {f.name: f for f in FORMATS}
+for _f in FORMATS:
+    declare_extra(_f.packages, _f.extra)
 
 
 def register_format(fmt: Format) -> None:
@@ -66,6 +69,7 @@ def register_format(fmt: Format) -> None:
         raise UsageError(f"a format named {fmt.name!r} is registered already")
     FORMATS.append(fmt)  # in place: modules that imported the list see it
     FORMATS_BY_NAME[fmt.name] = fmt
+    declare_extra(fmt.packages, fmt.extra)
 
 
 @dataclass(frozen=True)

@@ -146,6 +146,22 @@ class FileInfo(Report):
         )
 
 
+@dataclass(frozen=True)
+class Need:
+    """What a converter (an edge of the graph) needs: how to tell it is met, how to provide it."""
+
+    name: str
+    hint: str  # what provides it, for the message when it is missing
+    met: Callable[[str, Any], bool]  # (the source's format, the options) → met?
+
+
+def installed(*modules: str) -> Callable[[str, Any], bool]:
+    """A need met when every one of ``modules`` is installed (found, not imported)."""
+    import importlib.util
+
+    return lambda src_format, opts: all(importlib.util.find_spec(m) for m in modules)
+
+
 class Format:
     """Base of format modules. Subclasses set the class attributes and implement the methods.
 
@@ -177,6 +193,35 @@ class Format:
     written_by: ClassVar[str] = ""
     carries_model_spec: ClassVar[bool] = False  # names its model class (a config.json beside)
     may_hold_module: ClassVar[bool] = False  # may be a whole pickled nn.Module (with --trust)
+    # what its converters need beyond the core needs (an installed package, a compiler)
+    needs: ClassVar[tuple[Need, ...]] = ()
+    # the optional packages it imports and the extra of ptconvert that brings them: the install
+    # hints name the extra, and their versions are in the cache's key
+    packages: ClassVar[tuple[str, ...]] = ()
+    extra: ClassVar[str] = ""
+
+    def load_in_time(self, path: Path, timeout: float | None) -> None:
+        """A file whose own code runs when it loads (TorchScript's ``__setstate__``) loaded first
+        in a child, stopped after ``timeout`` s (LoadTimeoutError): before this process loads
+        it, or a copy is written. Other formats run nothing of the file's at load."""
+
+    def writes_weights_in_place(self) -> bool:
+        """Whether writing a program of this format writes each weight from where it lies (no
+        copy of the largest tensor at the peak: a check's fresh interpreter may start early)."""
+        return False
+
+    def edges(self) -> list[Any]:
+        """Its converters: the graph's ``Edge``s to and from it. A target package's are the
+        ``EDGES`` of its ``edges`` subpackage, imported when the graph first asks for them (they
+        stand on the converter layer, above the readers); a plugin's format may return its own."""
+        import importlib
+        import sys
+
+        package = sys.modules[type(self).__module__]
+        if not hasattr(package, "__path__"):  # a format of one module: no converters of its own
+            return []
+        edges: list[Any] = importlib.import_module(f"{package.__name__}.edges").EDGES
+        return edges
 
     def describe_part(self, path: Path) -> FileInfo:
         """Another file (a shard, a directory's weights) as the registry describes it: a format

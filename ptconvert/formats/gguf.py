@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 
 class GgufFormat(Format):
     name = "gguf"
+    packages = ("gguf",)
+    extra = "gguf"
     suffixes = (".gguf",)
     holds = (
         "weights (name → tensor, quantized blocks too) and typed metadata (architecture, "

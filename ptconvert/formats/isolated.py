@@ -1,5 +1,5 @@
 """Runtimes that may leak memory or crash (onnxruntime, AOTInductor, ExecuTorch) run in a
-spawned process.
+spawned process; each target's package says how its runtime loads a file (``Load``).
 
 The child loads the artifact and answers calls over a pipe: named input arrays in, output arrays
 out (numpy arrays we made ourselves, never a file's pickle). The child's end of the pipe is
@@ -13,7 +13,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from ptconvert.errors import RuntimeDiedError
@@ -21,87 +21,6 @@ from ptconvert.spawn import die_with_parent, without_main
 
 _TIMEOUT_S = 600  # a call that runs this long without answering is given up
 _POLL_S = 0.5
-
-
-def session_options() -> Any:
-    """The isolated runtime's onnxruntime options: errors only in its log (its warnings would
-    join an error), and threads that sleep between calls instead of spinning: spinning, they
-    shared the cores with eager in the parent while both were timed (bench, --to all), and
-    eager came out far slower than measured alone."""
-    import onnxruntime as ort
-
-    from ptconvert.quiet import onnxruntime_quiet
-
-    options = onnxruntime_quiet(ort.SessionOptions())
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    return options
-
-
-def _onnx_runner(path: str, device: str) -> tuple[Any, list[str], list[str]]:
-    import onnxruntime as ort
-
-    providers = ["CPUExecutionProvider"]
-    if device == "cuda":
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise RuntimeError(
-                "onnxruntime has no CUDA provider here (the onnx extra installs the CPU "
-                "build; install onnxruntime-gpu for --device cuda)"
-            )
-        providers.insert(0, "CUDAExecutionProvider")
-    session = ort.InferenceSession(path, sess_options=session_options(), providers=providers)
-    names = [i.name for i in session.get_inputs()]
-
-    def run(feeds: dict[str, Any]) -> list[Any]:
-        if feeds and not set(feeds) & set(names):  # named otherwise (TS2EP's x_1): by order
-            return list(session.run(None, dict(zip(names, feeds.values(), strict=False))))
-        return list(session.run(None, {n: feeds[n] for n in names if n in feeds}))
-
-    return run, names, session.get_providers()
-
-
-def _aoti_runner(path: str, device: str) -> tuple[Any, list[str] | None, list[str]]:
-    import torch
-    from torch.utils import _pytree as pytree
-
-    runner = torch._inductor.aoti_load_package(path)
-    in_spec = pytree.treespec_loads(runner.loader.get_call_spec()[0])
-    kwargs_spec = in_spec.children()[1] if in_spec.num_children == 2 else None
-    keywords = list(getattr(kwargs_spec, "context", None) or [])
-
-    def run(feeds: dict[str, Any]) -> list[Any]:
-        tensors = {k: torch.from_numpy(v).to(device) for k, v in feeds.items()}
-        if keywords:  # exported by keyword: the package binds the names itself
-            out = runner(**{k: v for k, v in tensors.items() if k in keywords})
-        else:
-            out = runner(*tensors.values())
-        return [o.detach().cpu().numpy() for o in pytree.tree_leaves(out)]
-
-    return run, keywords or None, [device]
-
-
-def _pte_runner(path: str, device: str) -> tuple[Any, list[str] | None, list[str]]:
-    """ExecuTorch's runtime: ``forward`` takes its inputs as one flat list, in the order of the
-    exporter's pytree spec (by keyword: the spec's names; positionally: as given)."""
-    import torch
-    from executorch.runtime import Runtime
-
-    from ptconvert.formats.pte_flatbuffer import forward_of, read_program
-
-    names = forward_of(read_program(Path(path))).input_names
-    method = Runtime.get().load_program(path).load_method("forward")
-    if method is None:
-        raise RuntimeError("the program has no forward method")
-
-    def run(feeds: dict[str, Any]) -> list[Any]:
-        order = [feeds[n] for n in names if n in feeds] if names else list(feeds.values())
-        out = method.execute([torch.from_numpy(v) for v in order])
-        return [o.detach().numpy() if isinstance(o, torch.Tensor) else o for o in out]
-
-    return run, names, ["cpu"]
-
-
-_RUNNERS = {"onnx": _onnx_runner, "aoti": _aoti_runner, "pte": _pte_runner}
 
 
 def _captured_stderr() -> Any:
@@ -125,7 +44,13 @@ def _said(sink: Any) -> str:
     return lines[-1].strip() if lines else ""
 
 
-def _serve(kind: str, path: str, device: str, conn: Any, parent: int) -> None:
+# a target's runtime: (path, device) → (run on named arrays, the input names it takes or None,
+# where it runs); a module-level function of the target's package (the child imports it)
+Run = Callable[[dict[str, Any]], list[Any]]
+Load = Callable[[str, str], tuple[Run, list[str] | None, list[str]]]
+
+
+def _serve(kind: str, load: Load, path: str, device: str, conn: Any, parent: int) -> None:
     """Child process: load the runtime, then answer calls until told to stop (or killed with
     its parent, ``parent``: a runtime spinning in a load or a call is never left behind)."""
     die_with_parent(parent)
@@ -133,7 +58,7 @@ def _serve(kind: str, path: str, device: str, conn: Any, parent: int) -> None:
 
     sink = _captured_stderr()
     try:
-        run, accepted, where = _RUNNERS[kind](path, device)
+        run, accepted, where = load(path, device)
     except Exception as exc:  # reported to the parent as a failed load
         said = _said(sink)
         conn.send(("error", f"{type(exc).__name__}: {exc}{f' ({said})' if said else ''}"[:1000]))
@@ -164,12 +89,16 @@ def _serve(kind: str, path: str, device: str, conn: Any, parent: int) -> None:
 class IsolatedRuntime:
     """A callable on named tensors, backed by a spawned process that holds the runtime."""
 
-    def __init__(self, kind: str, path: str, device: str = "cpu") -> None:
-        self.kind, self.path = kind, path
+    def __init__(
+        self, kind: str, path: str, device: str = "cpu", *, load: Load, flat: bool = False
+    ) -> None:
+        """``kind``: the target's name, in messages; ``load``: its runtime (``Load``); ``flat``:
+        nested inputs are fed flattened, as torch.onnx names them (``flat_inputs``)."""
+        self.kind, self.path, self.flat = kind, path, flat
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
-            target=_serve, args=(kind, path, device, child, os.getpid()), daemon=True
+            target=_serve, args=(kind, load, path, device, child, os.getpid()), daemon=True
         )
         with without_main():  # the child runs ptconvert's code, never the caller's script
             self._proc.start()
@@ -216,8 +145,8 @@ class IsolatedRuntime:
         return float(self._expect("running"))
 
     def _feeds(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """The arrays sent to the runtime: an ONNX graph takes nested inputs flattened."""
-        flat = flat_inputs(kwargs) if self.kind == "onnx" else kwargs
+        """The arrays sent to the runtime (nested inputs flattened for one that takes them so)."""
+        flat = flat_inputs(kwargs) if self.flat else kwargs
         return {k: _array(v) for k, v in flat.items()}
 
     def __deepcopy__(self, memo: dict[int, Any]) -> IsolatedRuntime:

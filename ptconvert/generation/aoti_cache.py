@@ -1,6 +1,6 @@
 """AOTI with a static cache (``--to aoti --task text-generation-with-past``): the decoder-only
 LM's static-cache program (``static_cache.py``'s wrapper) compiled by AOTInductor through
-``convert/aoti.py``'s compile (its input checks, Inductor configs, the refusal of baked
+the aoti target's compile (its input checks, Inductor configs, the refusal of baked
 scalars), the archive's ``generation.json`` added to the package.
 
 The package keeps its cache across calls only when the cache tensors are the program's
@@ -46,10 +46,10 @@ def check_buffers(ep: Any) -> None:
 
 
 def compile_package(ep: Any, src: Path, tmp: Path, destination: Path, opts: Any) -> list[str]:
-    """``ep`` compiled by ``convert/aoti.py`` (one compile path: input checks on every call,
-    ``--aoti-option``, baked scalars refused) onto ``tmp``; its notes."""
-    from ptconvert.convert.aoti import aoti_compile
+    """``ep`` compiled by the aoti target's ``compile.py`` (one compile path: input checks on
+    every call, ``--aoti-option``, baked scalars refused) onto ``tmp``; its notes."""
     from ptconvert.convert.state import RunState
+    from ptconvert.formats.aoti.edges.compile import aoti_compile
 
     if opts.device != "cpu":
         raise UsageError(
@@ -115,11 +115,12 @@ class AotiStaticCache(StaticCacheProgram):
     what = "package"
 
     def __init__(self, path: Path, meta: dict[str, Any], trust: bool = False) -> None:
+        from ptconvert.formats.aoti.runtime import load as load_runtime
         from ptconvert.formats.isolated import IsolatedRuntime
         from ptconvert.scan.guard import guard
 
         guard(path, trust=trust)  # native code: refused without --trust (exit 11)
-        self.runtime = IsolatedRuntime("aoti", str(path))
+        self.runtime = IsolatedRuntime("aoti", str(path), load=load_runtime)
         self._sized(path, meta)
 
     def _run(self, input_ids: Any, cache_position: Any) -> Any:

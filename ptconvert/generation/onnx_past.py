@@ -69,8 +69,8 @@ def export_decoder_onnx(model: Any, path: Path, opts: Options) -> list[str]:
     it); returns notes for the report."""
     import torch
 
-    from ptconvert.convert.onnx_export import _export, _reason, _rename_dims
     from ptconvert.deps import require
+    from ptconvert.formats.onnx.edges.export import _export, _reason, _rename_dims
 
     require("onnx")
     require("onnxscript")

@@ -18,9 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ptconvert.convert.pte_export import lower
 from ptconvert.deps import require
 from ptconvert.errors import named_error
+from ptconvert.formats.pte.edges.export import lower
 from ptconvert.generation.static_cache import StaticCacheProgram
 from ptconvert.quiet import quiet_torch
 
@@ -62,7 +62,7 @@ def export_program(
             program.write_to_file(fh)
     except OSError as exc:  # the filesystem (no space, read-only …): said as such, exit 9
         raise named_error(exc, tmp) or exc from None
-    from ptconvert.formats.pte_flatbuffer import read_program
+    from ptconvert.formats.pte.flatbuffer import read_program
 
     initial = read_program(tmp).segment_bytes.get("mutable data", 0)
     notes.append(
@@ -118,11 +118,12 @@ class PteStaticCache(StaticCacheProgram):
     def __init__(self, path: Path, meta: dict[str, Any]) -> None:
         from ptconvert.deps import require_installed
         from ptconvert.formats.isolated import IsolatedRuntime
+        from ptconvert.formats.pte.runtime import load as load_runtime
         from ptconvert.scan.guard import guard
 
         guard(path)  # every file loaded goes through the scanner (a .pte: no pickle, clean)
         require_installed("executorch")  # said here, not in the child
-        self.runtime = IsolatedRuntime("pte", str(path))
+        self.runtime = IsolatedRuntime("pte", str(path), load=load_runtime)
         self._sized(path, meta)
 
     def _run(self, input_ids: Any, cache_position: Any) -> Any:

@@ -265,7 +265,7 @@ def _export_one(
     import torch
 
     from ptconvert.convert.exporting import export_in_mode, wrapper_mode
-    from ptconvert.convert.onnx_export import _export, _reason, _rename_dims
+    from ptconvert.formats.onnx.edges.export import _export, _reason, _rename_dims
     from ptconvert.generation.onnx_past import _with_dim, save_checked
 
     try:

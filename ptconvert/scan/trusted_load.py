@@ -260,7 +260,7 @@ def _refuse_torchscript(path: Path) -> None:
     given: the trusted load is for pickles only."""
     from ptconvert.formats import detect
 
-    if detect(path).format != "pt":
+    if not detect(path).handler.may_hold_module:
         raise UnsupportedConversionError(
             "the trusted load reads torch.save checkpoints only", path=path
         )

@@ -80,10 +80,7 @@ def open_runtime(path: str | Path, opts: Options) -> Runtime:
             call_of=_same,
         )
     guard(path, trust=opts.trust if fmt.runs_native_code else False)
-    if d.format == "torchscript":  # its __setstate__ runs at load: tried first, bounded
-        from ptconvert.formats.torchscript_probe import load_in_time
-
-        load_in_time(path, opts.load_timeout)
+    fmt.load_in_time(path, opts.load_timeout)  # code that runs at load: tried first, bounded
     program = fmt.open(path, opts.device)  # a runtime in its own process runs there
     inputs = build.user_inputs(opts)
     if inputs is None and program.exported is not None and program.exported.example_inputs:

@@ -153,11 +153,11 @@ def _may_load(
         assert ws.origin is not None
         scans = guard(ws.origin, trust=trust)  # a shard index: with its shards
     may = trust or all(getattr(r, "verdict", "") == "clean" for r in scans)
-    if may and ws.format == "torchscript":
-        from ptconvert.formats.torchscript_probe import load_in_time
+    if may and ws.format:
+        from ptconvert.formats import FORMATS_BY_NAME
 
         assert ws.origin is not None
-        load_in_time(ws.origin, load_timeout)
+        FORMATS_BY_NAME[ws.format].load_in_time(ws.origin, load_timeout)
     return may
 
 

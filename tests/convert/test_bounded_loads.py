@@ -17,7 +17,7 @@ import pytest
 
 import ptconvert
 from fixtures.hostile_torchscript import looping_setstate
-from ptconvert.formats import torchscript_probe
+from ptconvert.formats.torchscript import probe as torchscript_probe
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")

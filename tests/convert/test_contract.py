@@ -135,9 +135,12 @@ def test_an_aoti_package_checks_its_inputs_without_the_environment_variable(
     torch.testing.assert_close(torch.tensor(got["out"]), model(X[:2]), rtol=1e-4, atol=1e-5)
     assert "unmatched dim value at 0" in call_fresh("aoti", out, X[:3])["raised"]
     assert "unmatched dtype" in call_fresh("aoti", out, X[:2].double())["raised"]
+    from ptconvert.formats.aoti import runtime as aoti_runtime
     from ptconvert.formats.isolated import IsolatedRuntime
 
-    runtime = IsolatedRuntime("aoti", str(out))  # the reason it printed comes back in the error
+    runtime = IsolatedRuntime(
+        "aoti", str(out), load=aoti_runtime.load
+    )  # the reason it printed comes back in the error
     try:
         with pytest.raises(RuntimeError, match="unmatched dim value at 0"):
             runtime(x=X[:3])
@@ -189,7 +192,7 @@ def test_an_aoti_package_refuses_inputs_that_disagree_on_a_shared_size(
 
 
 def test_the_check_gate_of_the_generated_code_is_removed_or_the_compile_fails() -> None:
-    from ptconvert.convert.aoti import _ungate
+    from ptconvert.formats.aoti.edges.compile import _ungate
 
     lines: list[Any] = [
         "AOTI_NOINLINE static void __check_inputs_outputs(",
@@ -207,7 +210,7 @@ def test_the_check_gate_of_the_generated_code_is_removed_or_the_compile_fails() 
 def test_inputs_sharing_a_symbolic_size_get_a_check_that_they_agree() -> None:
     import sympy
 
-    from ptconvert.convert.aoti import _check_shared_dims
+    from ptconvert.formats.aoti.edges.compile import _check_shared_dims
 
     class Box:
         def __init__(self, *size: object) -> None:

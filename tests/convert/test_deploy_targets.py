@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fixtures.models import MLP, seeded
-from tests.conftest import run_cli
+from tests.conftest import run_cli, swap_step
 
 MLP_ARGS = ["--model", "fixtures.models:MLP", "--input", "x:2x8:float32"]
 
@@ -181,7 +181,7 @@ def test_plan_shows_both_routes(samples, capsys):
 
 
 def test_a_missing_compiler_is_said_before_any_work(samples, tmp_path, capsys, monkeypatch):
-    import ptconvert.convert.aoti as aoti
+    import ptconvert.formats.aoti as aoti
 
     monkeypatch.setattr(aoti, "compiler", lambda: None)
     started = time.perf_counter()
@@ -214,12 +214,13 @@ def test_verify_with_an_onnx_reference(samples, capsys):
 def test_a_runtime_that_cannot_load_is_a_named_error_at_once(tmp_path):
     from ptconvert.errors import RuntimeDiedError
     from ptconvert.formats.isolated import IsolatedRuntime
+    from ptconvert.formats.onnx import runtime as onnx_runtime
 
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x08\x07\x12\x04junk" + b"\xff" * 64)
     started = time.perf_counter()
     with pytest.raises(RuntimeDiedError, match="onnx runtime cannot load it"):
-        IsolatedRuntime("onnx", str(bad))
+        IsolatedRuntime("onnx", str(bad), load=onnx_runtime.load, flat=True)
     assert time.perf_counter() - started < 60
 
 
@@ -245,8 +246,9 @@ def test_a_runtime_that_cannot_load_the_written_file_names_the_users_output(
 
 def test_a_runtime_whose_process_died_fails_its_next_call_at_once(samples):
     from ptconvert.formats.isolated import IsolatedRuntime
+    from ptconvert.formats.onnx import runtime as onnx_runtime
 
-    runtime = IsolatedRuntime("onnx", str(samples["mlp_onnx"]))
+    runtime = IsolatedRuntime("onnx", str(samples["mlp_onnx"]), load=onnx_runtime.load, flat=True)
     (y,) = runtime(x=torch.randn(3, 8))
     assert y.shape == (3, 4)
     runtime._proc.kill()
@@ -461,7 +463,7 @@ def test_an_onnx_program_that_differs_from_eager_leaves_nothing(
 ):
     """A wrong ONNX graph is refused (each route tried writes its own staging folder): no
     output, no staging folder, no data file is left."""
-    import ptconvert.convert.onnx_export as onnx_export
+    import ptconvert.formats.onnx.edges.export as onnx_export
 
     real = onnx_export._export
     other = torch.export.export(seeded(MLP(), 7).eval(), (torch.randn(2, 8),))
@@ -534,7 +536,6 @@ def make():
 def test_the_written_file_is_run_in_a_fresh_process_scalars_included(tmp_path, capsys, monkeypatch):
     """What is compared at every size is the program in memory; the file written is run once
     in a fresh process, a scalar input included, and must give eager's outputs too."""
-    import ptconvert.convert.steps as steps
 
     (tmp_path / "rate.py").write_text(RATE_MODEL)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -546,17 +547,17 @@ def test_the_written_file_is_run_in_a_fresh_process_scalars_included(tmp_path, c
     code, report, _ = run_cli([*args, "-o", str(tmp_path / "ok.ts")], capsys)
     assert code == 0 and report["check"] == "parity", report
 
-    real = steps.script
+    def tampered(real: Any) -> Any:
+        def step(state: Any, opts: Any) -> None:  # the file on disk is another model's
+            real(state, opts)
+            model = rate.WithRate()
+            with torch.no_grad():
+                model.fc.weight += 1  # another model's weights, whatever the RNG state
+            torch.jit.script(model).save(str(state.output))
 
-    def tampered(state: Any, opts: Any) -> None:  # the file on disk is another model's
-        real(state, opts)
-        model = rate.WithRate()
-        with torch.no_grad():
-            model.fc.weight += 1  # another model's weights, whatever the RNG state
-        torch.jit.script(model).save(str(state.output))
+        return step
 
-    monkeypatch.setattr(steps, "script", tampered)
-    monkeypatch.setitem(steps.STEPS, "script", tampered)
+    swap_step(monkeypatch, "script", tampered)
     code, report, _ = run_cli([*args, "-o", str(tmp_path / "bad.ts"), "--no-cache"], capsys)
     assert code == 6, report
     assert "loaded in a fresh process, differs from eager" in report["error"]["message"]

@@ -437,7 +437,7 @@ def test_cli_converts_fixture_state_dicts(name, target, prefix, tmp_path, capsys
 
 def test_pt2_sample_inputs_are_example_inputs(samples: dict[str, Path]) -> None:
     from ptconvert.convert.state import RunState
-    from ptconvert.convert.steps import load_pt2
+    from ptconvert.formats.pt2.edges import load_pt2
 
     state = RunState(samples["mlp_pt2"], "pt2")
     load_pt2(state, Options())

@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 import ptconvert
-from ptconvert.convert import onnx_export
+from ptconvert.formats.onnx.edges import export as onnx_export
 
 
 def test_exports_share_the_registry_and_leave_torch_as_it_was(samples, tmp_path: Path, monkeypatch):

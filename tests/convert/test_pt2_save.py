@@ -1,4 +1,4 @@
-"""The pt2 save step writes each weight from where it lies (convert/pt2_save.py): the same
+"""The pt2 save step writes each weight from where it lies (formats/pt2/edges/save.py): the same
 archive as torch's own save, record for record, without a bytes copy of any tensor."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ptconvert.convert.pt2_save import available, records_in_place
+from ptconvert.formats.pt2 import saves_in_place as available
+from ptconvert.formats.pt2.edges.save import records_in_place
 
 
 class Tied(nn.Module):

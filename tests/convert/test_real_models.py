@@ -17,7 +17,7 @@ from fixtures.build import _more_hf_models, _tiny_bert_config, _tiny_gpt2_config
 from ptconvert.convert.engine import convert_program
 from ptconvert.errors import MissingRequirementError, ModelRaisedError, UnsupportedConversionError
 from ptconvert.options import Options
-from tests.conftest import run_cli
+from tests.conftest import run_cli, swap_step
 
 transformers = pytest.importorskip("transformers")
 
@@ -579,9 +579,7 @@ def test_a_program_that_fails_the_parity_check_sends_the_graph_down_another_rout
 ) -> None:
     """An exported program that runs but computes something else is not written: the graph
     tries the next route (script → TorchScript's converter) and says why."""
-    from ptconvert.convert import steps
-
-    monkeypatch.setitem(steps.STEPS, "export", _wrong_program(steps.STEPS["export"]))
+    swap_step(monkeypatch, "export", _wrong_program)
     opts = Options(model="fixtures.models:MLP", inputs=["x:2x8:float32"])
     report = convert_program(samples["mlp_zip"], "pt2", tmp_path / "m.pt2", opts)
     assert report.parity is not None and report.parity.status == "pass"
@@ -592,11 +590,10 @@ def test_a_program_that_fails_the_parity_check_sends_the_graph_down_another_rout
 def test_when_every_route_fails_the_parity_check_the_error_names_each(
     samples: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ptconvert.convert import steps
     from ptconvert.errors import VerificationError
 
     for name in ("export", "ts_to_exported"):
-        monkeypatch.setitem(steps.STEPS, name, _wrong_program(steps.STEPS[name]))
+        swap_step(monkeypatch, name, _wrong_program)
     opts = Options(model="fixtures.models:MLP", inputs=["x:2x8:float32"])
     with pytest.raises(VerificationError, match=r"tried: export: .*script"):
         convert_program(samples["mlp_zip"], "pt2", tmp_path / "m.pt2", opts)
@@ -604,7 +601,7 @@ def test_when_every_route_fails_the_parity_check_the_error_names_each(
 
 
 def test_scripting_errors_say_what_did_not_match() -> None:
-    from ptconvert.convert.scripting import script_reason
+    from ptconvert.formats.torchscript.edges.script import script_reason
 
     text = (
         "Arguments for call are not valid.\n"

@@ -14,7 +14,7 @@ import torch
 from fixtures.models import MLP, seeded
 from ptconvert import describe, detect
 from ptconvert.errors import CorruptFileError, UnknownFormatError
-from ptconvert.formats.pte_flatbuffer import read_program
+from ptconvert.formats.pte.flatbuffer import read_program
 from ptconvert.scan.scanner import scan_file
 
 pytest.importorskip("executorch")

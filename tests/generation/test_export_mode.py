@@ -145,8 +145,8 @@ def test_the_pte_bounds_export_takes_the_export_mode(flags: list[bool]) -> None:
     """``.pte``: the program exported again with every dynamic dim bounded, in the run's mode."""
     from torch.export import Dim
 
-    from ptconvert.convert.pte_export import _export_bounded, upper_bounds
     from ptconvert.convert.state import RunState
+    from ptconvert.formats.pte.edges.export import _export_bounded, upper_bounds
     from ptconvert.options import Options
 
     opts = Options(strict="strict")

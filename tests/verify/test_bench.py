@@ -121,7 +121,7 @@ def test_a_spread_timing_is_said_as_noise_and_a_steady_one_is_not() -> None:
 def test_the_isolated_onnx_runtime_never_spins_its_threads() -> None:
     """onnxruntime's threads spin between calls by default: beside eager timed in the parent,
     they took its cores, and eager came out far slower in --to all than in bench."""
-    from ptconvert.formats.isolated import session_options
+    from ptconvert.formats.onnx.runtime import session_options
 
     options = session_options()
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"

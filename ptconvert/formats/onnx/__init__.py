@@ -17,8 +17,17 @@ from typing import Any
 
 from ptconvert.deps import require, require_installed
 from ptconvert.errors import CorruptFileError
-from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
+from ptconvert.formats.base import (
+    FileInfo,
+    Format,
+    IOSpec,
+    Need,
+    Probe,
+    file_entry,
+    installed,
+)
 from ptconvert.formats.isolated import IsolatedRuntime
+from ptconvert.formats.onnx.runtime import load as load_runtime
 from ptconvert.formats.program import Program, Signature
 from ptconvert.formats.reference import Ref, Reference, torch_ref
 from ptconvert.formats.weightset import WeightEntry, WeightSet
@@ -63,6 +72,15 @@ class OnnxFormat(Format):
     priority = 10
     kind = "program"
     isolated = True
+    packages = ("onnx", "onnxruntime", "onnxscript")
+    extra = "onnx"
+    needs = (
+        Need(
+            "onnx",
+            "pip install 'ptconvert[onnx]' (onnx, onnxscript and onnxruntime)",
+            installed("onnx", "onnxscript", "onnxruntime", "onnx_ir"),
+        ),
+    )
     load_line = "import onnxruntime\nsess = onnxruntime.InferenceSession(p)"
 
     def companions(self, path: Path) -> list[Path]:
@@ -77,7 +95,7 @@ class OnnxFormat(Format):
         # the model's folder
         require_installed("onnxruntime")  # said here, not in the child
         declared = self.info(path, "protobuf").inputs or []
-        runtime = IsolatedRuntime("onnx", str(path), device)
+        runtime = IsolatedRuntime(self.name, str(path), device, load=load_runtime, flat=True)
         names = runtime.input_names
         signature = None if names is None else Signature(names, list(names), source="ONNX inputs")
         # a graph whose inputs all have a fixed first dim takes that batch size only

@@ -2,7 +2,7 @@
 constants and delegate payloads in segments after it.
 
 Detection reads the flatbuffer's file identifier (bytes 4–8: ``ET`` and two digits) and checks
-that the root table lies inside the file. ``info`` describes what ``formats/pte_flatbuffer.py``
+that the root table lies inside the file. ``info`` describes what ``flatbuffer.py``
 reads of the flatbuffer (no executorch import, nothing run): each method's inputs and outputs,
 the backends its delegate calls go to, the operators left to the portable kernels, the constant
 methods' values and the bytes of constants, delegate payloads and planned memory. The file
@@ -21,16 +21,25 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert.deps import require_installed
-from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
+from ptconvert.formats.base import (
+    FileInfo,
+    Format,
+    IOSpec,
+    Need,
+    Probe,
+    file_entry,
+    installed,
+)
 from ptconvert.formats.isolated import IsolatedRuntime
 from ptconvert.formats.program import Program, Signature
-from ptconvert.formats.pte_flatbuffer import (
+from ptconvert.formats.pte.flatbuffer import (
     IDENTIFIER,
     PteMethod,
     PteTensor,
     forward_of,
     read_program,
 )
+from ptconvert.formats.pte.runtime import load as load_runtime
 
 
 def _io(items: list[PteTensor | str], names: list[str] | None, prefix: str) -> list[IOSpec]:
@@ -54,6 +63,15 @@ class PteFormat(Format):
     )
     priority = 10
     isolated = True
+    packages = ("executorch",)
+    extra = "executorch"
+    needs = (
+        Need(
+            "executorch",
+            "pip install 'ptconvert[executorch]' (ExecuTorch: its lowering and its runtime)",
+            installed("executorch"),
+        ),
+    )
     load_line = (
         "from executorch.runtime import Runtime\n"
         'prog = Runtime.get().load_program(p).load_method("forward")'
@@ -137,7 +155,7 @@ class PteFormat(Format):
     def open(self, path: Path, device: str = "cpu") -> Program:
         require_installed("executorch")  # said here, not in the child
         forward = forward_of(read_program(path))
-        runtime = IsolatedRuntime("pte", str(path), device)
+        runtime = IsolatedRuntime(self.name, str(path), device, load=load_runtime)
         names = forward.input_names
         signature = None if names is None else Signature(names, list(names), source="pte inputs")
         dynamic = any(isinstance(t, PteTensor) and t.dynamism != "static" for t in forward.inputs)

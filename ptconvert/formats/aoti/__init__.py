@@ -9,14 +9,29 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import shutil
 from pathlib import Path
 
 from ptconvert.archive import open_zip
-from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
+from ptconvert.formats.aoti.runtime import load as load_runtime
+from ptconvert.formats.base import FileInfo, Format, IOSpec, Need, Probe, file_entry
 from ptconvert.formats.isolated import IsolatedRuntime
 from ptconvert.formats.program import Program, Signature
 from ptconvert.formats.pt2 import is_pt2
+
+
+def compiler() -> str | None:
+    """The C++ compiler Inductor would use (its ``CXX`` or the first on PATH)."""
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _has_compiler(src_format: str, opts: object) -> bool:
+    return compiler() is not None
 
 
 class AotiPackageFormat(Format):
@@ -25,20 +40,28 @@ class AotiPackageFormat(Format):
     suffixes = (".pt2",)
     loader_needs_suffix = True
     output_suffix = ".aoti.pt2"
-    # a package ptconvert writes checks its inputs itself (convert/aoti.py): said where it loads
+    # a package ptconvert writes checks its inputs itself (edges/compile.py): said where it loads
     load_line = (
         "prog = torch._inductor.aoti_load_package(p)  # checks every call's input dtypes, "
         "shapes and strides (no AOTI_RUNTIME_CHECK_INPUTS needed)"
     )
     runs_native_code = True
     isolated = True
+    needs = (
+        Need(
+            "cpp_compiler",
+            "install a C++ compiler (g++ or clang++) or set CXX: AOTInductor compiles the "
+            "program into native code with it",
+            _has_compiler,
+        ),
+    )
     bounds_dims = True
     holds = "an AOTInductor package: compiled native code (.so) with embedded weights"
     priority = 40
 
     def open(self, path: Path, device: str = "cpu") -> Program:
         # compiled native code: it runs in its own process (a crash is an error, not ours)
-        runtime = IsolatedRuntime("aoti", str(path), device)
+        runtime = IsolatedRuntime(self.name, str(path), device, load=load_runtime)
         names = runtime.input_names
         signature = None if names is None else Signature(names, list(names), source="package")
         return Program(runtime, signature)

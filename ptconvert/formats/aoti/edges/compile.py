@@ -34,14 +34,6 @@ from ptconvert.verify.check import require_device
 _ENV_GATE = ("if (!_check_aoti_runtime_check_inputs_env()){", "return;", "}")
 
 
-def compiler() -> str | None:
-    """The C++ compiler Inductor would use (its ``CXX`` or the first on PATH)."""
-    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
 def aoti_compile(state: RunState, opts: Options) -> None:
     assert state.exported is not None and state.output is not None
     require_device(opts.device)

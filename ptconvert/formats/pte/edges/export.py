@@ -220,7 +220,7 @@ def lower(
 
 def _lowered(state: RunState, opts: Options, seconds: float) -> str:
     """What the written program runs where, read back from the file."""
-    from ptconvert.formats.pte_flatbuffer import forward_of, read_program
+    from ptconvert.formats.pte.flatbuffer import forward_of, read_program
 
     assert state.output is not None
     forward = forward_of(read_program(state.output))

@@ -171,6 +171,16 @@ def _weight_ref(archive: ZipArchive, p: Payload, path: Path) -> TensorRef:
     return TensorRef(storage, shape, stride, offset, bool(meta.get("requires_grad")))
 
 
+def saves_in_place() -> bool:
+    """Whether this torch's save has the writer that ``edges/save.py``'s ``records_in_place``
+    works with: its module is there (told without importing torch: asked before it is imported)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    found = spec.submodule_search_locations if spec is not None else None
+    return any((Path(p) / "export/pt2_archive/_package.py").is_file() for p in found or [])
+
+
 class ExportedProgramFormat(Format):
     name = "pt2"
     kind = "program"
@@ -200,6 +210,9 @@ class ExportedProgramFormat(Format):
 
     read_label = "extract the weights"
     read_step = "program_weights"
+
+    def writes_weights_in_place(self) -> bool:
+        return saves_in_place()
 
     def read_weights(
         self, path: Path, layout: str, key: str | None, skip_unsupported: bool

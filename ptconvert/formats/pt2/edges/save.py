@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 
@@ -22,16 +21,6 @@ class _InPlace:
 
     def __init__(self, tensor: Any) -> None:
         self.tensor = tensor
-
-
-def available() -> bool:
-    """Whether this torch's save has the writer ``records_in_place`` works with: its module is
-    there (told without importing torch: the conversion asks before it imports it)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("torch")
-    found = spec.submodule_search_locations if spec is not None else None
-    return any((Path(p) / "export/pt2_archive/_package.py").is_file() for p in found or [])
 
 
 def _writer() -> Any:

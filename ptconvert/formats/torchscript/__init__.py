@@ -70,7 +70,7 @@ class TorchScriptFormat(Format):
         def state() -> dict[str, Any]:
             import torch
 
-            from ptconvert.formats.torchscript_probe import load_in_time
+            from ptconvert.formats.torchscript.probe import load_in_time
 
             assert ws.origin is not None
             load_in_time(ws.origin)  # bounded (the caller gave --load-timeout first, if known)
@@ -106,10 +106,15 @@ class TorchScriptFormat(Format):
                 self._signature(info, archive.read(member).decode("utf-8", "replace"))
         return info
 
+    def load_in_time(self, path: Path, timeout: float | None) -> None:
+        from ptconvert.formats.torchscript.probe import load_in_time
+
+        load_in_time(path, timeout)
+
     def open(self, path: Path, device: str = "cpu") -> Program:
         import torch
 
-        from ptconvert.formats.torchscript_probe import load_in_time
+        from ptconvert.formats.torchscript.probe import load_in_time
 
         load_in_time(path)  # bounded (the caller gave --load-timeout first, if known)
         ts = torch.jit.load(str(path), map_location="cpu")  # in-process: beside eager

@@ -1,0 +1,26 @@
+"""AOTInductor's package loader, as the AOTI target's program runs in its own process
+(``isolated.Load``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def load(path: str, device: str) -> tuple[Any, list[str] | None, list[str]]:
+    import torch
+    from torch.utils import _pytree as pytree
+
+    runner = torch._inductor.aoti_load_package(path)
+    in_spec = pytree.treespec_loads(runner.loader.get_call_spec()[0])
+    kwargs_spec = in_spec.children()[1] if in_spec.num_children == 2 else None
+    keywords = list(getattr(kwargs_spec, "context", None) or [])
+
+    def run(feeds: dict[str, Any]) -> list[Any]:
+        tensors = {k: torch.from_numpy(v).to(device) for k, v in feeds.items()}
+        if keywords:  # exported by keyword: the package binds the names itself
+            out = runner(**{k: v for k, v in tensors.items() if k in keywords})
+        else:
+            out = runner(*tensors.values())
+        return [o.detach().cpu().numpy() for o in pytree.tree_leaves(out)]
+
+    return run, keywords or None, [device]
