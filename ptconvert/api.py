@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from ptconvert.convert.graph import Plan
     from ptconvert.convert.optimize import OptimizeReport
     from ptconvert.formats import Detection, FileInfo
-    from ptconvert.generation.convert import GenerationPlan, GenerationReport
     from ptconvert.generation.runner import Generated
     from ptconvert.options import Options
     from ptconvert.scan.scanner import ScanReport
@@ -107,13 +106,14 @@ def convert(
     output: str | Path | None = None,
     opts: Options | None = None,
     **overrides: Any,
-) -> ConversionReport | GenerationReport:
+) -> ConversionReport:
     """Convert ``src`` to the format ``to``, scanned first and checked after: weights bitwise
     against an independent reading of the source, programs by running them against the eager
     model (``result.check`` says which check ran). The output is written atomically.
     ``src=None`` with ``model=`` converts a model from code alone (its factory's own weights).
     A generation task (``task="text-generation-with-past"``) exports the model with its cache
-    and checks it by generating (``check == "generation"``).
+    and checks it by generating (``check == "generation"``; the task, the cache and the
+    generation check in ``result.generation``).
 
     >>> report = ptconvert.convert("model.bin", "pt2", model="mypkg.nets:make",
     ...                            inputs=["x:2x8:float32"], dynamic_batch=True)
@@ -300,9 +300,7 @@ def optimize(
 
 
 @_named_errors
-def plan(
-    src: str | Path, to: str, opts: Options | None = None, **overrides: Any
-) -> Plan | GenerationPlan:
+def plan(src: str | Path, to: str, opts: Options | None = None, **overrides: Any) -> Plan:
     """The route ``convert`` would take from ``src`` to ``to``, and what it lacks.
 
     >>> p = ptconvert.plan("model.bin", "pt2")
@@ -387,18 +385,16 @@ def bench(artifact: str | Path, opts: Options | None = None, **overrides: Any) -
     own, overrides = split_keywords(BenchKeywords, overrides)
     device = own["device"]
     checked = options(opts, **overrides, **({"device": device} if device else {}))
-    reference = own["reference"]
-    own.update(reference=str(reference) if reference is not None else None, device=checked.device)
+    keywords = BenchKeywords(**{**own, "device": checked.device})
     export = generation_export(Path(artifact))
     if export is not None:  # the verify layer cannot import generation/: dispatched here
-        return bench_generation(str(artifact), checked, export=export, **own)
-    generating = {"prompt_length": own.pop("prompt_length"), "new_tokens": own.pop("new_tokens")}
-    if any(value is not None for value in generating.values()):
+        return bench_generation(str(artifact), checked, keywords, export=export)
+    if keywords.prompt_length is not None or keywords.new_tokens is not None:
         raise UsageError(
             "--prompt-length and --new-tokens time a generation export (--task …-with-past)",
             path=artifact,
         )
-    return bench_artifact(str(artifact), checked, **own)
+    return bench_artifact(str(artifact), checked, keywords)
 
 
 @_named_errors

@@ -143,7 +143,6 @@ def convert(src: str | None, to: str | None, optimize: bool, as_json: bool, **op
     progress.set_quiet(as_json)
     from ptconvert.api import convert as run_convert
     from ptconvert.convert.batch_discovery import is_batch
-    from ptconvert.convert.engine import ConversionReport
 
     batch = {k: options.pop(k) for k in ("jobs", "keep_going", "executor", "ray_address")}
     if src is None and (optimize or to == "all" or options["bench"]):
@@ -160,11 +159,7 @@ def convert(src: str | None, to: str | None, optimize: bool, as_json: bool, **op
         _convert_many(src, to, as_json, options, batch)
         return
     report = run_convert(src, to, options["output"], options_from(options))
-    if not isinstance(report, ConversionReport) and hasattr(report, "generation"):
-        _show_generation(report, as_json)  # --task …-with-past
-        return
-    assert isinstance(report, ConversionReport)
-    if options["bench"] and src is not None and report.weights is None:
+    if options["bench"] and src is not None and report.weights is None and not report.generation:
         _bench_result(report, src, options)
     if as_json:
         emit_json(report.to_dict())
@@ -178,41 +173,6 @@ def convert(src: str | None, to: str | None, optimize: bool, as_json: bool, **op
 
 for _command in COMMANDS:  # the subcommands, after the conversion
     cli.add_command(_command)
-
-
-def _show_generation(report: Any, as_json: bool) -> None:
-    """A generation export's report: the cache it carries and the generation check."""
-    if as_json:
-        emit_json(report.to_dict())
-        return
-    cache = report.cache
-    said = (
-        f"static, batch {cache['batch_size']}, {cache['length']} positions"
-        if cache["kind"] == "static"
-        else f"{cache['layers']} layers of {cache['past']} in, {cache['present']} out"
-    )
-    lines = [
-        f"{report.source} → {report.output} ({report.target_format}, {report.task}, "
-        f"{report.model_class}) in {report.seconds:.1f} s",
-        f"  cache: {said}",
-        f"  call: {report.interface.get('call') or ', '.join(report.interface['inputs'])}",
-    ]
-    check = report.generation
-    if check is None:
-        lines.append("  check: none (--no-verify)")
-    else:
-        lines.append(
-            f"  check: generation {check.status}: greedy tokens and each step's logits "
-            f"(tolerance {check.tolerance:g}) against transformers' generate"
-        )
-        for run in check.runs:
-            lines.append(
-                f"    batch {run.batch}, prompt {run.prompt_length}: {run.new_tokens} tokens "
-                f"{run.status}, max abs error {run.max_abs_error:.2g}, "
-                f"{run.distinct_tokens} distinct"
-            )
-    lines += [f"  note: {note}" for note in report.notes]
-    click.echo("\n".join(lines))
 
 
 def _convert_many(

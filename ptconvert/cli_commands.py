@@ -150,9 +150,6 @@ def plan(src: str, to: str, as_json: bool, **options: Any) -> None:
     payload = result.to_dict()
     if as_json:
         emit_json(payload)
-    elif "task" in payload:  # a generation export's plan
-        click.echo(f"{src} → {to} ({payload['task']}, a {payload['kind']} model)")
-        click.echo("\n".join(f"  {i}. {step}" for i, step in enumerate(payload["steps"], 1)))
     else:
         from ptconvert.render import render_plan
 

@@ -461,9 +461,9 @@ class VerifyKeywords:
 @dataclass
 class BenchKeywords:
     """The keywords ``bench`` takes beside the Options fields (the ``bench`` command's own
-    flags): the command passes them to ``api.bench``, which passes them on to
-    ``verify/bench.bench_artifact`` (``generation/bench.bench_generation`` for a generation
-    export) by name."""
+    flags), declared here only: the command passes them to ``api.bench``, which hands them on
+    as one ``BenchKeywords`` to ``verify/bench.bench_artifact`` (``generation/bench.
+    bench_generation`` for a generation export)."""
 
     reference: str | Path | None = field(
         default=None,

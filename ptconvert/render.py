@@ -219,6 +219,9 @@ def render_conversion(report: Any, console: Console | None = None) -> None:
     if report.weights is not None:
         _render_weights(report, console)
         return
+    if report.generation is not None:
+        _render_generation(report, console)
+        return
     console.print(
         f"[bold]{escape(report.source)}[/bold] ({report.source_format}) → "
         f"[bold]{escape(report.output)}[/bold] ({report.target_format}) in {report.seconds:.1f} s"
@@ -246,6 +249,38 @@ def render_conversion(report: Any, console: Console | None = None) -> None:
         console.print(parity_table(report.parity))
 
 
+def _render_generation(report: Any, console: Console) -> None:
+    """A generation export: the cache it carries, how to call it, the check by generating."""
+    gen = report.generation
+    cache = gen.cache
+    said = (
+        f"static, batch {cache['batch_size']}, {cache['length']} positions"
+        if cache["kind"] == "static"
+        else f"{cache['layers']} layers of {cache['past']} in, {cache['present']} out"
+    )
+    lines = [
+        f"[bold]{escape(report.source)}[/bold] → [bold]{escape(report.output)}[/bold] "
+        f"({report.target_format}, {gen.task}, {gen.model_class}) in {report.seconds:.1f} s",
+        f"  cache: {escape(said)}",
+        "  call: " + escape(report.interface.get("call") or ", ".join(report.interface["inputs"])),
+    ]
+    check = gen.check
+    if check is None:
+        lines.append("  check: none (--no-verify)")
+    else:
+        lines.append(
+            f"  check: generation {check.status}: greedy tokens and each step's logits "
+            f"(tolerance {check.tolerance:g}) against transformers' generate"
+        )
+        lines += [
+            f"    batch {run.batch}, prompt {run.prompt_length}: {run.new_tokens} tokens "
+            f"{run.status}, max abs error {run.max_abs_error:.2g}, {run.distinct_tokens} distinct"
+            for run in check.runs
+        ]
+    lines += [f"  note: {escape(note)}" for note in report.notes]
+    console.print("\n".join(lines), highlight=False, soft_wrap=True)
+
+
 def render_plan(payload: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     t = Grid("#", "from", "to", "step", "needs", fixed=(0, 1, 2))
@@ -258,6 +293,10 @@ def render_plan(payload: dict[str, Any], console: Console | None = None) -> None
         console.print(f"[bold red]missing[/bold red] {need}: {escape(hint)}")
     if payload["runnable"]:
         console.print("runnable: every need is met")
+    if payload.get("task"):
+        console.print(f"task: {escape(payload['task'])} (exported with its cache)")
+    if payload.get("check"):
+        console.print(f"check: {escape(payload['check'])}")
     for what, words in payload.get("dynamic", {}).items():
         console.print(f"dynamic: {escape(what)}: {escape(words)}")
     need, free = payload.get("memory_estimate_bytes"), payload.get("memory_available_bytes")

@@ -31,6 +31,20 @@ class WeightsWritten(Report):
 
 
 @dataclass
+class GenerationResult(Report):
+    """What a generation export (``--task …-with-past``) carries, and how it generated."""
+
+    task: str
+    model_class: str
+    # the cache the artifact carries: {"kind": "static", "batch_size", "length"} (pt2, aoti,
+    # pte) or {"kind": "inputs", "layers", "past", "present"} (ONNX past/present)
+    cache: dict[str, Any]
+    # generation.check.GenerationCheck: greedy tokens and each step's logits against
+    # transformers' generate (None: --no-verify)
+    check: Any = None
+
+
+@dataclass
 class ConversionReport(Report):
     source: str
     source_format: str
@@ -51,3 +65,4 @@ class ConversionReport(Report):
     bench: Any = None  # a verify.bench.BenchReport when --bench was given
     cached: bool = False  # copied from the cache: the steps and check are those that filled it
     weights: WeightsWritten | None = None  # a weights target written from a weights source
+    generation: GenerationResult | None = None  # a generation export (--task …-with-past)

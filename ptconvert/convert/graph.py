@@ -185,6 +185,8 @@ class Plan(Report):
     weight_bytes: int | None = None  # what a program written by the route holds, about
     # program routes: which dims of which inputs will be dynamic, over which range, in words
     dynamic: dict[str, str] = field(default_factory=dict)
+    task: str | None = None  # a generation export's task (--task …-with-past)
+    check: str = ""  # what the check will do, when the route says it beforehand
 
     @property
     def runnable(self) -> bool:
@@ -210,6 +212,8 @@ class Plan(Report):
             "memory_estimate_bytes": self.memory_estimate_bytes,
             "memory_available_bytes": self.memory_available_bytes,
             "dynamic": self.dynamic,
+            "task": self.task,
+            "check": self.check,
         }
 
     def describe(self) -> list[str]:

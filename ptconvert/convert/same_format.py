@@ -11,16 +11,14 @@ from typing import TYPE_CHECKING
 from ptconvert import progress
 from ptconvert.atomic import atomic_path, ensure_space
 from ptconvert.convert.conversion_report import ConversionReport
-from ptconvert.convert.program_check import (
-    FreshLoad,
-)
-from ptconvert.convert.state import RunState, StepRecord
+from ptconvert.convert.state import StepRecord
 from ptconvert.errors import (
     UsageError,
     VerificationError,
 )
 from ptconvert.formats import Detection, describe
 from ptconvert.options import Options
+from ptconvert.verify.fresh_load import FreshLoad
 
 if TYPE_CHECKING:
     pass
@@ -80,7 +78,7 @@ def verified_copy(
             try:
                 fresh.load(tmp)
                 with progress.step("loading the copy in a fresh process"):
-                    fresh.finish(RunState(src, d.format))
+                    fresh.finish(src)
             finally:
                 fresh.stop()
             note += "; the copy loads in a fresh Python process"

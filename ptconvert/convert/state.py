@@ -63,5 +63,5 @@ class RunState:
     example_seconds: float | None = None  # one eager call at the example's size
     steps_seconds: float = 0.0  # the route's steps so far (the check's work is sized by them)
     changes: list[str] = field(default_factory=list)  # the state a call changes (buffers …)
-    fresh: Any = None  # program_check.FreshLoad: an interpreter started for the written file
+    fresh: Any = None  # verify.fresh_load.FreshLoad: an interpreter started for the written file
     eager: Any = None  # parity.EagerRuns: eager's outputs so far (program_check.first_call)

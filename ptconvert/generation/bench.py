@@ -22,7 +22,7 @@ from ptconvert.report import Report
 from ptconvert.verify.bench import BenchReport, _quantiles, bench
 
 if TYPE_CHECKING:
-    from ptconvert.options import Options
+    from ptconvert.options import BenchKeywords, Options
 
 BATCH_SIZES = (1, 8)
 PROMPT_LENGTH = 16
@@ -199,22 +199,15 @@ class _Transformers(_Contender):
 
 
 def bench_generation(
-    artifact: str,
-    opts: Options,
-    *,
-    export: Export,
-    reference: str | None,
-    batch_sizes: list[int] | None = None,
-    compile_mode: str = "default",
-    repeats: int = 30,
-    warmup: int = 5,
-    threads: int | None = None,
-    device: str = "cpu",
-    prompt_length: int | None = None,
-    new_tokens: int | None = None,
+    artifact: str, opts: Options, keywords: BenchKeywords, *, export: Export
 ) -> GenerationBenchReport:
     """Time ``artifact`` (a generation export) against transformers' ``generate`` on the
-    ``reference`` directory's model, eager and ``torch.compile``d."""
+    keywords' ``reference`` directory's model, eager and ``torch.compile``d."""
+    reference = None if keywords.reference is None else str(keywords.reference)
+    batch_sizes, compile_mode = keywords.batch_sizes, keywords.compile_mode
+    repeats, warmup, threads = keywords.repeats, keywords.warmup, keywords.threads
+    device = keywords.device or opts.device
+    prompt_length, new_tokens = keywords.prompt_length, keywords.new_tokens
     if reference is None:
         raise UsageError(
             f"bench of a generation export ({export.task}) times it against transformers' "

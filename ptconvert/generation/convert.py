@@ -1,50 +1,27 @@
 """A generation export from start to end: the directory's model loaded for the task, exported
-with its cache, written atomically, checked by generating before it is put in place."""
+with its cache, written atomically, checked by generating before it is put in place. Its plan
+is the graph's ``Plan`` and its result the one ``ConversionReport`` (its ``generation``
+section: the task, the cache, the check by generating)."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ptconvert import progress
+from ptconvert.convert.conversion_report import ConversionReport, GenerationResult
+from ptconvert.convert.graph import Plan
+from ptconvert.convert.state import StepRecord
 from ptconvert.generation.check import FEATURE_INPUTS, NEW_TOKENS, PROMPT_LENGTHS, GenerationCheck
 from ptconvert.generation.static_cache import BATCHES, cache_batch
 from ptconvert.options import GENERATION_TASKS, Options
-from ptconvert.report import Report
 
 
-@dataclass
-class GenerationReport(Report):
-    source: str
-    output: str
-    target_format: str
-    task: str
-    model_class: str
-    # the cache the artifact carries: {"kind": "static", "batch_size", "length"} (pt2) or
-    # {"kind": "inputs", "layers", "inputs", "outputs"} (ONNX past/present)
-    cache: dict[str, Any]
-    interface: dict[str, Any]
-    check: str  # "generation" (generated against transformers) or "none" (--no-verify)
-    seconds: float
-    generation: GenerationCheck | None = None
-    notes: list[str] = field(default_factory=list)
-
-
-@dataclass
-class GenerationPlan(Report):
-    source: str
-    target_format: str
-    task: str
-    kind: str  # decoder | seq2seq | speech-seq2seq
-    steps: list[str]
-    runnable: bool = True
-    missing: dict[str, str] = field(default_factory=dict)
-
-
-def plan(src: str | Path, to: str, opts: Options) -> GenerationPlan:
-    """What ``convert`` would do for a generation task, after the checks it makes first."""
+def plan(src: str | Path, to: str, opts: Options) -> Plan:
+    """What ``convert`` would do for a generation task, after the checks it makes first: the
+    model loaded with its cache, exported with it, and the check by generating."""
+    from ptconvert.convert.graph import Edge
     from ptconvert.formats import detect
     from ptconvert.generation.loading import read_config
     from ptconvert.generation.seq2seq_folder import FILES
@@ -55,7 +32,7 @@ def plan(src: str | Path, to: str, opts: Options) -> GenerationPlan:
     assert opts.task is not None
     opts.validate()
     refuse_unsafe(src)
-    detect(src)
+    source_format = detect(src).format
     kind = check_task(opts.task, to, read_config(Path(src)), src)
     target = (FOLDER if kind in FOLDER_KINDS else DECODER)[to]
     batch = cache_batch(opts.batch_sizes)
@@ -67,38 +44,43 @@ def plan(src: str | Path, to: str, opts: Options) -> GenerationPlan:
         if kind == "decoder"
         else "past_key_values.N.decoder|encoder.key|value in, present.N.… out"
     )
+    load = Edge(
+        source_format,
+        "module",
+        "load_for_task",
+        1,
+        label=f"load the directory with transformers, cache on (a {kind} model)",
+    )
     if kind in FOLDER_KINDS:
         files = ", ".join(FILES[to])
-        steps = [
-            "load the directory with transformers (cache on)",
-            f"export the encoder, and the decoder with its cache ({cache})",
-            f"write a folder: {files}, config.json, generation_config.json",
-        ]
+        what = (
+            f"export the encoder, and the decoder with its cache ({cache}); write a folder: "
+            f"{files}, config.json, generation_config.json"
+        )
     else:
-        steps = [
-            "load the directory with transformers (cache on)",
-            f"export with its cache ({cache})",
-            f"write {to}",
-        ]
+        what = f"export with its cache ({cache}), write {to}"
+    export = Edge("module", to, "export_with_cache", 1, label=what)
+    check = ""
     if opts.verify:
         inputs = (
             f"{len(FEATURE_INPUTS)} different input_features (the decoder from its start token)"
             if kind == "speech-seq2seq"
             else f"prompt lengths {PROMPT_LENGTHS[0]}, {PROMPT_LENGTHS[1]}"
         )
-        steps.append(
+        check = (
             f"generate {NEW_TOKENS} greedy tokens at batch "
             f"{', '.join(map(str, opts.batch_sizes or BATCHES))} and {inputs}; compare tokens "
             "and logits with transformers' generate"
         )
-    return GenerationPlan(str(src), to, opts.task, kind, steps)
+    return Plan(source_format, to, [load, export], source=str(src), task=opts.task, check=check)
 
 
-def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) -> GenerationReport:
+def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) -> ConversionReport:
     """Export ``src`` (a Hugging Face directory) for ``opts.task`` to ``to``, checked by
     generating with the written file before it is put in place."""
     from ptconvert.atomic import atomic_path, check_output
     from ptconvert.convert.output_naming import default_output
+    from ptconvert.formats import detect
     from ptconvert.generation.loading import load_model
     from ptconvert.generation.targets import DECODER, FOLDER
     from ptconvert.generation.tasks import FOLDER_KINDS
@@ -118,28 +100,37 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
         from ptconvert.deps import require_installed
 
         require_installed(target.requires)
+    t0 = time.perf_counter()
     with progress.step(f"loading {src.name} for {opts.task}"):
         loaded = load_model(src, opts.task, to, opts)
     assert target is not None  # load_model let only a target of the task through
     model, notes = loaded.model, list(loaded.notes)
+    source_format = detect(src).format
+    steps = [_record("load_for_task", f"{source_format} → module", t0, list(loaded.notes))]
     with atomic_path(out, directory=folder, replace=opts.force) as tmp:
+        t0 = time.perf_counter()
         cache, interface = target.export(model, src, tmp, out, opts, notes)
+        steps.append(_record("export_with_cache", f"module → {to}", t0, notes[len(loaded.notes) :]))
         checked = _check(model, tmp, opts) if opts.verify else None
     if checked is not None:
         notes.extend(checked.notes)
-    return GenerationReport(
+    return ConversionReport(
         str(src),
+        source_format,
         str(out),
         to,
-        opts.task,
-        type(model).__name__,
-        cache,
-        interface,
-        "generation" if checked is not None else "none",
+        [s.route for s in steps],
+        steps,
         round(time.perf_counter() - started, 3),
-        checked,
         notes,
+        interface=interface,
+        check="generation" if checked is not None else "none",
+        generation=GenerationResult(opts.task, type(model).__name__, cache, checked),
     )
+
+
+def _record(step: str, route: str, started: float, notes: list[str]) -> StepRecord:
+    return StepRecord(step, route, round(time.perf_counter() - started, 3), "ok", list(notes))
 
 
 def folder_output(src: Path, to: str) -> Path:

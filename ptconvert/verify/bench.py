@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ptconvert.report import Report
 
 if TYPE_CHECKING:
-    from ptconvert.options import Options
+    from ptconvert.options import BenchKeywords, Options
 
 
 @dataclass
@@ -138,21 +138,14 @@ def bench(
     return report
 
 
-def bench_artifact(
-    artifact: str,
-    opts: Options,
-    *,
-    reference: str | None = None,
-    batch_sizes: list[int] | None = None,
-    compile_mode: str = "default",
-    repeats: int = 30,
-    warmup: int = 5,
-    threads: int | None = None,
-    device: str = "cpu",
-) -> BenchReport:
+def bench_artifact(artifact: str, opts: Options, keywords: BenchKeywords) -> BenchReport:
     """Eager (the reference's module, or the artifact's own), torch.compile of it, and the
-    artifact's runtime, on the artifact's (or the reference's) example inputs, all on
-    ``device``."""
+    artifact's runtime, on the artifact's (or the reference's) example inputs, all on the
+    keywords' ``device`` (bench's keywords: ``options.BenchKeywords``)."""
+    reference = None if keywords.reference is None else str(keywords.reference)
+    batch_sizes, compile_mode = keywords.batch_sizes, keywords.compile_mode
+    repeats, warmup, threads = keywords.repeats, keywords.warmup, keywords.threads
+    device = keywords.device or opts.device
     from ptconvert.errors import UsageError
 
     if repeats < 1 or warmup < 0:

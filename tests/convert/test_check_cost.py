@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ptconvert.convert.program_check import FreshLoad
 from ptconvert.convert.state import RunState
 from ptconvert.errors import VerificationError
+from ptconvert.verify.fresh_load import FreshLoad
 
 # the conversion in a process of its own (this one imported torch already): every process it
 # starts is noted with whether torch was imported in the converting process at that moment
@@ -72,7 +72,7 @@ def test_the_fresh_interpreter_ends_once_its_outputs_are_written(tmp_path: Path)
             + fresh._load
         )
         fresh.load(path, run={"input": torch.ones(1, 3)}, positional=["input"])
-        outputs = fresh.finish(_state(tmp_path))
+        outputs = fresh.finish(_state(tmp_path).src)
     finally:
         fresh.stop()
     assert outputs is not None and outputs[0].shape == (1, 2)
@@ -86,7 +86,7 @@ def test_a_file_that_does_not_load_in_the_fresh_interpreter_is_refused(tmp_path:
     try:
         fresh.load(path, run={"x": torch.ones(1, 3)})
         with pytest.raises(VerificationError, match="does not load in a fresh Python process"):
-            fresh.finish(_state(tmp_path))
+            fresh.finish(_state(tmp_path).src)
     finally:
         fresh.stop()
 

@@ -84,10 +84,10 @@ def test_package_generates_as_transformers_with_one_runner(
 def test_runner_info_and_report(
     tiny: dict[str, Path], converted: Any, gpt2_aoti: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert converted.check == "generation" and converted.generation.status == "pass"
-    assert converted.cache == {"kind": "static", "batch_size": 2, "length": 64}
+    assert converted.check == "generation" and converted.generation.check.status == "pass"
+    assert converted.generation.cache == {"kind": "static", "batch_size": 2, "length": 64}
     assert any("AOTInductor compiled for cpu" in n for n in converted.notes)
-    assert {(r.batch, r.prompt_length) for r in converted.generation.runs} >= {(1, 3), (2, 7)}
+    assert {(r.batch, r.prompt_length) for r in converted.generation.check.runs} >= {(1, 3), (2, 7)}
     with zipfile.ZipFile(gpt2_aoti) as archive:
         name = next(n for n in archive.namelist() if n.endswith("/generation.json"))
         meta = json.loads(archive.read(name))

@@ -115,8 +115,8 @@ def test_family_generates_as_transformers(
     directory = directories(family)
     out = tmp_path / f"{family}.{fmt}"
     report = ptconvert.convert(directory, fmt, out, task=TASK)
-    assert report.check == "generation" and report.generation.status == "pass"
-    assert {(r.batch, r.prompt_length) for r in report.generation.runs} >= {(1, 3), (2, 7)}
+    assert report.check == "generation" and report.generation.check.status == "pass"
+    assert {(r.batch, r.prompt_length) for r in report.generation.check.runs} >= {(1, 3), (2, 7)}
     CHECKS[fmt](directory, out)
 
 

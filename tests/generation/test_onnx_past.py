@@ -66,7 +66,7 @@ def assert_generates_as_transformers(directory: Path, artifact: Path) -> None:
 def test_gpt2_with_past_under_optimums_names(tiny: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "gpt2.onnx"
     report = ptconvert.convert(tiny["gpt2"], "onnx", out, task=TASK)
-    assert report.check == "generation" and report.cache["layers"] == 2
+    assert report.check == "generation" and report.generation.cache["layers"] == 2
     graph = onnx.load(str(out)).graph
     dims = {
         v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]

@@ -79,9 +79,9 @@ def test_the_report_says_the_cache_and_the_check(
     code = main([str(tiny["gpt2"]), "--to", "pt2", "--task", TASK, "-o", str(out), "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report
-    assert report["cache"] == {"kind": "static", "batch_size": 2, "length": 64}
-    assert report["check"] == "generation" and report["generation"]["status"] == "pass"
-    runs = {(r["batch"], r["prompt_length"]): r for r in report["generation"]["runs"]}
+    assert report["generation"]["cache"] == {"kind": "static", "batch_size": 2, "length": 64}
+    assert report["check"] == "generation" and report["generation"]["check"]["status"] == "pass"
+    runs = {(r["batch"], r["prompt_length"]): r for r in report["generation"]["check"]["runs"]}
     assert set(runs) == {(1, 3), (1, 7), (2, 3), (2, 7)}
     assert all(r["new_tokens"] == 16 and r["status"] == "pass" for r in runs.values())
     assert_generates_as_transformers(tiny["gpt2"], out)

@@ -83,13 +83,14 @@ def test_whisper_to_an_onnx_folder_under_optimums_names(
 ) -> None:
     assert main(["plan", str(tiny_whisper), "--to", "onnx", "--task", TASK, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert plan["task"] == TASK and plan["kind"] == "speech-seq2seq"
-    assert "encoder_model.onnx" in " ".join(plan["steps"])
+    assert plan["task"] == TASK and plan["runnable"] and "greedy tokens" in plan["check"]
+    said = " ".join(s["what"] for s in plan["steps"])
+    assert "a speech-seq2seq model" in said and "encoder_model.onnx" in said
     out = tmp_path / "whisper-onnx"
     report = ptconvert.convert(tiny_whisper, "onnx", out, task=TASK)
-    assert report.check == "generation" and report.cache["layers"] == 2
-    assert report.generation is not None
-    assert [(r.batch, r.prompt_length) for r in report.generation.runs] == [
+    assert report.generation is not None and report.check == "generation"
+    assert report.generation.cache["layers"] == 2
+    assert [(r.batch, r.prompt_length) for r in report.generation.check.runs] == [
         (1, 1), (1, 2), (2, 1), (2, 2)
     ]  # fmt: skip
     assert sorted(p.name for p in out.iterdir()) == [
@@ -134,8 +135,8 @@ def test_whisper_to_a_checked_pt2_folder(
 ) -> None:
     out = tmp_path / "whisper-pt2"
     report = ptconvert.convert(tiny_whisper, "pt2", out, task=TASK)
-    assert report.cache == {"kind": "static", "batch_size": 2, "length": 48}  # its positions
-    assert report.generation is not None and report.generation.status == "pass"
+    assert report.generation is not None and report.generation.check.status == "pass"
+    assert report.generation.cache == {"kind": "static", "batch_size": 2, "length": 48}
     assert "input_features[batch, 16, 64]" in report.interface["call"]
     assert_generates_as_transformers(tiny_whisper, out, pt2_loop, features, (1, 2))
     # the public runner takes the folder and the features; others are a usage error
