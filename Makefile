@@ -56,6 +56,7 @@ $(NEWEST_STAMP): pyproject.toml constraints.txt
 
 test-newest: $(NEWEST_STAMP)
 	$(NEWEST_BIN)/python -c "import torch, transformers; print('torch', torch.__version__, '/ transformers', transformers.__version__)"
+	$(NEWEST_BIN)/python -m ptconvert._compat  # each private-API hook's probe on these versions
 	$(NEWEST_BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow and not fuzz"
 
 lint: setup

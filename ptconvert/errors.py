@@ -128,6 +128,14 @@ class MissingRequirementError(PtconvertError):
     kind = "missing_requirement"
 
 
+class CompatError(MissingRequirementError):
+    """The installed torch or transformers lacks a private API that one of ptconvert's hooks
+    (``ptconvert._compat``) relies on and the hook has no fallback: the message names the hook
+    and the installed version (exit 5; ``python -m ptconvert._compat`` lists every hook)."""
+
+    kind = "compat"
+
+
 class MissingInputError(MissingRequirementError):
     """An argument the model's signature requires has no example input: every route needs it,
     so no other route is tried."""

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ptconvert._compat import hf
+
 _verbose = False
 # a library user's -v: read on every call, and inherited by the processes ptconvert spawns
 VERBOSE_ENV = "PTCONVERT_VERBOSE"
@@ -105,8 +107,8 @@ def quiet_libraries() -> Iterator[None]:
                 os.environ.pop(key, None)
         hf_logging = _transformers_logging()
         if hf_logging is not None:  # as it was, or as its environment says (imported since)
-            default = getattr(hf_logging, "_get_default_logging_level", lambda: 30)
-            hf_logging.set_verbosity(level if level is not None else default())
+            default = level if level is not None else hf.default_logging_level(hf_logging)
+            hf_logging.set_verbosity(default)
 
 
 def _transformers_logging() -> Any:

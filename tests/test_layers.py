@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
         "options",
         "memory",
         "spawn",
+        "_compat",  # the declared hooks on torch's and transformers' private APIs
     },
     {"pickles"},  # pickles read without running them: the symbolic machine, the allowlist
     {"formats"},  # reading files without running them: detection, info, each format's reader

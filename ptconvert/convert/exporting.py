@@ -22,6 +22,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from ptconvert import _compat
 from ptconvert.convert.state import Bounds, RunState
 from ptconvert.errors import UnsupportedConversionError, UsageError
 from ptconvert.model.axes import Axis
@@ -358,7 +359,7 @@ def _refuse_below_two(ep: Any, bounds: Bounds) -> None:
     input checks read the minimum itself)."""
     for (name, axis), (low, _high) in bounds.items():
         if low == 2:
-            ep._guards_code.append(f"L[{name!r}].size()[{axis}] >= 2")
+            _compat.torch_api.add_guard(ep, f"L[{name!r}].size()[{axis}] >= 2")
 
 
 _FROZEN = re.compile(r"[Ii]nference tensor|single memory location|refers to a single memory")
@@ -391,7 +392,7 @@ def _draft_report(module: Any, args: Any, kwargs: Any, shapes: Any) -> str | Non
             ep = torch.export.draft_export(module, args, kwargs, dynamic_shapes=shapes)
     except Exception as exc:  # draft export can fail too; then there is no report to attach
         return _first_line(exc)
-    report = getattr(ep, "_report", None)
+    report = _compat.torch_api.draft_report(ep)
     if report is None or not getattr(report, "failures", None):
         return None
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(report))  # drop terminal colours

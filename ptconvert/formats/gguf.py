@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ptconvert import _compat
 from ptconvert.deps import require
 from ptconvert.errors import UnsupportedConversionError
 from ptconvert.formats.base import FileInfo, Format, Probe, file_entry
@@ -240,8 +241,8 @@ def _model_class(config: Any) -> Any:
         if hasattr(transformers, name):
             return getattr(transformers, name)
     for auto in ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModel"):
-        mapping = getattr(transformers, auto)._model_mapping
-        if type(config) in mapping:
+        mapping = _compat.hf.auto_model_mapping(getattr(transformers, auto))
+        if mapping is not None and type(config) in mapping:
             return mapping[type(config)]
     return None
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ptconvert import _compat
 from ptconvert.errors import RuntimeDiedError
 from ptconvert.spawn import die_with_parent, without_main
 
@@ -177,8 +178,7 @@ def flat_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Nested inputs (a list, tuple or dict of tensors) flattened as torch.onnx flattens them:
     pytree order, each leaf named by its path (``feats_image``, ``extra_0``). A graph that
     names them otherwise (TorchScript's converter: ``extra_1_0``) is fed them in this order."""
-    from torch.utils import _pytree as pytree
-
+    pytree = _compat.torch_api.pytree()
     out: dict[str, Any] = {}
     for name, value in kwargs.items():
         if not isinstance(value, (list, tuple, dict)):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ptconvert import _compat
 from ptconvert.errors import UsageError
 from ptconvert.report import Report
 from ptconvert.verify.bench import BenchReport, _quantiles, bench
@@ -256,7 +257,7 @@ def bench_generation(
         from transformers import CompileConfig
 
         config = CompileConfig(mode=compile_mode)
-        config._compile_all_devices = True  # type: ignore[assignment]  # transformers compiles on accelerators only else
+        _compat.hf.compile_on_every_device(config)  # transformers compiles on accelerators only
         contenders["torch.compile"] = _Transformers(
             model, tokens, cache_implementation="static", compile_config=config
         )

@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ptconvert import _compat
 from ptconvert.errors import UnsupportedConversionError
 from ptconvert.generation.loading import cache_layers, returned_cache
 from ptconvert.generation.seq2seq import (
@@ -185,7 +186,7 @@ def export_seq2seq_onnx(model: Any, folder: Path, opts: Options) -> list[str]:
          {**target_ids, **dict.fromkeys(later, PAST_LENGTH)}),
     ]  # fmt: skip
     notes: list[str] = []
-    if getattr(model.config, "_attn_implementation", "eager") != "eager":
+    if _compat.hf.attn_implementation(model.config) != "eager":
         # the exporter's decomposition of SDPA followed by a reshape fails on T5, after seconds
         # of work: every seq2seq folder is exported with the model's eager attention (the same
         # numbers but at masked positions, which no generated token reads)

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ptconvert import _compat
 from ptconvert.errors import UnsupportedConversionError, UsageError
 from ptconvert.options import ExportMode
 
@@ -160,16 +161,15 @@ def _own_buffers(inner: Any) -> Any:
     ``value_cache_N``, ``cumulative_length_N``) before each call, as export traces them."""
     import torch
 
+    point = _compat.hf.static_cache_pointer()
+
     class OwnBuffers(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.inner = inner
 
         def forward(self, input_ids: Any, cache_position: Any) -> Any:
-            for i, layer in enumerate(self.inner.static_cache.layers):
-                layer.keys = getattr(self.inner, f"key_cache_{i}")
-                layer.values = getattr(self.inner, f"value_cache_{i}")
-                layer.cumulative_length = getattr(self.inner, f"cumulative_length_{i}")
+            point(self.inner)
             return self.inner(input_ids=input_ids, cache_position=cache_position)
 
     return OwnBuffers()

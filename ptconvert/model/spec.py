@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ptconvert import _compat
 from ptconvert.errors import (
     MissingRequirementError,
     ModelDefinitionError,
@@ -272,9 +273,7 @@ def module_from_hf(
             path=directory,
             hint="check config.json's architectures, or pass --task with the right class",
         )
-    ignored = [
-        re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []
-    ]
+    ignored = [re.compile(p) for p in _compat.hf.keys_to_ignore(model)]
     unexpected = sorted(
         k
         for k in map(str, info.get("unexpected_keys") or ())
@@ -324,7 +323,7 @@ def _misfit(
 
     try:
         with torch.device("meta"):
-            model = cls._from_config(config)
+            model = _compat.hf.from_config(cls, config)
         own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         prefix = getattr(model, "base_model_prefix", "") + "."
         _refuse_shapes(own, _with_prefix(shapes, prefix, set(own)), directory)
@@ -398,7 +397,7 @@ def _class_from_keys(transformers: Any, config: Any, shapes: dict[str, tuple[int
         cls = getattr(transformers, name)
         try:
             with torch.device("meta"):  # the parameter names without memory or init cost
-                candidate = cls._from_config(config)
+                candidate = _compat.hf.from_config(cls, config)
         except Exception:  # a class may need config fields this config lacks: not a candidate
             continue
         own_shapes = {k: tuple(v.shape) for k, v in candidate.state_dict().items()}

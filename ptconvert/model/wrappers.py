@@ -14,6 +14,8 @@ import re
 from functools import cache
 from typing import Any
 
+from ptconvert import _compat
+
 _PATH_PART = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]|\.(\w+)")
 
 
@@ -25,12 +27,12 @@ def leaf_name(path: str) -> str:
 def output_leaves(out: Any) -> dict[str, Any]:
     """Every tensor of a model output by its pytree path (ModelOutput as a dict)."""
     import torch
-    from torch.utils._pytree import keystr, tree_flatten_with_path
 
+    pytree = _compat.torch_api.pytree()
     if hasattr(out, "to_tuple") and hasattr(out, "keys"):  # transformers ModelOutput
         out = dict(out.items())
-    pairs, _ = tree_flatten_with_path(out)
-    return {keystr(p) or "output": v for p, v in pairs if isinstance(v, torch.Tensor)}
+    pairs, _ = pytree.tree_flatten_with_path(out)
+    return {pytree.keystr(p) or "output": v for p, v in pairs if isinstance(v, torch.Tensor)}
 
 
 @cache
@@ -62,9 +64,7 @@ def _classes() -> dict[str, type]:
             if isinstance(owner, torch.nn.Module):
                 # a module's own method: its children, parameters and buffers become this
                 # module's under the same names, so its checkpoint's keys load as they are
-                self._modules.update(owner._modules)
-                self._parameters.update(owner._parameters)
-                self._buffers.update(owner._buffers)
+                _compat.torch_api.adopt_children(self, owner)
                 return
             # the modules a plain object (a predictor) holds become this module's: their
             # weights load and export as ``<attribute>.<name>``

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ptconvert import _compat
 from ptconvert.errors import (
     MissingRequirementError,
     ModelRaisedError,
@@ -540,7 +541,6 @@ def on_device(runtime: Any, device: str) -> Any:
     if device == "cpu":
         return runtime.call
     import torch
-    from torch.utils._pytree import tree_map
 
     require_device(device)
     if getattr(runtime, "isolated", False):
@@ -554,6 +554,8 @@ def on_device(runtime: Any, device: str) -> Any:
     def call(**kwargs: Any) -> Any:
         moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
         out = runtime.call(**moved)
-        return tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, out)
+        return _compat.torch_api.pytree().tree_map(
+            lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, out
+        )
 
     return call

@@ -170,7 +170,8 @@ def _own_threads() -> int:
 
 # what the fresh process runs after loading: the example's inputs in, every output tensor out
 _RUN_ONCE = """
-from torch.utils._pytree import tree_leaves
+from ptconvert._compat.torch_api import pytree
+tree_leaves = pytree().tree_leaves
 feeds = torch.load("{dir}/in", weights_only=True)
 with torch.no_grad():
     out = {call}

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal, get_args
 
-from ptconvert import progress
+from ptconvert import _compat, progress
 from ptconvert.errors import ModelRaisedError, PtconvertError
 from ptconvert.memory import FP64_BUDGET_BYTES
 from ptconvert.model.wrappers import output_leaves
@@ -133,7 +133,7 @@ def _weights_key(reference: Any) -> tuple[Any, ...]:
     tensors = [*getattr(reference, "parameters", list)(), *getattr(reference, "buffers", list)()]
     return (
         getattr(reference, "training", None),
-        tuple((t.data_ptr(), t._version) for t in tensors),
+        tuple((t.data_ptr(), _compat.torch_api.tensor_version(t)) for t in tensors),
     )
 
 
@@ -259,8 +259,7 @@ def _module_state(module: Any) -> dict[str, tuple[str, Any]]:
     for prefix, sub in module.named_modules():
         if isinstance(sub, torch.jit.ScriptModule):
             try:  # TorchScript keeps its attributes in C++: the debug iterator lists them
-                iterators = torch._C._jit_debug_module_iterators  # type: ignore[attr-defined]
-                attrs = dict(iterators(sub._c)["named_attributes"])
+                attrs = _compat.torch_api.jit_attributes(sub)
             except Exception:  # a private API: without it only the buffers are followed
                 attrs = {}
         else:

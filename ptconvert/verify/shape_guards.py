@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ptconvert import _compat
 from ptconvert.verify.probes import Key
 
 _SOURCE = re.compile(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]")
@@ -74,7 +75,7 @@ class GuardSet:
 def shape_guards(ep: Any) -> GuardSet | None:
     """The guards torch checks when the program is called (private ``_guards_code``, kept by
     ``torch.export.save``), or None when this torch has none to read."""
-    codes = getattr(ep, "_guards_code", None)
+    codes = _compat.torch_api.guards_code(ep)
     if not codes:
         return None
     guards = []

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ptconvert import _compat
+
 
 def load(path: str, device: str) -> tuple[Any, list[str] | None, list[str]]:
     import torch
-    from torch.utils import _pytree as pytree
 
-    runner = torch._inductor.aoti_load_package(path)
-    in_spec = pytree.treespec_loads(runner.loader.get_call_spec()[0])
+    runner, in_spec = _compat.inductor.load_package(path)
+    pytree = _compat.torch_api.pytree()
     kwargs_spec = in_spec.children()[1] if in_spec.num_children == 2 else None
     keywords = list(getattr(kwargs_spec, "context", None) or [])
 

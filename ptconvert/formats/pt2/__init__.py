@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ptconvert import _compat
 from ptconvert.archive import ZipArchive, open_zip
 from ptconvert.errors import CorruptFileError, UnsupportedConversionError
 from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
@@ -173,12 +174,11 @@ def _weight_ref(archive: ZipArchive, p: Payload, path: Path) -> TensorRef:
 
 def saves_in_place() -> bool:
     """Whether this torch's save has the writer that ``edges/save.py``'s ``records_in_place``
-    works with: its module is there (told without importing torch: asked before it is imported)."""
-    import importlib.util
+    works with (the hook ``pt2_archive_writer``): told without importing torch, as it is asked
+    before torch is imported."""
+    from ptconvert._compat.pt2_archive import module_present
 
-    spec = importlib.util.find_spec("torch")
-    found = spec.submodule_search_locations if spec is not None else None
-    return any((Path(p) / "export/pt2_archive/_package.py").is_file() for p in found or [])
+    return module_present()
 
 
 class ExportedProgramFormat(Format):
@@ -451,12 +451,12 @@ def load_exported(path: Path) -> Any:
     import importlib
 
     import torch
-    from torch.utils._pytree import SERIALIZED_TYPE_TO_PYTHON_TYPE
 
     from ptconvert.deps import require
     from ptconvert.quiet import quiet_torch
 
-    for name in sorted(pytree_types(path) - set(SERIALIZED_TYPE_TO_PYTHON_TYPE)):
+    registered = _compat.torch_api.pytree().SERIALIZED_TYPE_TO_PYTHON_TYPE
+    for name in sorted(pytree_types(path) - set(registered)):
         module = name.rpartition(".")[0]
         if module.split(".")[0] != "transformers":
             raise UnsupportedConversionError(
@@ -469,7 +469,7 @@ def load_exported(path: Path) -> Any:
         require("transformers")
         with contextlib.suppress(ImportError):  # a ModelOutput registers itself when defined
             importlib.import_module(module)
-        if name not in SERIALIZED_TYPE_TO_PYTHON_TYPE:
+        if name not in registered:
             raise UnsupportedConversionError(
                 f"the program's output type {name} is not in the installed transformers",
                 path=path,
@@ -497,23 +497,19 @@ def mapped_weights(path: str | Path) -> Iterator[None]:
     import mmap
 
     import torch
-    from torch.export.pt2_archive import _package
 
     target = os.path.realpath(path)
     with open(target, "rb") as fh:
         mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
-    original = _package.PT2ArchiveReader.__init__
 
-    def init(self: Any, archive: Any) -> None:
-        original(self, archive)
+    def wrap(archive: Any, reader: Any) -> Any:
         if isinstance(archive, (str, os.PathLike)) and os.path.realpath(archive) == target:
-            self.archive_file = _MappedRecords(self.archive_file, mapped, torch)
+            return _MappedRecords(reader, mapped, torch)
+        return reader
 
-    _package.PT2ArchiveReader.__init__ = init  # type: ignore[method-assign,assignment]
-    try:
+    # the hook pt2_archive_reader (ptconvert/_compat): without it, torch's own reading
+    with _compat.patched("pt2_archive_reader", wrap=wrap):
         yield
-    finally:
-        _package.PT2ArchiveReader.__init__ = original  # type: ignore[method-assign]
 
 
 class _MappedRecords:

@@ -1,16 +1,17 @@
-"""The exported → aoti edge: ``torch._inductor.aoti_compile_and_package`` into a ``.pt2`` package.
+"""The exported → aoti edge: Inductor's ``aoti_compile_and_package`` into a ``.pt2`` package.
 
 The package holds a shared library compiled for one device (``--device``), with the program's
 dynamic dims kept; ``--aoti-option k=v`` passes Inductor configs (``max_autotune=1``). Compiling
 takes tens of seconds even for a small model: the time is reported.
 
-The package checks its inputs on every call. Inductor writes per-input checks (dtype, static
-sizes and strides, the dynamic dims' bounds, device) into the generated C++, but runs them only
-when the *calling* process sets ``AOTI_RUNTIME_CHECK_INPUTS``: a user who loads the package
-without it gets wrong numbers at a size it was not compiled for. ``checked_inputs`` drops that
-condition while ptconvert compiles (Inductor's internal ``assert_size_stride`` checks stay as
-they are). A dynamic dim whose minimum is torch's floor of 2 takes size 1 too (as a ``.pt2``
-does, and the range check runs it there), unless verification bounded it (``state.bounds``).
+The package checks its inputs on every call. Inductor writes per-input checks (dtype, static sizes
+and strides, the dynamic dims' bounds, device) into the generated C++, but runs them only when the
+*calling* process sets ``AOTI_RUNTIME_CHECK_INPUTS``: a user who loads the package without it gets
+wrong numbers at a size it was not compiled for. ``checked_inputs`` drops that condition while
+ptconvert compiles (Inductor's internal ``assert_size_stride`` checks stay as they are; the hook
+``aoti_input_checks`` of ptconvert/_compat). A dynamic dim whose minimum is torch's floor of 2 takes
+size 1 too (as a ``.pt2`` does, and the range check runs it there), unless verification bounded it
+(``state.bounds``).
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ptconvert import _compat
+from ptconvert._compat import inductor
 from ptconvert.convert.state import Bounds, RunState
 from ptconvert.errors import UnsupportedConversionError, named_error
 from ptconvert.options import Options
 from ptconvert.quiet import quiet_torch
 from ptconvert.verify.check import require_device
 
-# the generated ``__check_inputs_outputs`` starts with this early return (torch 2.13–2.14)
-_ENV_GATE = ("if (!_check_aoti_runtime_check_inputs_env()){", "return;", "}")
+_ENV_GATE = inductor.ENV_GATE  # the generated checks' early return (torch 2.13–2.14)
 
 
 def aoti_compile(state: RunState, opts: Options) -> None:
@@ -61,8 +63,6 @@ def aoti_compile(state: RunState, opts: Options) -> None:
 
 
 def _compile(state: RunState, opts: Options) -> None:
-    from torch._inductor import aoti_compile_and_package
-
     from ptconvert.verify.dims import user_inputs
 
     assert state.exported is not None and state.output is not None
@@ -78,10 +78,12 @@ def _compile(state: RunState, opts: Options) -> None:
     final = (state.destination or state.output).name
     folder = Path(tempfile.mkdtemp(prefix=".aoti.", dir=state.output.parent))
     package = folder / (final if final.endswith(".pt2") else f"{final}.pt2")
+    for hook in (inductor.COMPILE, inductor.CHECKS):  # a torch without them: CompatError
+        _compat.available(hook)
     started = time.perf_counter()
     try:
         with quiet_torch(), checked_inputs(ones, [n for n, _ in user_inputs(ep)]):
-            aoti_compile_and_package(
+            inductor.compile_and_package(
                 ep, package_path=str(package), inductor_configs=inductor_configs(opts)
             )
         os.replace(package, state.output)
@@ -179,23 +181,13 @@ def checked_inputs(
     index, axis) have a lower bound of 1 in them instead of torch's 2; and inputs that share a
     size (``input_ids`` and ``attention_mask``: one batch, one length) must agree on it, which
     Inductor checks nowhere (a mask of another length was read as if it fit)."""
-    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
-    original = CppWrapperCpu.generate_input_output_runtime_checks
+    def edit(lines: list[Any], inputs: list[Any]) -> None:
+        _ungate(lines)
+        _check_shared_dims(lines, inputs, names)
 
-    def generate(self: Any) -> None:
-        from torch._inductor.virtualized import V
-
-        with _floor_of_one(accept_one):
-            original(self)
-        _ungate(self.prefix._lines)
-        _check_shared_dims(self.prefix._lines, list(V.graph.graph_inputs.values()), names)
-
-    CppWrapperCpu.generate_input_output_runtime_checks = generate  # type: ignore[method-assign]
-    try:
+    with _compat.patched(inductor.CHECKS, floor_of_one=accept_one, edit=edit):
         yield
-    finally:
-        CppWrapperCpu.generate_input_output_runtime_checks = original  # type: ignore[method-assign]
 
 
 def _ungate(lines: list[Any]) -> None:
@@ -247,26 +239,3 @@ def _check_shared_dims(lines: list[Any], inputs: list[Any], names: list[str] | N
     text = [line.strip() if isinstance(line, str) else None for line in lines]
     end = max(i for i, t in enumerate(text) if t == "}")
     lines[end:end] = ["// ptconvert: inputs that share a size agree on it", *checks]
-
-
-@contextmanager
-def _floor_of_one(dims: frozenset[tuple[int, int]]) -> Iterator[None]:
-    """The checks' lower bound of these dims' symbols at 1 while the checks are written: the
-    bound is read from the shape environment's value ranges, restored after."""
-    import sympy
-    from torch._inductor.virtualized import V
-    from torch.utils._sympy.value_ranges import ValueRanges
-
-    env = V.graph.sizevars.shape_env
-    inputs = list(V.graph.graph_inputs.values())
-    saved: dict[Any, Any] = {}
-    for index, axis in dims:
-        size: Any = getattr(inputs[index], "get_size", tuple)() if index < len(inputs) else ()
-        symbol = size[axis] if axis < len(size) else None
-        if isinstance(symbol, sympy.Symbol) and symbol in env.var_to_range:
-            saved[symbol] = env.var_to_range[symbol]
-            env.var_to_range[symbol] = ValueRanges(1, saved[symbol].upper)
-    try:
-        yield
-    finally:
-        env.var_to_range.update(saved)

@@ -18,10 +18,10 @@ import io
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ptconvert import _compat
 from ptconvert.convert.state import RunState
 from ptconvert.deps import require
 from ptconvert.errors import UnsupportedConversionError
@@ -146,35 +146,14 @@ def _export(ep: Any, opts: Options) -> Any:
 _REGISTRIES: dict[str, Any] = {}  # torch.onnx's operator registries built here, by opset
 
 
-@contextlib.contextmanager
-def _one_registry() -> Iterator[None]:
+def _one_registry() -> contextlib.AbstractContextManager[Any]:
     """torch.onnx builds its registry of ONNX translations from torchlib on every export
     (0.35 s, 0.7 s the first time); a seq2seq model with past is three exports, ``--to all`` and
     the tests many more. An export here takes the registry an earlier one built for its opset
     (the exporter only reads it: custom translation tables, which add to it, are not used here).
-    Where torch's registry is not where this torch keeps it, each export builds its own."""
-    try:
-        from torch.onnx._internal.exporter import _registration
-    except ImportError:
-        yield
-        return
-    cls = _registration.ONNXRegistry
-    build = cls.__dict__.get("from_torchlib")
-    if not isinstance(build, classmethod):
-        yield
-        return
-
-    def shared(klass: Any, *args: Any, **kwargs: Any) -> Any:
-        key = repr((klass, args, sorted(kwargs.items())))
-        if key not in _REGISTRIES:
-            _REGISTRIES[key] = build.__func__(klass, *args, **kwargs)
-        return _REGISTRIES[key]
-
-    cls.from_torchlib = classmethod(shared)  # type: ignore[method-assign, assignment]
-    try:
-        yield
-    finally:
-        cls.from_torchlib = build  # type: ignore[method-assign, assignment]
+    The hook ``onnx_shared_registry`` (ptconvert/_compat): where this torch keeps its registry
+    elsewhere, each export builds its own."""
+    return _compat.patched("onnx_shared_registry", registries=_REGISTRIES)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -207,7 +186,7 @@ def _eager_attention(state: RunState, opts: Options) -> bool:
 
     model = state.module
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "_attn_implementation", "eager") == "eager":
+    if config is None or _compat.hf.attn_implementation(config) == "eager":
         return False
     if state.inputs is None or not hasattr(model, "set_attn_implementation"):
         return False

@@ -22,6 +22,7 @@ import inspect
 import time
 from typing import Any
 
+from ptconvert import _compat
 from ptconvert.convert.state import RunState
 from ptconvert.deps import require
 from ptconvert.errors import UnsupportedConversionError, named_error
@@ -86,12 +87,10 @@ def upper_bounds(state: RunState, opts: Options) -> dict[Any, tuple[int, int]]:
 
 
 def _example_sizes(ep: Any) -> dict[Key, int]:
-    from torch.utils._pytree import tree_leaves
-
     from ptconvert.verify.dims import user_inputs
 
     args, kwargs = ep.example_inputs or ((), {})
-    leaves = tree_leaves((args, kwargs))
+    leaves = _compat.torch_api.pytree().tree_leaves((args, kwargs))
     names = [n for n, _ in user_inputs(ep)]
     if len(leaves) != len(names):
         return {}
@@ -106,7 +105,6 @@ def _export_bounded(state: RunState, bounds: dict[Any, tuple[int, int]], mode: E
     """``state.exported`` exported again from its own module with every dynamic dim bounded
     (those of ``bounds`` changed, the others as they were), in ``mode`` (``--export-mode``)."""
     from torch.export import Dim
-    from torch.utils._pytree import tree_flatten, tree_unflatten
 
     from ptconvert.convert.exporting import dynamic_range_words, export_in_mode
     from ptconvert.verify.dims import dynamic_dims, user_inputs
@@ -121,7 +119,8 @@ def _export_bounded(state: RunState, bounds: dict[Any, tuple[int, int]], mode: E
             "--dynamic-batch",
         )
     args, kwargs = ep.example_inputs
-    leaves, spec = tree_flatten((args, kwargs))
+    pytree = _compat.torch_api.pytree()
+    leaves, spec = pytree.tree_flatten((args, kwargs))
     names = [n for n, _ in user_inputs(ep)]
     dims = dynamic_dims(ep)
     ranges: dict[str, tuple[int, int | None]] = {}
@@ -144,7 +143,7 @@ def _export_bounded(state: RunState, bounds: dict[Any, tuple[int, int]], mode: E
             )
         i = names.index(d.input)
         shapes[i] = {**(shapes[i] or {}), d.axis: named.get(d.symbol or "", Dim.DYNAMIC)}
-    shape_args, shape_kwargs = tree_unflatten(shapes, spec)
+    shape_args, shape_kwargs = pytree.tree_unflatten(shapes, spec)
     module = ep.module()
     try:
         bound = inspect.signature(module.forward).bind(*shape_args, **shape_kwargs).arguments

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ptconvert import _compat
 from ptconvert.atomic import guarded_file
 from ptconvert.convert.graph import Edge
 from ptconvert.convert.state import RunState
@@ -31,9 +32,9 @@ def script(state: RunState, opts: Options) -> None:
 
 
 def ts_to_exported(state: RunState, opts: Options) -> None:
-    from torch._export.converter import TS2EPConverter
-
     from ptconvert.convert.exporting import dynamic_range_words
+
+    converter = _compat.torch_api.ts2ep_converter()
 
     inputs = require_inputs(state)
     module = state.scripted if state.scripted is not None else _load_torchscript(state, opts)
@@ -42,7 +43,7 @@ def ts_to_exported(state: RunState, opts: Options) -> None:
     args = tuple(sample[n] for n in names)
     try:
         with quiet_torch():
-            state.exported = TS2EPConverter(module, args).convert()
+            state.exported = converter(module, args).convert()
     except Exception as exc:  # the converter covers a subset of TorchScript; say so plainly
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         raise UnsupportedConversionError(
