@@ -38,6 +38,9 @@ LAYERS: list[set[str]] = [
     # (the rest of the package, detection and its runtime, sits with the readers)
     {"targets"},
     {"generation"},  # exports with a KV cache, checked by generating (uses convert's ONNX step)
+    # a target's generation exports: the ``generation`` module (or subpackage) of its package
+    # under formats/, read by generation/targets.py through ``Format.generation_targets``
+    {"target_generation"},
     {"api", "plugins"},  # the public API, and the formats and converters plugins add
     # the terminal: the command, its subcommands, its flags (made from the options' fields)
     {
@@ -62,10 +65,13 @@ KNOWN_MODULE_CYCLES: list[tuple[set[str], str]] = []
 
 def _part(module: str) -> str:
     """``ptconvert.convert.engine`` → ``convert``; the package itself → ``__init__``; a target
-    package's converters (``ptconvert.formats.onnx.edges…``) → ``targets``."""
+    package's converters (``ptconvert.formats.onnx.edges…``) → ``targets``, its generation
+    exports (``ptconvert.formats.onnx.generation…``) → ``target_generation``."""
     parts = module.split(".")
     if len(parts) > 3 and parts[1] == "formats" and parts[3] == "edges":
         return "targets"
+    if len(parts) > 3 and parts[1] == "formats" and parts[3] == "generation":
+        return "target_generation"
     return parts[1] if len(parts) > 1 else "__init__"
 
 

@@ -223,6 +223,23 @@ class Format:
         edges: list[Any] = importlib.import_module(f"{package.__name__}.edges").EDGES
         return edges
 
+    def generation_targets(self) -> list[Any]:
+        """What it writes for a generation task (``--task …-with-past``): the ``TARGETS`` of its
+        package's ``generation`` module (``generation.targets.Target``s: how a model is exported
+        with its cache, read back, described and stepped), imported when first asked for."""
+        import importlib
+        import importlib.util
+        import sys
+
+        package = sys.modules[type(self).__module__]
+        if not hasattr(package, "__path__"):
+            return []
+        name = f"{package.__name__}.generation"
+        if importlib.util.find_spec(name) is None:
+            return []
+        targets: list[Any] = importlib.import_module(name).TARGETS
+        return targets
+
     def describe_part(self, path: Path) -> FileInfo:
         """Another file (a shard, a directory's weights) as the registry describes it: a format
         that describes its parts needs no import of the registry (which imports it)."""

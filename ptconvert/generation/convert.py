@@ -24,8 +24,7 @@ def plan(src: str | Path, to: str, opts: Options) -> Plan:
     from ptconvert.convert.graph import Edge
     from ptconvert.formats import detect
     from ptconvert.generation.loading import read_config
-    from ptconvert.generation.seq2seq_folder import FILES
-    from ptconvert.generation.targets import DECODER, FOLDER
+    from ptconvert.generation.targets import targets
     from ptconvert.generation.tasks import FOLDER_KINDS, check_task
     from ptconvert.scan.guard import refuse_unsafe
 
@@ -34,7 +33,7 @@ def plan(src: str | Path, to: str, opts: Options) -> Plan:
     refuse_unsafe(src)
     source_format = detect(src).format
     kind = check_task(opts.task, to, read_config(Path(src)), src)
-    target = (FOLDER if kind in FOLDER_KINDS else DECODER)[to]
+    target = targets("seq2seq" if kind in FOLDER_KINDS else "decoder")[to]
     batch = cache_batch(opts.batch_sizes)
     length = opts.cache_length or "the config's positions (at most 1024)"
     cache = (
@@ -52,7 +51,7 @@ def plan(src: str | Path, to: str, opts: Options) -> Plan:
         label=f"load the directory with transformers, cache on (a {kind} model)",
     )
     if kind in FOLDER_KINDS:
-        files = ", ".join(FILES[to])
+        files = ", ".join(target.files)
         what = (
             f"export the encoder, and the decoder with its cache ({cache}); write a folder: "
             f"{files}, config.json, generation_config.json"
@@ -82,7 +81,7 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
     from ptconvert.convert.output_naming import default_output
     from ptconvert.formats import detect
     from ptconvert.generation.loading import load_model
-    from ptconvert.generation.targets import DECODER, FOLDER
+    from ptconvert.generation.targets import targets
     from ptconvert.generation.tasks import FOLDER_KINDS
     from ptconvert.scan.guard import refuse_unsafe
 
@@ -95,7 +94,7 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
         Path(output) if output else (folder_output(src, to) if folder else default_output(src, to))
     )
     check_output(out, [src], opts.force)
-    target = (FOLDER if folder else DECODER).get(to)  # None: a target the task refuses
+    target = targets("seq2seq" if folder else "decoder").get(to)  # None: the task refuses it
     if target is not None and target.requires:  # said before the model loads
         from ptconvert.deps import require_installed
 

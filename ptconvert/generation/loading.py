@@ -35,7 +35,7 @@ def load_model(src: Path, task: str, to: str, opts: Options) -> LoadedModel:
     from ptconvert.model.spec import module_from_hf
     from ptconvert.scan.guard import guard
 
-    if detect(src).format != "hf":
+    if not detect(src).handler.carries_model_spec:  # a Hugging Face directory: its config
         raise UnsupportedConversionError(
             f"--task {task} exports a Hugging Face directory (config.json and weights)", path=src
         )

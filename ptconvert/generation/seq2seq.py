@@ -10,8 +10,8 @@ decoder driven by a generation loop, written as a FOLDER (what ``ptconvert.gener
 - Whisper (``main_input_name`` ``input_features``): the encoder takes ``input_features``
   (batch × mel bins × ``2 * max_source_positions`` frames: only the batch is dynamic) and the
   decoder no ``encoder_attention_mask`` (optimum's Whisper layout); the rest as above;
-- ONNX (``seq2seq_onnx``): optimum's ``encoder_model.onnx``, ``decoder_model.onnx`` and
-  ``decoder_with_past_model.onnx``;
+- ONNX (the onnx target's ``generation/seq2seq.py``): optimum's ``encoder_model.onnx``,
+  ``decoder_model.onnx`` and ``decoder_with_past_model.onnx``;
 - both: the model's ``config.json`` and ``generation_config.json``.
 
 The decoder is the model's own ``forward`` given ``encoder_outputs``: its final logits are

@@ -98,7 +98,8 @@ def export_decoder(
     ExportedProgram whose number of new tokens per call is dynamic (1 to ``length``), exported
     in ``mode`` (``--export-mode``).
     ``own_buffers``: the cache in the program's buffers (``_own_buffers``), as AOTInductor
-    needs it (``aoti_cache.py``); a ``.pt2``'s module keeps it in lifted constants."""
+    needs it (the aoti target's ``generation.py``); a ``.pt2``'s module keeps it in lifted
+    constants."""
     import torch
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
@@ -212,6 +213,17 @@ def read_meta(path: Path) -> dict[str, Any] | None:
     except (OSError, zipfile.BadZipFile, ValueError):
         return None
     return meta if isinstance(meta, dict) else None
+
+
+def describe_static(info: Any) -> None:
+    """``info``'s task and cache of a program with a static cache (its ``generation.json``: a
+    pt2's archive member, an AOTI package's)."""
+    meta = read_meta(Path(info.path))
+    if meta is not None and "task" in meta:
+        info.metadata["task"] = meta["task"]
+        info.metadata["cache"] = (
+            f"static, batch {meta.get('batch_size')}, {meta.get('cache_length')} positions"
+        )
 
 
 def read_static(path: Path) -> dict[str, Any] | None:

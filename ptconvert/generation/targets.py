@@ -1,12 +1,12 @@
-"""The generation targets, each declared once: how a model is exported to it, what a written one
-says of itself (its task and static cache, read without loading it) and how it is stepped token
-by token. A decoder-only LM is written as one file (``DECODER``: pt2, aoti, pte, onnx), a
-seq2seq model as a folder (``FOLDER``: its layout, pt2 or onnx, told by its files' names).
+"""The generation targets, each declared by its target's package (``formats/<t>/generation``,
+read through ``Format.generation_targets``): how a model is exported to it, what a written one
+says of itself (its task and static cache, read without loading it), what ``info`` says of it,
+and how it is stepped token by token. A decoder-only LM is written as one file (layout
+``decoder``), a seq2seq model as a folder (``seq2seq``: its files tell which target wrote it).
 
 The conversion (``convert.py``), ``ptconvert.generate`` (``runner.py``) and ``bench`` look a
-target up here; the names of the targets a task accepts are ``tasks.TARGETS`` (said before the
-model loads), and ``info``'s task lines (``tasks.describe_task``) read the file's own
-description."""
+target up here (``targets``); ``tasks`` says which ones a task accepts (before the model loads)
+and ``info``'s task lines (``tasks.describe_task``) come from the target's ``describe``."""
 
 from __future__ import annotations
 
@@ -16,14 +16,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ptconvert.errors import UnsupportedConversionError
-from ptconvert.generation import (
-    aoti_cache,
-    onnx_past,
-    pte_cache,
-    seq2seq,
-    seq2seq_onnx,
-    static_cache,
-)
 from ptconvert.options import Options
 
 
@@ -52,59 +44,25 @@ class Target:
     open: Callable[[Path, bool], Stepper | None]
     static: bool = True  # a static cache of fixed rows and positions (else past inputs)
     requires: str | None = None  # the package said missing before the model loads
+    files: tuple[str, ...] = ()  # a folder's files, its configs aside (seq2seq)
+    # ``info``'s lines about a written one: its task and cache into the FileInfo's metadata
+    describe: Callable[[Any], None] | None = None
 
 
-DECODER = {
-    t.name: t
-    for t in (
-        Target(
-            "pt2",
-            "decoder",
-            static_cache.export_program,
-            static_cache.read_static,
-            static_cache.open_program,
-        ),
-        # the static-cache program compiled by AOTInductor
-        Target(
-            "aoti",
-            "decoder",
-            aoti_cache.export_package,
-            static_cache.read_static,
-            aoti_cache.open_package,
-        ),
-        # the static-cache program lowered by ExecuTorch
-        Target(
-            "pte",
-            "decoder",
-            pte_cache.export_program,
-            pte_cache.read_meta,
-            pte_cache.open_program,
-            requires="executorch",
-        ),
-        Target(
-            "onnx",
-            "decoder",
-            onnx_past.export_with_past,
-            onnx_past.read_meta,
-            onnx_past.open_decoder,
-            static=False,
-        ),
-    )
-}
-FOLDER = {
-    t.name: t
-    for t in (
-        Target("pt2", "seq2seq", seq2seq.export_folder, seq2seq.read_folder, seq2seq.open_folder),
-        Target(
-            "onnx",
-            "seq2seq",
-            seq2seq_onnx.export_folder,
-            seq2seq_onnx.read_folder,
-            seq2seq_onnx.open_folder,
-            static=False,
-        ),
-    )
-}
+def targets(layout: str) -> dict[str, Target]:
+    """The generation targets of ``layout`` (decoder | seq2seq) the registered formats declare,
+    by the name of the format written."""
+    from ptconvert.formats import FORMATS
+
+    return {t.name: t for f in FORMATS for t in f.generation_targets() if t.layout == layout}
+
+
+def folder_target(path: Path) -> Target | None:
+    """The target whose folder ``path`` is (a seq2seq export: all of its files are there)."""
+    if not path.is_dir():
+        return None
+    found = (t for t in targets("seq2seq").values() if all((path / f).is_file() for f in t.files))
+    return next(found, None)
 
 
 def target_of(path: Path) -> tuple[str, Target | None]:
@@ -112,13 +70,12 @@ def target_of(path: Path) -> tuple[str, Target | None]:
     from what it holds, never its name: a folder by its files' names, else by detection (whose
     errors it raises)."""
     from ptconvert.formats import detect
-    from ptconvert.generation.seq2seq_folder import layout
 
-    folder = layout(path)
+    folder = folder_target(path)
     if folder is not None:
-        return folder, FOLDER[folder]
+        return folder.name, folder
     fmt = detect(path).format
-    return fmt, DECODER.get(fmt)
+    return fmt, targets("decoder").get(fmt)
 
 
 def open_stepper(artifact: str | Path, trust: bool = False) -> Stepper:

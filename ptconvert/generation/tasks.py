@@ -7,13 +7,15 @@ from typing import Any
 from ptconvert.errors import UnsupportedConversionError, UsageError
 from ptconvert.options import GENERATION_TASKS
 
-# the targets each generation task writes so far
-TARGETS: dict[str, tuple[str, ...]] = {
-    "decoder": ("pt2", "onnx", "aoti", "pte"),
-    "seq2seq": ("pt2", "onnx"),  # a folder: the encoder, the decoder, the configs
-    "speech-seq2seq": ("pt2", "onnx"),  # Whisper: a folder as seq2seq's
-}
 FOLDER_KINDS = ("seq2seq", "speech-seq2seq")  # an encoder and a decoder: written as a folder
+
+
+def target_names(kind: str) -> list[str]:
+    """The targets a kind of model is written to for its generation task: those the formats
+    declare for its layout (a seq2seq or speech model: a folder; a decoder: one file)."""
+    from ptconvert.generation.targets import targets
+
+    return list(targets("seq2seq" if kind in FOLDER_KINDS else "decoder"))
 
 
 def is_generation_task(task: str | None) -> bool:
@@ -50,7 +52,7 @@ def check_task(task: str, to: str, config: Any, path: Any) -> str:
     """The kind of model ``task`` exports, after checking that the directory holds one and that
     ``to`` is a target the task writes; a named error otherwise."""
     kind = GENERATION_TASKS[task]
-    targets = TARGETS[kind]
+    targets = target_names(kind)
     if to not in targets:
         raise UsageError(
             f"--task {task} writes "
@@ -78,10 +80,13 @@ def describe_task(info: Any) -> None:
     from pathlib import Path
     from types import SimpleNamespace
 
+    from ptconvert.formats import FORMATS_BY_NAME
+
     path = Path(info.path)
-    if info.format == "hf" and info.layout != "directory":  # a seq2seq export's folder
+    directory = FORMATS_BY_NAME[info.format].carries_model_spec  # a Hugging Face directory
+    if directory and info.layout != "directory":  # a seq2seq export's folder
         _describe_folder(info, path)
-    elif info.format == "hf":
+    elif directory:
         try:
             raw = json.loads((path / "config.json").read_text())
         except (OSError, ValueError):
@@ -89,61 +94,22 @@ def describe_task(info: Any) -> None:
         if isinstance(raw, dict):
             config = SimpleNamespace(**{k: v for k, v in raw.items() if isinstance(k, str)})
             info.metadata["tasks"] = ", ".join(tasks_of(config))
-    elif info.format in ("pt2", "aoti"):  # aoti: generation.json added by aoti_cache.py
-        from ptconvert.generation.static_cache import read_meta
-
-        meta = read_meta(path)
-        if meta is not None and "task" in meta:
-            info.metadata["task"] = meta["task"]
-            info.metadata["cache"] = (
-                f"static, batch {meta.get('batch_size')}, {meta.get('cache_length')} positions"
-            )
-    elif info.format == "pte":  # the constant methods an ExecuTorch LLM runner reads
-        methods = info.metadata.get("constant_methods", {})
-        if methods.get("use_kv_cache") and "get_max_seq_len" in methods:
-            info.metadata["task"] = "text-generation-with-past"
-            info.metadata["cache"] = (
-                f"static, batch {methods.get('get_max_batch_size')}, "
-                f"{methods['get_max_seq_len']} positions"
-            )
-    elif info.format == "onnx":
-        names = [i.name for i in info.inputs or []]
-        if any(n.startswith("past_key_values.") for n in names):
-            info.metadata["task"] = "text-generation-with-past"
+    else:
+        for target in FORMATS_BY_NAME[info.format].generation_targets():
+            if target.layout == "decoder" and target.describe is not None:
+                target.describe(info)
 
 
 def _describe_folder(info: Any, path: Any) -> None:
-    """The task and the cache of a seq2seq export's folder (``formats/hf.py`` recognises it):
-    the decoder's ``generation.json`` (pt2), the decoders' past inputs (ONNX); the task of a
-    folder without one from its config.json (Whisper's: speech)."""
-    task = folder_task(path)
-    if info.layout == "seq2seq-pt2":
-        from ptconvert.generation.seq2seq_folder import DECODER_PT2
-        from ptconvert.generation.static_cache import read_meta
+    """The task and the cache of a seq2seq export's folder (``formats/hf.py`` recognises it and
+    names its layout after the target that wrote it: ``seq2seq-<target>``); the task of a
+    folder without its own from its config.json (Whisper's: speech)."""
+    from ptconvert.generation.targets import targets
 
-        meta = read_meta(path / DECODER_PT2) or {}
-        info.metadata["task"] = meta.get("task", task)
-        if meta.get("cache") == "static":
-            info.metadata["cache"] = (
-                f"static, batch {meta.get('batch_size')}, {meta.get('cache_length')} positions "
-                f"({DECODER_PT2}'s self-attention; cross-attention from the encoder's states)"
-            )
-    elif info.layout == "seq2seq-onnx":
-        import onnx
-
-        from ptconvert.generation.seq2seq_folder import WITH_PAST_ONNX
-
-        info.metadata["task"] = task
-        for name in (WITH_PAST_ONNX, "decoder_model_merged.onnx"):
-            if (path / name).is_file():
-                graph = onnx.load(str(path / name), load_external_data=False).graph
-                past = [i.name for i in graph.input if i.name.startswith("past_key_values.")]
-                layers = len({n.split(".")[1] for n in past})
-                info.metadata["cache"] = (
-                    f"{layers} layers of past_key_values.N.decoder|encoder.key|value in, "
-                    f"present.N.… out ({name})"
-                )
-                break
+    info.metadata["task"] = folder_task(path)
+    target = targets("seq2seq").get(info.layout.removeprefix("seq2seq-"))
+    if target is not None and target.describe is not None:
+        target.describe(info)
 
 
 def folder_task(path: Any) -> str:

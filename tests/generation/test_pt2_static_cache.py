@@ -135,5 +135,5 @@ def test_a_task_that_does_not_fit_is_said(
     assert main([str(tiny["bert"]), "--to", "pt2", "--task", TASK, "-o", out]) == 4
     assert "BertModel" in capsys.readouterr().err
     assert main([str(tiny["llama"]), "--to", "torchscript", "--task", TASK, "-o", out]) == 2
-    assert "--to pt2 or onnx" in capsys.readouterr().err
+    assert "--to pt2 or aoti or onnx or pte" in capsys.readouterr().err
     assert not Path(out).exists()

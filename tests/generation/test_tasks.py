@@ -46,11 +46,16 @@ def test_targets_a_task_does_not_write_and_a_task_of_another_kind_are_said(
     assert not (tmp_path / "w").exists()
 
 
-def test_every_target_a_task_writes_is_declared_once() -> None:
-    """The targets a task accepts (said before the model loads) are those generation/targets.py
-    declares: a decoder's as one file, a seq2seq model's as a folder."""
-    from ptconvert.generation.targets import DECODER, FOLDER
-    from ptconvert.generation.tasks import FOLDER_KINDS, TARGETS
+def test_the_targets_a_task_accepts_are_those_the_formats_declare(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The targets a task accepts (said before the model loads) are the generation targets the
+    target packages declare (``Format.generation_targets``): a decoder's as one file, a seq2seq
+    model's as a folder; a format that declares none is no target of any task."""
+    from ptconvert.formats import FORMATS_BY_NAME
+    from ptconvert.generation.tasks import target_names
 
-    for kind, names in TARGETS.items():
-        assert set(names) == set(FOLDER if kind in FOLDER_KINDS else DECODER), kind
+    assert target_names("decoder") == ["pt2", "aoti", "onnx", "pte"]
+    assert target_names("seq2seq") == target_names("speech-seq2seq") == ["pt2", "onnx"]
+    monkeypatch.setattr(FORMATS_BY_NAME["pte"], "generation_targets", lambda: [])
+    assert target_names("decoder") == ["pt2", "aoti", "onnx"]

@@ -20,8 +20,10 @@ from typing import Any
 
 from ptconvert.deps import require
 from ptconvert.errors import named_error
+from ptconvert.formats.pte import PteFormat
 from ptconvert.formats.pte.edges.export import lower
 from ptconvert.generation.static_cache import StaticCacheProgram
+from ptconvert.generation.targets import Target
 from ptconvert.quiet import quiet_torch
 
 # the wrapper's buffers (``static_cache._own_buffers``) that the file gives their zeros
@@ -132,3 +134,28 @@ class PteStaticCache(StaticCacheProgram):
 
     def close(self) -> None:
         self.runtime.close()
+
+
+def describe(info: Any) -> None:
+    """The task and cache from the constant methods an ExecuTorch LLM runner reads."""
+    methods = info.metadata.get("constant_methods", {})
+    if methods.get("use_kv_cache") and "get_max_seq_len" in methods:
+        info.metadata["task"] = "text-generation-with-past"
+        info.metadata["cache"] = (
+            f"static, batch {methods.get('get_max_batch_size')}, "
+            f"{methods['get_max_seq_len']} positions"
+        )
+
+
+# the static-cache program lowered by ExecuTorch
+TARGETS = [
+    Target(
+        PteFormat.name,
+        "decoder",
+        export_program,
+        read_meta,
+        open_program,
+        requires="executorch",
+        describe=describe,
+    )
+]

@@ -267,7 +267,7 @@ def _export_one(
 
     from ptconvert.convert.exporting import export_in_mode, wrapper_mode
     from ptconvert.formats.onnx.edges.export import _export, _reason, _rename_dims
-    from ptconvert.generation.onnx_past import _with_dim, save_checked
+    from ptconvert.formats.onnx.generation.past import _with_dim, save_checked
 
     try:
         with torch.no_grad():

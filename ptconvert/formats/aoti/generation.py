@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert.errors import UnsupportedConversionError, UsageError
-from ptconvert.generation.static_cache import META_NAME, StaticCacheProgram, read_static
+from ptconvert.formats.aoti import AotiPackageFormat
+from ptconvert.generation.static_cache import (
+    META_NAME,
+    StaticCacheProgram,
+    describe_static,
+    read_static,
+)
+from ptconvert.generation.targets import Target
 
 
 def check_buffers(ep: Any) -> None:
@@ -49,6 +56,7 @@ def compile_package(ep: Any, src: Path, tmp: Path, destination: Path, opts: Any)
     """``ep`` compiled by the aoti target's ``compile.py`` (one compile path: input checks on
     every call, ``--aoti-option``, baked scalars refused) onto ``tmp``; its notes."""
     from ptconvert.convert.state import RunState
+    from ptconvert.formats import detect
     from ptconvert.formats.aoti.edges.compile import aoti_compile
 
     if opts.device != "cpu":
@@ -58,7 +66,7 @@ def compile_package(ep: Any, src: Path, tmp: Path, destination: Path, opts: Any)
             hint="drop --device, or convert to pt2",
         )
     check_buffers(ep)
-    state = RunState(src, "hf", output=tmp, destination=destination, exported=ep)
+    state = RunState(src, detect(src).format, output=tmp, destination=destination, exported=ep)
     aoti_compile(state, opts)
     return state.notes
 
@@ -129,3 +137,16 @@ class AotiStaticCache(StaticCacheProgram):
 
     def close(self) -> None:
         self.runtime.close()
+
+
+# the static-cache program compiled by AOTInductor
+TARGETS = [
+    Target(
+        AotiPackageFormat.name,
+        "decoder",
+        export_package,
+        read_static,
+        open_package,
+        describe=describe_static,
+    )
+]
