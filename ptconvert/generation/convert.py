@@ -14,7 +14,7 @@ from ptconvert.convert.conversion_report import ConversionReport, GenerationResu
 from ptconvert.convert.graph import Plan
 from ptconvert.convert.state import StepRecord
 from ptconvert.generation.check import FEATURE_INPUTS, NEW_TOKENS, PROMPT_LENGTHS, GenerationCheck
-from ptconvert.generation.static_cache import BATCHES, cache_batch
+from ptconvert.generation.static_cache import cache_batch
 from ptconvert.options import GENERATION_TASKS, Options
 
 
@@ -34,7 +34,7 @@ def plan(src: str | Path, to: str, opts: Options) -> Plan:
     source_format = detect(src).format
     kind = check_task(opts.task, to, read_config(Path(src)), src)
     target = targets("seq2seq" if kind in FOLDER_KINDS else "decoder")[to]
-    batch = cache_batch(opts.batch_sizes)
+    batch = cache_batch(opts.batch_sizes, target.batches)
     length = opts.cache_length or "the config's positions (at most 1024)"
     cache = (
         f"static cache, batch {batch}, length {length}"
@@ -68,8 +68,8 @@ def plan(src: str | Path, to: str, opts: Options) -> Plan:
         )
         check = (
             f"generate {NEW_TOKENS} greedy tokens at batch "
-            f"{', '.join(map(str, opts.batch_sizes or BATCHES))} and {inputs}; compare tokens "
-            "and logits with transformers' generate"
+            f"{', '.join(map(str, opts.batch_sizes or target.batches))} and {inputs}; compare "
+            "tokens and logits with transformers' generate"
         )
     return Plan(source_format, to, [load, export], source=str(src), task=opts.task, check=check)
 
@@ -110,7 +110,7 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
         t0 = time.perf_counter()
         cache, interface = target.export(model, src, tmp, out, opts, notes)
         steps.append(_record("export_with_cache", f"module → {to}", t0, notes[len(loaded.notes) :]))
-        checked = _check(model, tmp, opts) if opts.verify else None
+        checked = _check(model, tmp, opts, target.batches) if opts.verify else None
     if checked is not None:
         notes.extend(checked.notes)
     return ConversionReport(
@@ -138,7 +138,7 @@ def folder_output(src: Path, to: str) -> Path:
     return src.with_name(f"{src.name.split('.')[0]}-{to}")
 
 
-def _check(model: Any, tmp: Path, opts: Options) -> GenerationCheck:
+def _check(model: Any, tmp: Path, opts: Options, batches: tuple[int, ...]) -> GenerationCheck:
     from ptconvert.generation.check import check_generation, features, prompts
     from ptconvert.generation.seq2seq import feature_shape, is_speech
     from ptconvert.generation.targets import open_stepper
@@ -160,7 +160,7 @@ def _check(model: Any, tmp: Path, opts: Options) -> GenerationCheck:
             model,
             open_stepper(tmp, trust=True),  # our own output (an AOTI package: native code)
             make_inputs=make_features if speech else make_inputs,
-            batches=opts.batch_sizes or BATCHES,
+            batches=opts.batch_sizes or batches,
             prompt_lengths=FEATURE_INPUTS if speech else PROMPT_LENGTHS,
             path=tmp,
             prompt_label="feature input" if speech else "prompt length",

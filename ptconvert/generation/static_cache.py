@@ -22,10 +22,10 @@ DEFAULT_CACHE_LENGTH = 1024
 BATCHES = (1, 2)
 
 
-def cache_batch(asked: list[int] | None) -> int:
-    """The static cache's rows: the largest batch asked (``--batch-sizes``), else of
-    ``BATCHES``."""
-    return max(asked or BATCHES)
+def cache_batch(asked: list[int] | None, default: tuple[int, ...] = BATCHES) -> int:
+    """The static cache's rows: the largest batch asked (``--batch-sizes``), else of the
+    target's default batch sizes (``Target.batches``)."""
+    return max(asked or default)
 
 
 def cache_length(model: Any, asked: int | None) -> int:
@@ -48,15 +48,18 @@ def cache_length(model: Any, asked: int | None) -> int:
     return int(length)
 
 
-def export_static(model: Any, opts: Any, *, own_buffers: bool = False) -> tuple[Any, int, int]:
+def export_static(
+    model: Any, opts: Any, *, own_buffers: bool = False, batches: tuple[int, ...] = BATCHES
+) -> tuple[Any, int, int]:
     """The decoder-only LM exported with its static cache (``export_decoder``) at the batch
     (``cache_batch``) and the cache length asked or the model's: the program, its batch and its
     cache length. ``own_buffers``: the cache in its own buffers, for a runtime that keeps them
-    between calls (AOTInductor, ExecuTorch)."""
+    between calls (AOTInductor, ExecuTorch); ``batches``: the target's default batch sizes.
+    """
     from ptconvert import progress
     from ptconvert.convert.exporting import wrapper_mode
 
-    batch = cache_batch(opts.batch_sizes)
+    batch = cache_batch(opts.batch_sizes, batches)
     length = cache_length(model, opts.cache_length)
     with progress.step(f"exporting with a static cache (batch {batch}, {length} positions)"):
         ep = export_decoder(

@@ -47,6 +47,9 @@ class Target:
     files: tuple[str, ...] = ()  # a folder's files, its configs aside (seq2seq)
     # ``info``'s lines about a written one: its task and cache into the FileInfo's metadata
     describe: Callable[[Any], None] | None = None
+    # without --batch-sizes: the batch sizes it is written for (a static cache's rows: the
+    # largest) and checked at; its client's (ExecuTorch's LLM runners feed one row)
+    batches: tuple[int, ...] = (1, 2)
 
 
 def targets(layout: str) -> dict[str, Target]:

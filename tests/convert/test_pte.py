@@ -163,16 +163,15 @@ def test_tiny_hf_models_convert_with_a_dynamic_batch_and_sequence(
 
 
 # a new interpreter: greedy decoding over one loaded method (the test's own loop, not
-# ptconvert's runner); the program's batch is 2, a batch of 1 is padded with its row
+# ptconvert's runner), one row at a time as ExecuTorch's LLM runners feed it
 _GENERATE_FRESH = """
 import sys, torch
 from executorch.runtime import Runtime
 path, prompts, out, new = sys.argv[1], torch.load(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 method = Runtime.get().load_program(path).load_method("forward")
 def call(ids, position):
-    padded = torch.cat([ids, ids[-1:].expand(2 - len(ids), ids.shape[1])]) if len(ids) < 2 else ids
     positions = torch.arange(position, position + ids.shape[1])
-    return method.execute([padded.contiguous(), positions])[0][: len(ids), -1]
+    return method.execute([ids.contiguous(), positions])[0][:, -1]
 results = []
 for ids in prompts:
     tokens = [call(ids, 0).argmax(-1)]  # position 0: a new sequence in the same buffers
@@ -194,11 +193,13 @@ def test_a_llama_with_its_static_cache_generates_as_transformers(
     code, report, _ = run_cli([*args, "-o", str(out)], capsys)
     assert code == 0, report
     assert report["check"] == "generation" and report["generation"]["check"]["status"] == "pass"
-    assert report["generation"]["cache"] == {"kind": "static", "batch_size": 2, "length": 64}
+    # one row, as ExecuTorch's LLM runners feed it (issue 40: a cache of 2 rows failed there)
+    assert report["generation"]["cache"] == {"kind": "static", "batch_size": 1, "length": 64}
+    assert {r["batch"] for r in report["generation"]["check"]["runs"]} == {1}
 
     g = torch.Generator().manual_seed(7)
     prompts = [
-        torch.randint(3, 99, (rows, length), generator=g) for rows, length in ((1, 4), (2, 9))
+        torch.randint(3, 99, (rows, length), generator=g) for rows, length in ((1, 4), (1, 9))
     ]
     torch.save(prompts, tmp_path / "prompts.pt")
     proc = subprocess.run(
@@ -217,4 +218,17 @@ def test_a_llama_with_its_static_cache_generates_as_transformers(
     code, info, _ = run_cli(["info", str(out)], capsys)
     assert info["metadata"]["task"] == "text-generation-with-past"
     assert info["metadata"]["constant_methods"]["get_max_seq_len"] == 64
-    assert info["metadata"]["constant_methods"]["get_max_batch_size"] == 2
+    assert info["metadata"]["constant_methods"]["get_max_batch_size"] == 1
+
+
+def test_an_llm_pte_is_written_for_one_row_unless_more_are_asked(
+    samples: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ExecuTorch's TextLLMRunner feeds batch 1: the default static cache has one row (its
+    check generates at batch 1); --batch-sizes asks for more."""
+    args = ["plan", str(samples["hf_llama"]), "--to", "pte", "--task", "text-generation-with-past"]
+    code, plan, _ = run_cli(args, capsys)
+    assert code == 0 and "static cache, batch 1," in plan["steps"][-1]["what"], plan
+    assert "greedy tokens at batch 1 and" in plan["check"]
+    code, plan, _ = run_cli([*args, "--batch-sizes", "1,2"], capsys)
+    assert code == 0 and "static cache, batch 2," in plan["steps"][-1]["what"], plan

@@ -26,6 +26,10 @@ from ptconvert.generation.static_cache import StaticCacheProgram
 from ptconvert.generation.targets import Target
 from ptconvert.quiet import quiet_torch
 
+# ExecuTorch's LLM runners (TextLLMRunner) feed one row: the program is written for it, and
+# checked there, unless --batch-sizes asks for more rows
+BATCHES = (1,)
+
 # the wrapper's buffers (``static_cache._own_buffers``) that the file gives their zeros
 _CACHE_BUFFERS = ["key_cache", "value_cache", "cumulative_length"]
 
@@ -41,7 +45,7 @@ def export_program(
 
     with quiet_torch():  # importing it loads torchao, which prints what it cannot load
         require("executorch.exir")
-    ep, batch, length = export_static(model, opts, own_buffers=True)
+    ep, batch, length = export_static(model, opts, own_buffers=True, batches=BATCHES)
     eos = model.generation_config.eos_token_id
     methods: dict[str, Any] = {
         "get_max_seq_len": length,
@@ -74,6 +78,7 @@ def export_program(
         "constant methods get_max_seq_len, get_max_batch_size, use_kv_cache, get_vocab_size, "
         "get_eos_ids; a smaller batch runs padded with copies of its last row "
         "(ptconvert.generate does it)"
+        + ("" if batch == 1 else f"; ExecuTorch's LLM runners feed 1 row, not {batch}")
     )
     cache = {"kind": "static", "batch_size": batch, "length": length}
     interface = {
@@ -157,5 +162,6 @@ TARGETS = [
         open_program,
         requires="executorch",
         describe=describe,
+        batches=BATCHES,
     )
 ]
