@@ -195,7 +195,8 @@ def from_hf_model(
 ) -> ExampleInputs:
     """The inputs a transformers model is normally called with, from its forward's signature,
     ``main_input_name``, config (and sub-configs) and ``directory``'s preprocessor_config.json:
-    token ids inside the vocabulary with an attention mask, decoder ids for encoder-decoders,
+    token ids inside the vocabulary with an attention mask (and segment ids where the model has
+    more than one token type), decoder ids for encoder-decoders,
     pixel values at the configured image size (with a point prompt for SAM), mel features or a
     waveform for speech. Raises MissingRequirementError for a required input it cannot derive.
     """
@@ -250,6 +251,13 @@ def from_hf_model(
         specs["attention_mask"] = InputSpec(
             "attention_mask", specs["input_ids"].shape, "int64", value=1
         )
+    # the segment ids of a model with more than one token type (BERT's sentence pairs), as
+    # optimum exports them: an input the artifact takes, fed values other than its default 0
+    types = _find(config, "type_vocab_size", _TEXT)
+    segments = "token_type_ids" in params and "token_type_ids" not in specs
+    if segments and "input_ids" in specs and isinstance(types, int) and types > 1:
+        shape = specs["input_ids"].shape
+        specs["token_type_ids"] = InputSpec("token_type_ids", shape, "int64", low=0, high=types)
     inputs = from_specs(list(specs.values()), seed=seed)
     masked = "attention_mask" in specs
 

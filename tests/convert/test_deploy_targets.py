@@ -375,7 +375,7 @@ def _hf_inputs(example: dict[str, list[int]]) -> dict[str, torch.Tensor]:
     return {
         n: torch.ones(8, *shape[1:], dtype=torch.int64)
         if "mask" in n
-        else torch.randint(0, 50, (8, *shape[1:]), generator=g)
+        else torch.randint(0, 2 if n == "token_type_ids" else 50, (8, *shape[1:]), generator=g)
         for n, shape in example.items()
     }
 

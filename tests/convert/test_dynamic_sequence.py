@@ -49,9 +49,12 @@ for batch in (1, 3):
         mask = torch.ones(batch, length, dtype=torch.int64)
         if batch > 1 and length > 2:
             mask[-1, -2:] = 0
+        types = getattr(model.config, "type_vocab_size", 1)  # BERT's segments: an input too
+        extra = {"token_type_ids": torch.randint(0, types, (batch, length), generator=gen)}
+        extra = extra if types > 1 else {}
         with torch.no_grad():
-            ref = model(input_ids=ids, attention_mask=mask, use_cache=False)
-        out = run(input_ids=ids, attention_mask=mask)
+            ref = model(input_ids=ids, attention_mask=mask, use_cache=False, **extra)
+        out = run(input_ids=ids, attention_mask=mask, **extra)
         key = "logits" if "logits" in out else "last_hidden_state"
         got, want = out[key], getattr(ref, key)
         assert got.shape == want.shape, (batch, length, got.shape, want.shape)
@@ -127,12 +130,18 @@ def test_static_sequence_keeps_the_examples_length(
     args = [str(directory), "--to", "pt2", "--dynamic-batch", "--static-sequence", "--no-cache"]
     code, report, _ = run_cli([*args, "-o", str(out)], capsys)
     assert code == 0, report
-    assert set(report["dynamic_range"]) == {"input_ids dim 0", "attention_mask dim 0"}
+    assert set(report["dynamic_range"]) == {
+        "input_ids dim 0",
+        "attention_mask dim 0",
+        "token_type_ids dim 0",
+    }
     program = torch.export.load(out).module()
     ids = torch.zeros(3, 16, dtype=torch.int64)
-    program(input_ids=ids, attention_mask=torch.ones_like(ids))  # another batch runs
+    # another batch runs
+    program(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=ids)
+    short = ids[:, :7]
     with pytest.raises(Exception, match="16"):  # another length is refused
-        program(input_ids=ids[:, :7], attention_mask=torch.ones_like(ids[:, :7]))
+        program(input_ids=short, attention_mask=torch.ones_like(short), token_type_ids=short)
 
 
 def test_plan_says_which_dims_will_be_dynamic_and_over_which_range(

@@ -153,13 +153,18 @@ def test_a_position_table_offset_by_the_padding_index_bounds_the_sequence_below_
     was written for 1–66 and 65 and 66 reached an index error inside (an AOTI package aborted
     the process there); now the program's own range refuses them."""
     axes = _axes("roberta", tmp_path)
-    assert axes == [("sequence_length", (("input_ids", 1), ("attention_mask", 1)))]
+    segments = (("input_ids", 1), ("attention_mask", 1), ("token_type_ids", 1))
+    assert axes == [("sequence_length", segments)]
     directory = tmp_path / "roberta"
     out = tmp_path / "r.pt2"
     report = convert_program(directory, "pt2", out, Options(dynamic_batch=True, cache=False))
     assert report.dynamic_range["input_ids dim 1"].startswith("sequence length 2–64"), report
     grid = [
-        {"input_ids": [[b, n], "int"], "attention_mask": [[b, n], "ones"]}
+        {
+            "input_ids": [[b, n], "int"],
+            "attention_mask": [[b, n], "ones"],
+            "token_type_ids": [[b, n], "ones"],
+        }
         for b, n in ((1, 64), (2, 65))
     ]
     result = _fresh(out, directory, "AutoModel", grid)

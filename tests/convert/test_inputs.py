@@ -450,7 +450,7 @@ def _waveform(out: dict[str, Any], b: int) -> None:
 
 CASES: dict[str, tuple[Callable[[], Any], set[str], list[Callable[[dict[str, Any], int], None]]]]
 CASES = {
-    "bert": (bert, {"input_ids", "attention_mask"}, [_ids(50, 16), _mask]),
+    "bert": (bert, {"input_ids", "attention_mask", "token_type_ids"}, [_ids(50, 16), _mask]),
     "gpt2": (gpt2, {"input_ids", "attention_mask"}, [_ids(50, 16), _mask]),
     "t5": (t5, {"input_ids", "attention_mask", "decoder_input_ids"}, [_ids(50, 16), _mask]),
     "whisper": (whisper, {"input_features", "decoder_input_ids"}, [_features, _ids(60, 4)]),
@@ -584,7 +584,20 @@ def test_unknown_required_input_is_named() -> None:
 def test_unknown_optional_input_is_left_out() -> None:
     model = bert().eval()
     out = from_hf_model(model).at(2)
-    assert "token_type_ids" not in out and "position_ids" not in out
+    assert "position_ids" not in out and "head_mask" not in out
+
+
+def test_segment_ids_are_an_input_where_the_model_has_token_types() -> None:
+    """BERT's token_type_ids (issue 40: dropped, sentence pairs gave other logits than eager
+    once a client passed them): an input of every artifact, fed both segment ids; a model with
+    one token type leaves it out, as optimum does."""
+    model = bert().eval()
+    assert model.config.type_vocab_size > 1
+    out = from_hf_model(model).at(4)
+    types = out["token_type_ids"]
+    assert types.shape == out["input_ids"].shape and set(types.unique().tolist()) == {0, 1}
+    model.config.type_vocab_size = 1
+    assert "token_type_ids" not in from_hf_model(model).at(2)
 
 
 # --- naming missing inputs -----------------------------------------------------------------

@@ -110,9 +110,10 @@ def test_torchscript_keeps_the_models_input_and_output_names(
     convert_program(samples["hf_bert"], "torchscript", tmp_path / "b.ts", Options())
     program = torch.jit.load(str(tmp_path / "b.ts"))
     names = [a.name for a in program.forward.schema.arguments[1:]]
-    assert names == ["input_ids", "attention_mask"]
+    assert names == ["input_ids", "attention_mask", "token_type_ids"]
     ids = torch.randint(0, 99, (2, 16))
-    out = program(input_ids=ids, attention_mask=torch.ones_like(ids))  # the model's keywords
+    # the model's keywords
+    out = program(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=ids % 2)
     assert set(out) == {"last_hidden_state", "pooler_output"}
 
 
