@@ -7,8 +7,8 @@
 //   loader generate    FILE.pt2 INPUTS OUTPUTS  a greedy loop over a generation package
 //
 // INPUTS is what Python's torch.save writes of a list of tensors (torch::jit::pickle_load reads it);
-// OUTPUTS is written by torch::jit::pickle_save, for torch.load: the forward's value as it is
-// (torchscript), the tuple of outputs (aoti), the prompt and the generated tokens (generate).
+// OUTPUTS is written by torch::jit::pickle_save, for torch.load: the tuple of the outputs' tensors
+// (torchscript: a dict's values in order; aoti), the prompt and the generated tokens (generate).
 // generate's INPUTS: [input_ids (batch x prompt, int64), steps (int64 scalar)]; the package
 // takes input_ids and cache_position and returns the logits, its cache in buffers it keeps
 // between calls; position 0 starts a new sequence.
@@ -46,12 +46,29 @@ c10::IValue tensor_tuple(const std::vector<at::Tensor>& tensors) {
   return c10::ivalue::Tuple::create(std::vector<c10::IValue>(tensors.begin(), tensors.end()));
 }
 
+// a forward's value as its tensors, in order: a tensor, a tuple or list, a dict's values
+void flatten(const c10::IValue& value, std::vector<at::Tensor>& out) {
+  if (value.isTensor()) {
+    out.push_back(value.toTensor());
+  } else if (value.isTuple()) {
+    for (const c10::IValue& item : value.toTupleRef().elements()) flatten(item, out);
+  } else if (value.isList()) {
+    for (const c10::IValue& item : value.toList().vec()) flatten(item, out);
+  } else if (value.isGenericDict()) {
+    for (const auto& entry : value.toGenericDict()) flatten(entry.value(), out);
+  } else {
+    throw std::runtime_error("an output that is not a tensor: " + value.tagKind());
+  }
+}
+
 c10::IValue run_torchscript(const std::string& file, const std::vector<at::Tensor>& inputs) {
   torch::jit::Module module = torch::jit::load(file);
   module.eval();
   std::vector<c10::IValue> args(inputs.begin(), inputs.end());
   torch::NoGradGuard no_grad;
-  return module.forward(args);
+  std::vector<at::Tensor> outputs;
+  flatten(module.forward(args), outputs);
+  return tensor_tuple(outputs);
 }
 
 c10::IValue run_aoti(const std::string& file, const std::vector<at::Tensor>& inputs) {
