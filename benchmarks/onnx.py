@@ -2,10 +2,9 @@
 
 optimum's ONNX exporter (``optimum-cli export onnx``, in the ``optimum-onnx`` package since
 optimum 2) needs an older transformers than this project's, so it runs from a venv of its own
-(``--venv``, default ``.venv-optimum`` at the repo root), made here with ``python -m venv`` and
-``pip install -c`` of ``OPTIMUM_PINS`` (torch as constraints.txt pins it: the CPU build, which
-pip must resolve 2.13.0 to: this script refuses a torch that pulls CUDA packages). A stamp file
-holding the pins makes a rerun reuse the venv; ``rm -r .venv-optimum`` builds it again.
+(``--venv``, default ``.venv-optimum`` at the repo root), the one ``tools/client_venv.py``
+builds for the clients' tests too (its ``OPTIMUM_PINS``, the CPU-torch check, the stamp file
+that makes a rerun reuse it; ``rm -r .venv-optimum`` builds it again).
 
 Tiny random-weight Hugging Face directories (safetensors, saved with this project's
 transformers; optimum's loads each of them, every tensor equal, before any timing) for BERT,
@@ -49,34 +48,13 @@ from pathlib import Path
 
 from installed import as_installed
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import client_venv  # tools/client_venv.py: the venv's pins and its builder
+
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the project's venv (.venv/bin)
 REPEATS = 3
 
-# The set that installs and exports together (optimum-onnx 0.1.0 wants optimum~=2.1.0 and
-# transformers<4.58; optimum 2.3's CLI has no `export onnx` without it). accelerate enables
-# optimum's tied-weight deduplication check, which it skips (with a warning) otherwise.
-OPTIMUM_PINS = {
-    "torch": "2.13.0",
-    "optimum": "2.1.0",
-    "optimum-onnx": "0.1.0",
-    "transformers": "4.57.6",
-    "tokenizers": "0.22.2",
-    "huggingface_hub": "0.36.2",
-    "onnx": "1.23.2",
-    "onnxruntime": "1.32.0",
-    "accelerate": "1.16.0",
-    "numpy": "2.4.6",
-}
-INSTALL = [
-    "torch",
-    "optimum-onnx[onnxruntime]",
-    "transformers",
-    "onnx",
-    "onnxruntime",
-    "accelerate",
-]
-STAMP = ".bench-onnx-stamp"
 
 BUILD = """
 import sys
@@ -174,67 +152,10 @@ def cases() -> list[Case]:
     ]
 
 
-def pip_constraints(venv: Path) -> Path:
-    path = venv / "bench-constraints.txt"
-    path.write_text("".join(f"{name}=={version}\n" for name, version in OPTIMUM_PINS.items()))
-    return path
-
-
-def check_cpu_torch(python: Path, constraints: Path) -> None:
-    """Refuse before downloading when pip would resolve torch to a build with CUDA packages
-    (the default on PyPI for Linux: gigabytes); the project's machines resolve the pin to the
-    CPU build, as `make setup` relies on."""
-    report = constraints.with_name("torch-resolve.json")
-    subprocess.run(
-        [
-            python,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--dry-run",
-            "--ignore-installed",
-            "--no-deps",
-            "--report",
-            report,
-            "-c",
-            constraints,
-            "torch",
-        ],
-        check=True,
-    )
-    (item,) = json.loads(report.read_text())["install"]
-    meta = item["metadata"]
-    if any(r.lower().startswith("nvidia") for r in meta.get("requires_dist") or []):
-        raise SystemExit(
-            f"pip resolves torch=={OPTIMUM_PINS['torch']} to a CUDA build ({meta['version']}): "
-            "make a CPU build reachable (pip's --find-links or an extra index holding "
-            f"torch {OPTIMUM_PINS['torch']}+cpu) and run again"
-        )
-
-
 def setup_venv(venv: Path) -> Path:
-    """The optimum venv, made or reused; returns its optimum-cli."""
-    cli = venv / "bin" / "optimum-cli"
-    stamp = venv / STAMP
-    want = json.dumps(OPTIMUM_PINS, sort_keys=True)
-    if stamp.is_file() and stamp.read_text() == want and cli.exists():
-        return cli
-    python = venv / "bin" / "python"
-    if not python.exists():
-        print(f"creating {venv} (optimum's exporter and its transformers)", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-    constraints = pip_constraints(venv)
-    check_cpu_torch(python, constraints)
-    print(f"installing into {venv}: {' '.join(INSTALL)} (pinned)", flush=True)
-    subprocess.run(
-        [python, "-m", "pip", "install", "-q", "-c", constraints, *INSTALL],
-        check=True,
-    )
-    probe = "import torch; assert torch.version.cuda is None, torch.__version__"
-    subprocess.run([python, "-c", probe], check=True)
-    stamp.write_text(want)
-    return cli
+    """The optimum venv (tools/client_venv.py's, shared with tests/clients), made or reused;
+    returns its optimum-cli."""
+    return client_venv.setup_venv(venv).with_name("optimum-cli")
 
 
 def measure(cmd: list[str], out: Path, log: Path) -> tuple[float, float]:

@@ -1,0 +1,119 @@
+"""The runtimes' own clients on what ptconvert writes (``make test-clients``, ``-m clients``).
+
+Each test converts with ptconvert here (``.venv``), loads the artifact in a client started as a
+subprocess (the clients' venv's python, ``.venv-optimum``: optimum's ORTModel classes with
+transformers 4.57; the C++ loader ``.clients/loader`` compiled against that venv's libtorch;
+ExecuTorch's LLM runner from ``.venv``'s executorch wheel) and compares what it computes with
+the eager model in ``.venv`` (transformers 5.x): the reference is always computed here.
+``tools/client_venv.py`` builds the venv and the loader; these fixtures only find them (a
+missing or stale one fails, naming ``make test-clients``), so workers never build at once.
+
+The tiny Hugging Face directories are tests/generation's (random init from configs, saved by
+this venv's transformers as ``model.safetensors`` and ``config.json``): transformers 4.57 reads
+the configs, and optimum's loaders read nothing else of them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tools import client_venv
+
+HERE = Path(__file__).resolve().parent
+
+
+def missing(what: str) -> None:
+    pytest.fail(f"{what} is missing or stale: run `make test-clients` (tools/client_venv.py)")
+
+
+@pytest.fixture(scope="session")
+def client_python() -> Path:
+    """The clients' venv's python (optimum-onnx, transformers 4.57, the pinned CPU torch)."""
+    if not client_venv.venv_ready(client_venv.VENV):
+        missing(str(client_venv.VENV))
+    return client_venv.VENV / "bin" / "python"
+
+
+@pytest.fixture(scope="session")
+def loader(client_python: Path) -> Path:
+    """The C++ loader (tests/clients/loader.cpp) compiled against the venv's libtorch."""
+    if not client_venv.loader_ready(client_python):
+        missing(str(client_venv.LOADER))
+    return client_venv.LOADER
+
+
+class ClientFailed(AssertionError):
+    """A client exited non-zero; ``stderr`` is what it said."""
+
+    def __init__(self, name: str, code: int, stderr: str) -> None:
+        super().__init__(f"{name}: the client exited {code}\n{stderr[-3000:]}")
+        self.stderr = stderr
+
+
+class KnownGap(Exception):
+    """The failure a strict xfail's reason names, and no other: the known gaps of issue 40 are
+    ``xfail(strict=True, raises=KnownGap)``, so another failure is a plain failure, and the day
+    a gap closes the xpass fails the run until the mark goes."""
+
+
+@contextmanager
+def known_gap(*texts: str) -> Iterator[None]:
+    """A client failing with any of ``texts`` in its stderr is the known gap."""
+    try:
+        yield
+    except ClientFailed as e:
+        if any(text in e.stderr for text in texts):
+            raise KnownGap(next(t for t in texts if t in e.stderr)) from e
+        raise
+
+
+def run_client(command: list[Any], inputs: Any, work: Path, name: str) -> Any:
+    """Run a client on ``inputs`` (``torch.save``'d beside ``work``'s other files); returns
+    what it wrote, read with ``torch.load(weights_only=True)``. A failing client raises
+    :class:`ClientFailed` (an AssertionError: the test fails with its stderr's tail)."""
+    given, got = work / f"{name}.in.pt", work / f"{name}.out.pt"
+    torch.save(inputs, given)
+    done = subprocess.run(
+        [*map(str, command), str(given), str(got)], capture_output=True, text=True, timeout=600
+    )
+    if done.returncode != 0:
+        raise ClientFailed(name, done.returncode, done.stderr)
+    return torch.load(got, weights_only=True)
+
+
+def ort_client(python: Path, cls: str, path: Path, inputs: dict[str, Any], work: Path) -> Any:
+    """optimum's ``cls.from_pretrained(path)`` generating or classifying (ort_client.py)."""
+    return run_client([python, HERE / "ort_client.py", cls, path], inputs, work, cls)
+
+
+def tiny_bert_classifier(out: Path) -> Path:
+    """A tiny BertForSequenceClassification (two token types, three labels; initializer_range
+    0.3 spreads the logits) saved under ``out``."""
+    import transformers as t
+
+    config = t.BertConfig(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=37,
+        num_labels=3,
+        initializer_range=0.3,
+    )
+    torch.manual_seed(0)
+    directory = out / "hf-bert-cls"
+    t.BertForSequenceClassification(config).eval().save_pretrained(directory)
+    return directory
+
+
+def eager_classifier(directory: Path) -> Any:
+    import transformers
+
+    return transformers.AutoModelForSequenceClassification.from_pretrained(directory).eval()

@@ -1,0 +1,46 @@
+"""optimum's ORTModel classes on what ptconvert wrote: run by the clients' venv's python
+(``.venv-optimum``: optimum-onnx, transformers 4.57), never imported by the tests.
+
+    python ort_client.py CLASS PATH INPUTS OUTPUTS
+
+``CLASS.from_pretrained(PATH)`` (an ``optimum.onnxruntime`` class: ``ORTModelForCausalLM``,
+``ORTModelForSeq2SeqLM``, ``ORTModelForSpeechSeq2Seq``, ``ORTModelForSequenceClassification``)
+loads the folder as written; INPUTS is ``torch.save`` of a dict of tensors. A generation class
+generates greedily, ``new_tokens`` exactly, with the bare generation config the tests'
+reference uses (tests/generation: no end token, the model's own config swapped out); a
+classifier's forward returns its logits. OUTPUTS gets ``torch.save`` of the tensor.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import optimum.onnxruntime
+import torch
+from transformers import GenerationConfig
+
+
+def main() -> None:
+    cls_name, path, inputs_path, outputs_path = sys.argv[1:]
+    cls = getattr(optimum.onnxruntime, cls_name)
+    model = cls.from_pretrained(path)
+    inputs = torch.load(inputs_path, weights_only=True)
+    new_tokens = int(inputs.pop("new_tokens", 0))
+    with torch.no_grad():
+        if not new_tokens:
+            result = model(**inputs).logits
+        else:
+            config = GenerationConfig(
+                do_sample=False,
+                max_new_tokens=new_tokens,
+                eos_token_id=None,
+                pad_token_id=0,
+                decoder_start_token_id=model.generation_config.decoder_start_token_id,
+            )
+            model.generation_config = GenerationConfig()
+            result = model.generate(**inputs, generation_config=config)
+    torch.save(result, outputs_path)
+
+
+if __name__ == "__main__":
+    main()
