@@ -188,9 +188,9 @@ def _unknown(probe: Probe) -> InputError:
     tried = ", ".join(f.name for f in FORMATS)
     if probe.is_dir and (folder := generation_layout(probe.path)) is not None:
         return NoWeightsError(
-            f"a generation export's folder ({folder}: an encoder and a decoder beside "
-            "config.json, no weights file): `info`, `bench` and ptconvert.generate take it, "
-            "nothing converts from it",
+            f"a generation export's folder ({folder}: its programs beside config.json, no "
+            "weights file): `info`, `bench` and ptconvert.generate take it, nothing converts "
+            "from it",
             path=probe.path,
             hint="convert the Hugging Face directory it was exported from",
         )

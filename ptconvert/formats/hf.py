@@ -36,17 +36,20 @@ GENERATION_PARTS = {
         ("encoder_model.onnx",),
         ("decoder_model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx"),
     ),
+    # optimum's decoder-only layout: one graph with past inputs beside the configs
+    "decoder-onnx": (("model.onnx",), ()),
 }
 
 
 def generation_layout(directory: Path) -> str | None:
-    """``seq2seq-pt2`` / ``seq2seq-onnx`` for a generation export's folder (config.json, no
-    weights file, an encoder and a decoder by their file names), else None."""
+    """``seq2seq-pt2`` / ``seq2seq-onnx`` / ``decoder-onnx`` for a generation export's folder
+    (config.json, no weights file, an encoder and a decoder, or a decoder alone, by their file
+    names), else None."""
     if not (directory / "config.json").is_file() or weights_file(directory):
         return None
     for name, (encoders, decoders) in GENERATION_PARTS.items():
-        if any((directory / e).is_file() for e in encoders) and any(
-            (directory / d).is_file() for d in decoders
+        if any((directory / e).is_file() for e in encoders) and (
+            not decoders or any((directory / d).is_file() for d in decoders)
         ):
             return name
     return None
@@ -185,8 +188,9 @@ class HuggingFaceFormat(Format):
             "dtype": config.get("dtype", config.get("torch_dtype")),
             **parts,  # each part's file name: its format and call
         }
+        parts_said = "an encoder and a decoder" if decoders else "a decoder"
         info.notes.append(
-            "a generation export (an encoder and a decoder driven by a loop): "
+            f"a generation export ({parts_said} driven by a loop): "
             "ptconvert.generate and ptconvert bench take the folder"
         )
         return info

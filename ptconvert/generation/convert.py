@@ -78,7 +78,7 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
     """Export ``src`` (a Hugging Face directory) for ``opts.task`` to ``to``, checked by
     generating with the written file before it is put in place."""
     from ptconvert.atomic import atomic_path, check_output
-    from ptconvert.convert.output_naming import default_output
+    from ptconvert.convert.output_naming import default_output, names_folder
     from ptconvert.formats import detect
     from ptconvert.generation.loading import load_model
     from ptconvert.generation.targets import targets
@@ -89,12 +89,18 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
     started = time.perf_counter()
     src = Path(src)
     refuse_unsafe(src)
-    folder = GENERATION_TASKS[opts.task] in FOLDER_KINDS  # an encoder and a decoder: a folder
+    seq2seq = GENERATION_TASKS[opts.task] in FOLDER_KINDS  # an encoder and a decoder: a folder
+    target = targets("seq2seq" if seq2seq else "decoder").get(to)  # None: the task refuses it
+    # a decoder its client loads from a folder (optimum's ORTModelForCausalLM: model.onnx
+    # beside config.json) is written as one, unless -o names a file of its format
+    client_folder = not seq2seq and target is not None and bool(target.folder_file)
+    if client_folder and target is not None and output is not None and not names_folder(output):
+        client_folder = Path(output).suffix.lower() != Path(target.folder_file).suffix
+    folder = seq2seq or client_folder
     out = (
         Path(output) if output else (folder_output(src, to) if folder else default_output(src, to))
     )
     check_output(out, [src], opts.force)
-    target = targets("seq2seq" if folder else "decoder").get(to)  # None: the task refuses it
     if target is not None and target.requires:  # said before the model loads
         from ptconvert.deps import require_installed
 
@@ -108,7 +114,17 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
     steps = [_record("load_for_task", f"{source_format} → module", t0, list(loaded.notes))]
     with atomic_path(out, directory=folder, replace=opts.force) as tmp:
         t0 = time.perf_counter()
-        cache, interface = target.export(model, src, tmp, out, opts, notes)
+        if client_folder:
+            name = target.folder_file
+            cache, interface = target.export(model, src, tmp / name, out / name, opts, notes)
+            notes.append(_client_folder(src, tmp, name))
+        else:
+            cache, interface = target.export(model, src, tmp, out, opts, notes)
+            if target.folder_file:
+                notes.append(
+                    f"one {to} file, as -o names it: {target.client or 'its client'} loads a "
+                    f"folder ({target.folder_file} beside config.json): -o DIR/ writes it"
+                )
         steps.append(_record("export_with_cache", f"module → {to}", t0, notes[len(loaded.notes) :]))
         checked = _check(model, tmp, opts, target.batches) if opts.verify else None
     if checked is not None:
@@ -126,6 +142,19 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
         check="generation" if checked is not None else "none",
         generation=GenerationResult(opts.task, type(model).__name__, cache, checked),
     )
+
+
+def _client_folder(src: Path, folder: Path, name: str) -> str:
+    """The source directory's files beside the program (config.json, generation_config.json,
+    the tokenizer's, its other files but its weights), as the program's client loads them."""
+    import shutil
+
+    from ptconvert.formats import detect
+
+    kept = detect(src).handler.kept_files(src)
+    for path in kept:
+        shutil.copy2(path, folder / path.name)
+    return f"a folder as its client loads it: {name} beside " + ", ".join(p.name for p in kept)
 
 
 def _record(step: str, route: str, started: float, notes: list[str]) -> StepRecord:

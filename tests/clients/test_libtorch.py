@@ -44,15 +44,16 @@ def bert_inputs(rows: int) -> dict[str, torch.Tensor]:
     ids = torch.randint(3, 98, (rows, 9), generator=torch.Generator().manual_seed(rows))
     mask = torch.ones_like(ids)
     mask[-1, 6:] = 0
-    return {"input_ids": ids, "attention_mask": mask}
+    types = torch.zeros_like(ids)
+    types[:, 4:] = 1  # a sentence pair: the second sentence's tokens are type 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
 @pytest.mark.parametrize("to", ["torchscript", "aoti"])
 def test_bert_classifier_runs_in_libtorch_as_eager(to: str, loader: Path, tmp_path: Path) -> None:
     """A tiny BertForSequenceClassification: the inputs the program takes (the report's
-    interface, in its order) fed by the C++ loader; logits against transformers' eager model.
-    (Both programs take input_ids and attention_mask only: token_type_ids is dropped, as in
-    the ONNX of issue 40; the eager model gets the default, zeros, here too.)"""
+    interface, in its order: token_type_ids among them, issue 40) fed by the C++ loader on
+    sentence pairs; logits against transformers' eager model."""
     source = tiny_bert_classifier(tmp_path)
     out = tmp_path / ("bert.ts.pt" if to == "torchscript" else "bert.aoti.pt2")
     report = ptconvert.convert(source, to, out, dynamic_batch=True)
@@ -60,6 +61,7 @@ def test_bert_classifier_runs_in_libtorch_as_eager(to: str, loader: Path, tmp_pa
     model = eager_classifier(source)
     for rows in (1, 2):
         inputs = bert_inputs(rows)
+        assert "token_type_ids" in names, names
         got = run_client([loader, to, out], [inputs[n] for n in names], tmp_path, f"b{rows}")
         (logits,) = got  # the one output, logits
         with torch.no_grad():

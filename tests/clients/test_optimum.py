@@ -65,16 +65,8 @@ def test_whisper_onnx_folder_generates_in_ortmodel_for_speech_seq2seq(
     assert torch.equal(got, want[:, 1:])
 
 
-# With config.json and generation_config.json copied beside the file as model.onnx by hand,
-# both load and generate transformers' tokens at batch 1 and 2 (checked when this was written).
-BARE_FILE = (
-    "issue 40: `--to onnx --task text-generation-with-past -o OUT` writes one bare .onnx file "
-    "at OUT (no config.json, not optimum's folder): ORTModelForCausalLM.from_pretrained(OUT) "
-    "takes it for a hub id (HFValidationError: Repo id must be in the form …)"
-)
-
-
-@pytest.mark.xfail(strict=True, raises=KnownGap, reason=BARE_FILE)
+# issue 40: -o OUT wrote one bare .onnx file at OUT, which ORTModelForCausalLM took for a hub
+# id; now it is optimum's folder (model.onnx beside config.json, generation_config.json)
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_causal_lm_onnx_generates_in_ortmodel_for_causal_lm(
     family: str, client_python: Path, tmp_path: Path
@@ -88,8 +80,7 @@ def test_causal_lm_onnx_generates_in_ortmodel_for_causal_lm(
         new_tokens = 12
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         inputs["new_tokens"] = new_tokens
-        with known_gap("HFValidationError: Repo id must be in the form"):
-            got = ort_client(client_python, "ORTModelForCausalLM", out, inputs, tmp_path)
+        got = ort_client(client_python, "ORTModelForCausalLM", out, inputs, tmp_path)
         want = decoders.reference(model, ids, new_tokens).sequences
         assert distinct(want[:, 5:]) > 2
         assert torch.equal(got, want), rows

@@ -92,6 +92,40 @@ def test_gpt2_with_past_under_optimums_names(tiny: dict[str, Path], tmp_path: Pa
     )
 
 
+def test_without_an_onnx_name_the_decoder_is_written_as_optimums_folder(
+    tiny: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 40: -o OUT wrote one bare file at OUT (optimum's ORTModelForCausalLM took it for a
+    hub id) and -o DIR/ was ignored. Now the decoder goes in a folder as optimum loads it:
+    model.onnx beside the source's config.json, generation_config.json and other files but
+    its weights; -o NAME.onnx still writes one file and says what a client misses."""
+    from tests.conftest import run_cli
+
+    source = tiny["gpt2"]
+    kept = sorted(p.name for p in source.iterdir() if p.suffix != ".safetensors")
+    assert {"config.json", "generation_config.json"} <= set(kept)
+    for out in (tmp_path / "gpt2-onnx", f"{tmp_path / 'dir'}/"):
+        code, report, _ = run_cli(
+            [str(source), "--to", "onnx", "--task", TASK, "-o", str(out)], capsys
+        )
+        assert code == 0 and report["check"] == "generation", report
+        folder = Path(out)
+        assert report["output"] == str(folder) and folder.is_dir(), report["output"]
+        assert sorted(p.name for p in folder.iterdir()) == sorted(["model.onnx", *kept])
+        assert any("model.onnx beside config.json" in n for n in report["notes"])
+    assert_generates_as_transformers(source, folder / "model.onnx")
+    ids = torch.randint(3, 99, (1, 5), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(
+        ptconvert.generate(folder, ids, max_new_tokens=6).sequences,
+        reference(eager(source), ids, 6).sequences,
+    )
+    info = ptconvert.describe(folder)
+    assert info.layout == "decoder-onnx" and info.metadata["task"] == TASK
+    one = tmp_path / "one.onnx"
+    report = ptconvert.convert(source, "onnx", one, task=TASK)
+    assert one.is_file() and any("-o DIR/ writes it" in n for n in report.notes), report.notes
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_llama_and_qwen2_with_past(tiny: dict[str, Path], tmp_path: Path, family: str) -> None:

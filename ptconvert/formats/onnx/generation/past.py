@@ -136,11 +136,21 @@ def export_with_past(
     return cache, {"inputs": inputs, "outputs": outputs}
 
 
+# the decoder's name in the folder optimum's ORTModelForCausalLM loads (config.json beside)
+FOLDER_FILE = "model.onnx"
+
+
+def _graph(path: Path) -> Path:
+    """The decoder itself: ``path``, or the one in the folder it names."""
+    return path / FOLDER_FILE if path.is_dir() else path
+
+
 def read_meta(path: Path) -> dict[str, Any] | None:
-    """What an ONNX decoder with past inputs says of itself: its task; None for another graph
-    (or one the onnx package cannot read)."""
+    """What an ONNX decoder with past inputs (or its folder) says of itself: its task; None
+    for another graph (or one the onnx package cannot read)."""
     import onnx
 
+    path = _graph(path)
     try:
         graph = onnx.load(str(path), load_external_data=False).graph
     except Exception:  # an unreadable file: whoever loads it says what is wrong
@@ -151,9 +161,9 @@ def read_meta(path: Path) -> dict[str, Any] | None:
 
 
 def open_decoder(path: Path, trust: bool) -> OnnxWithPast:
-    """The stepper of an ONNX decoder with past inputs (``trust``: an AOTI package's,
-    ``targets.Target``)."""
-    return OnnxWithPast(path)
+    """The stepper of an ONNX decoder with past inputs, or of its folder (``trust``: an AOTI
+    package's, ``targets.Target``)."""
+    return OnnxWithPast(_graph(path))
 
 
 def save_checked(program: Any, path: Path) -> Any:
