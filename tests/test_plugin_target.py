@@ -139,3 +139,15 @@ def test_to_all_reaches_a_plugin_program_target(
     written = Path(rows["toyprog"]["output"])
     x = torch.ones(2, 8)
     torch.testing.assert_close(_load(written).module()(x), seeded(MLP())(x))
+
+
+def test_a_format_in_a_package_without_converters_declares_none() -> None:
+    """A plugin's format class in a package of its own with no ``edges`` or ``generation``
+    module adds no converter (it was an import error)."""
+    from ptconvert.formats.base import Format
+
+    class Bare(Format):
+        name = "bare"
+
+    Bare.__module__ = "ptconvert.formats"  # a package with neither submodule
+    assert Bare().edges() == [] and Bare().generation_targets() == []

@@ -215,12 +215,16 @@ class Format:
         ``EDGES`` of its ``edges`` subpackage, imported when the graph first asks for them (they
         stand on the converter layer, above the readers); a plugin's format may return its own."""
         import importlib
+        import importlib.util
         import sys
 
         package = sys.modules[type(self).__module__]
         if not hasattr(package, "__path__"):  # a format of one module: no converters of its own
             return []
-        edges: list[Any] = importlib.import_module(f"{package.__name__}.edges").EDGES
+        name = f"{package.__name__}.edges"
+        if importlib.util.find_spec(name) is None:  # a package without converters
+            return []
+        edges: list[Any] = importlib.import_module(name).EDGES
         return edges
 
     def generation_targets(self) -> list[Any]:
