@@ -188,7 +188,7 @@ def test_a_candidate_taking_input_ids_alone_is_fed_input_ids_alone(bert, capsys)
     assert {1, 2, 3, 5, 7} <= set(report["batches"])
     assert all(status == "pass" for _, status in _statuses(report))
     assert report["inputs_fed"] == ["input_ids"]
-    assert report["inputs_left_out"] == ["attention_mask"]
+    assert report["inputs_left_out"] == ["attention_mask", "token_type_ids"]
     assert not report["state"]["reference"]  # a BERT keeps no state between calls
 
 
