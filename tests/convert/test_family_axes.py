@@ -311,10 +311,13 @@ def test_an_aoti_package_with_one_batch_size_takes_batch_1(tmp_path: Path) -> No
     model = BertModel.from_pretrained(tmp_path / "bert").eval()
     for batch in (1, 3):
         ids = torch.randint(0, 90, (batch, 7))
-        mask = torch.ones_like(ids)
-        got = runner(input_ids=ids, attention_mask=mask)["last_hidden_state"]
+        mask, types = torch.ones_like(ids), ids % 2  # BERT's segment ids: an input too
+        got = runner(input_ids=ids, attention_mask=mask, token_type_ids=types)
         with torch.no_grad():
-            want = model(input_ids=ids, attention_mask=mask).last_hidden_state
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            want = model(input_ids=ids, attention_mask=mask, token_type_ids=types)
+        torch.testing.assert_close(
+            got["last_hidden_state"], want.last_hidden_state, rtol=1e-4, atol=1e-4
+        )
     with pytest.raises(Exception, match="must equal input_ids dim 0"):
-        runner(input_ids=ids, attention_mask=torch.ones(2, 7, dtype=torch.int64))
+        wrong = torch.ones(2, 7, dtype=torch.int64)
+        runner(input_ids=ids, attention_mask=wrong, token_type_ids=types)

@@ -144,20 +144,23 @@ def test_tiny_hf_models_convert_with_a_dynamic_batch_and_sequence(
 
     auto, output = HF[name]
     model = getattr(transformers, auto).from_pretrained(samples[name]).eval()
+    names = ["input_ids", "attention_mask"]
+    if getattr(model.config, "type_vocab_size", 1) > 1:  # BERT's segment ids: an input too
+        names.append("token_type_ids")
     g = torch.Generator().manual_seed(5)
     feeds: dict[int, list[torch.Tensor]] = {}
     for batch, length in ((1, 16), (3, 7)):
         ids = torch.randint(0, 99, (batch, length), generator=g)
-        feeds[batch] = [ids, torch.ones_like(ids)]
+        feeds[batch] = [ids, torch.ones_like(ids), ids % 2][: len(names)]
     got = run_fresh(out, feeds, tmp_path)
     with torch.no_grad():
-        for batch, (ids, mask) in feeds.items():
-            want = getattr(model(input_ids=ids, attention_mask=mask), output)
+        for batch, tensors in feeds.items():
+            want = getattr(model(**dict(zip(names, tensors, strict=True))), output)
             torch.testing.assert_close(got[batch][0], want, rtol=1e-4, atol=1e-4)
 
     code, info, _ = run_cli(["info", str(out)], capsys)
-    assert [i["name"] for i in info["inputs"]] == ["input_ids", "attention_mask"]
-    assert [i["shape"] for i in info["inputs"]] == [[8, 64], [8, 64]]
+    assert [i["name"] for i in info["inputs"]] == names
+    assert [i["shape"] for i in info["inputs"]] == [[8, 64]] * len(names)
     assert info["outputs"][0]["name"] == output
     assert set(info["metadata"]["delegates"]) == {"XnnpackBackend"}
 
