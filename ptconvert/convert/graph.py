@@ -87,8 +87,9 @@ EDGES: list[Edge] = []
 
 
 def format_edges() -> list[Edge]:
-    """Each registered format's edges, as it declares them: reading its tensors (symbolically)
-    and writing them, a whole pickled module's load, and a target package's converters."""
+    """Each registered format's weights edges, as it declares them: reading its tensors
+    (symbolically) and writing them, and a whole pickled module's load (a target package's
+    converters are ``target_edges``)."""
     from ptconvert.convert import steps
     from ptconvert.convert.weights import read_source, write_target
     from ptconvert.formats import FORMATS
