@@ -82,21 +82,34 @@ def _shows_keywords(cls: type[VerifyKeywords | BenchKeywords]) -> Callable[[F], 
 
 @_named_errors
 def options(base: Options | None = None, **overrides: Any) -> Options:
-    """``base`` (or the defaults) with ``overrides`` applied; an unknown name is a UsageError.
+    """``base`` (or the defaults) with ``overrides`` applied: Options fields, and a target's own
+    options (``Format.options_class``: ``opset=17``), kept in ``target_options``; an unknown
+    name is a UsageError.
 
     >>> options(dynamic_batch=True, inputs=["x:2x8:float32"]).dynamic_batch
     True
     """
-    from ptconvert.options import Options
+    from ptconvert.formats import target_options
+    from ptconvert.options import Options, check_choices
 
-    known = {f.name for f in dataclasses.fields(Options)}
+    own = target_options()  # a target's options (--opset …), kept in Options.target_options
+    known = {f.name for f in dataclasses.fields(Options)} - {"target_options"} | set(own)
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise UsageError(f"unknown option(s) {unknown}", hint=f"known: {', '.join(sorted(known))}")
+    given = {k: overrides.pop(k) for k in list(overrides) if k in own}
     opts = dataclasses.replace(base or Options(), **overrides)
+    if given:
+        opts.target_options = {**opts.target_options, **given}
     if opts.example_inputs is not None:
         opts.example_inputs = Path(opts.example_inputs)
-    return opts.validate()
+    opts.validate()
+    for cls in dict.fromkeys(own.values()):
+        values: Any = opts.of(cls)
+        check_choices(values)
+        if hasattr(values, "validate"):
+            values.validate()
+    return opts
 
 
 @_named_errors

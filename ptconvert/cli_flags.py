@@ -30,7 +30,7 @@ def flags(
     ``help`` says a field's help for this command."""
     chosen = [
         f
-        for f in fields(cls)
+        for f in _flagged(cls)
         if (f.name in names if names is not None else flag_of(f)["group"] == group)
     ]
     options: list[Decorator] = []
@@ -45,6 +45,11 @@ def flags(
         return fn
 
     return decorate
+
+
+def _flagged(cls: type) -> list[Any]:
+    """``cls``'s fields that are flags (``Options.target_options`` is filled from others')."""
+    return [f for f in fields(cls) if "flag" in f.metadata]
 
 
 def _option(name: str, is_bool: bool, spec: dict[str, Any], help_text: str | None) -> Decorator:
@@ -74,7 +79,7 @@ def read_flags(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     each read from its text: the conversion's before the model's (the order in which a line
     with two bad values has named the first)."""
     out: dict[str, Any] = {}
-    for f in sorted(fields(cls), key=lambda f: flag_of(f)["group"] == "model"):
+    for f in sorted(_flagged(cls), key=lambda f: flag_of(f)["group"] == "model"):
         if f.name not in values:
             continue
         value, spec = values[f.name], flag_of(f)
@@ -90,8 +95,20 @@ def read_flags(cls: type, values: dict[str, Any]) -> dict[str, Any]:
 
 
 def options_from(values: dict[str, Any]) -> Options:
-    """The Options a command's flags say (the fields it has no flag for at their defaults)."""
-    return Options(**read_flags(Options, values))
+    """The Options a command's flags say (the fields it has no flag for at their defaults), the
+    targets' own among them (``Format.options_class``) in ``target_options``."""
+    own: dict[str, Any] = {}
+    for cls in _target_option_classes():  # those given: the defaults are the class's
+        defaults = cls()
+        given = read_flags(cls, values).items()
+        own.update({k: v for k, v in given if v != getattr(defaults, k)})
+    return Options(**read_flags(Options, values), target_options=own)
+
+
+def _target_option_classes() -> list[type]:
+    from ptconvert.formats import target_options
+
+    return list(dict.fromkeys(target_options().values()))
 
 
 def model_options(fn: Any) -> Any:
@@ -108,6 +125,9 @@ def conversion_options(fn: Any) -> Any:
     bench = click.option(
         "--bench", is_flag=True, help="Time the result against eager and torch.compile."
     )
+    targets = [flags(cls, names=[f.name for f in fields(cls)]) for cls in _target_option_classes()]
+    for add in reversed(targets):  # shown after the shared options, in the formats' order
+        fn = add(fn)
     return flags(Options, before={"force": [output], "skip_unsupported": [bench]})(fn)
 
 

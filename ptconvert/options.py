@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 from ptconvert.errors import UsageError
 
@@ -23,7 +23,6 @@ Method = Literal["auto", "script", "trace"]
 ExportMode = Literal["auto", "strict", "non-strict"]
 Device = Literal["cpu", "cuda"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "none"]
-PteBackend = Literal["xnnpack", "portable"]
 
 # --task as optimum names tasks. Those that export for generation with a cache (ptconvert/
 # generation/): a decoder-only LM, a seq2seq model, a speech seq2seq model
@@ -49,6 +48,7 @@ TASK_CLASSES: dict[str, str] = {
 # how a flag's text becomes the field's value (cli_flags.py), beyond taking it as it is
 Parse = Literal["model_args", "key_values", "literal_values", "batch_sizes", "path"]
 _FIELD_DEFAULT: Any = object()
+T = TypeVar("T")
 
 
 def flag(
@@ -93,6 +93,16 @@ def flag_of(f: Field[Any]) -> dict[str, Any]:
     if spec["default"] is _FIELD_DEFAULT:
         spec["default"] = None if f.default is MISSING else f.default
     return spec
+
+
+def check_choices(options: Any) -> None:
+    """Each field of the dataclass ``options`` whose flag has choices holds one of them (an API
+    caller has no CLI to check them); a UsageError naming the field otherwise."""
+    for f in fields(options):
+        choices = f.metadata.get("flag", {}).get("choices")
+        value = getattr(options, f.name)
+        if choices and value is not None and value not in choices:
+            raise UsageError(f"{f.name}={value!r} is not one of {', '.join(choices)}")
 
 
 @dataclass
@@ -292,43 +302,6 @@ class Options:
             "AOTI and ONNX results are checked there (eager runs on the CPU).",
         ),
     )
-    aoti_options: dict[str, Any] = field(  # Inductor configs (k=v)
-        default_factory=dict,
-        metadata=flag(
-            "--aoti-option",
-            multiple=True,
-            parse="literal_values",
-            help="k=v Inductor config for --to aoti (e.g. max_autotune=true; repeatable).",
-        ),
-    )
-    # onnx targets: the ai.onnx opset (None: the exporter's default)
-    opset: int | None = field(
-        default=None,
-        metadata=flag("--opset", type=int, help="--to onnx: the ai.onnx opset (default: torch's)."),
-    )
-    # onnx targets: weights in NAME.onnx.data (always over 2 GB)
-    external_data: bool = field(
-        default=False,
-        metadata=flag(
-            "--external-data",
-            help="--to onnx: weights in NAME.onnx.data beside the model (always over 2 GB).",
-        ),
-    )
-    # onnx targets: onnxscript's graph optimizer on the result
-    onnx_optimize: bool = field(
-        default=False,
-        metadata=flag("--onnx-optimize", help="--to onnx: run onnxscript's graph optimizer."),
-    )
-    # pte targets: the ops XNNPACK takes delegated to it, or every op on the portable kernels
-    pte_backend: PteBackend = field(
-        default="xnnpack",
-        metadata=flag(
-            "--pte-backend",
-            choices=get_args(PteBackend),
-            help="--to pte: delegate what XNNPACK takes to it (default), or run every op on "
-            "ExecuTorch's portable kernels.",
-        ),
-    )
     # pt2/aoti/onnx: keep stack traces and source paths (of this machine) in the file
     keep_debug_info: bool = field(
         default=False,
@@ -360,6 +333,16 @@ class Options:
         ),
     )
 
+    # a target's own options (``Format.options_class``, e.g. ``opset`` of the ONNX target), by
+    # field name: ``of(cls)`` reads them; the API and the CLI fill them from the same keywords
+    target_options: dict[str, Any] = field(default_factory=dict)
+
+    def of(self, cls: type[T]) -> T:
+        """The options of one target, ``cls`` (a dataclass of ``flag()`` fields declared by its
+        package): the values given for its fields, its defaults for the rest."""
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in self.target_options.items() if k in names})
+
     @property
     def trusts_code(self) -> bool:
         """Whether the user trusts some code to load (``--trust`` or ``--allow``)."""
@@ -368,22 +351,12 @@ class Options:
     def validate(self) -> Options:
         """Each value of the type and range its option takes (an API caller has no CLI to
         check them); a UsageError naming the option otherwise. Returns the options."""
-        choices = {
-            "method": Method,
-            "strict": ExportMode,
-            "device": Device,
-            "pte_backend": PteBackend,
-        }
-        for name, kind in choices.items():
-            if getattr(self, name) not in get_args(kind):
-                raise UsageError(
-                    f"{name}={getattr(self, name)!r} is not one of {', '.join(get_args(kind))}"
-                )
+        check_choices(self)
         for name in ("inputs", "dynamic", "allow"):
             value = getattr(self, name)
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise UsageError(f"{name} is a list of strings, got {value!r}")
-        for name in ("model_args", "metadata", "aoti_options"):
+        for name in ("model_args", "metadata", "target_options"):
             if not isinstance(getattr(self, name), dict):
                 raise UsageError(f"{name} is a dict, got {getattr(self, name)!r}")
         bad = [s for s in self.dynamic if not DYNAMIC_SPEC.match(s)]
@@ -394,8 +367,6 @@ class Options:
         timeout = self.load_timeout
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
             raise UsageError(f"load_timeout is a number of seconds above 0, got {timeout!r}")
-        if self.opset is not None and (not isinstance(self.opset, int) or self.opset < 1):
-            raise UsageError(f"opset is a positive integer, got {self.opset!r}")
         sizes = self.batch_sizes
         if sizes is not None and (
             not isinstance(sizes, list)

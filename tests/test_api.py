@@ -179,6 +179,10 @@ def test_bad_batch_sizes_are_a_usage_error(
         ({"inputs": "x:2x8:float32"}, "inputs is a list of strings"),
         ({"dynamic": ["x"]}, "--dynamic 'x' is not NAME:AXIS[:MIN:MAX]"),
         ({"device": "tpu"}, "device='tpu' is not one of cpu, cuda"),
+        # a target's own options (Format.options_class), checked the same way
+        ({"pte_backend": "cuda"}, "pte_backend='cuda' is not one of xnnpack, portable"),
+        ({"opset": "17"}, "opset is a positive integer, got '17'"),
+        ({"aoti_options": ["a=1"]}, "aoti_options is a dict"),
     ],
 )
 def test_option_values_are_checked_as_the_cli_checks_them(

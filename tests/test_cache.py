@@ -216,6 +216,20 @@ def test_every_option_is_in_the_key_but_those_that_do_not_change_the_artifact(
             assert changed != base, f"{f.name} does not change the key"
 
 
+def test_a_targets_own_options_key_that_target_only(checkpoint: Path, tmp_path: Path) -> None:
+    """``--opset`` (the ONNX target's option, ``Options.target_options``) changes an ONNX
+    artifact's key and not a pt2's; ``--pte-backend`` a .pte's."""
+    d = detect(checkpoint)
+
+    def key(to: str, **own: Any) -> str:
+        opts = Options(**SPEC, target_options=own)
+        return cache_key.cache_key(d, to, tmp_path / f"o.{to}", opts)[0]
+
+    assert key("onnx", opset=17) != key("onnx") != key("onnx", opset=18)
+    assert key("pt2", opset=17) == key("pt2")
+    assert key("pte", pte_backend="portable") != key("pte") == key("pte", opset=17)
+
+
 def test_the_key_follows_inductor_settings_plugins_and_the_gpu(
     checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from fixtures.models import MLP, seeded
+from ptconvert.options import flag
 from tests.conftest import run_cli
 
 STAMP = "toyprog"
@@ -28,6 +30,18 @@ def _load(path: Path) -> Any:
     return torch.export.load(io.BytesIO(Path(path).read_bytes()))
 
 
+@dataclass
+class ToyOptions:
+    """The toy target's own option (``Format.options_class``): what its stamp member holds."""
+
+    toy_stamp: str = field(default="1", metadata=flag("--toy-stamp", help="The stamp's text."))
+
+
+def _stamp(path: Path) -> str:
+    with zipfile.ZipFile(path) as z:
+        return z.read(next(n for n in z.namelist() if n.endswith(f"/{STAMP}"))).decode()
+
+
 def _toy_program_format() -> Any:
     from ptconvert.convert.graph import Edge
     from ptconvert.formats.base import FileInfo, Format, Probe, file_entry
@@ -36,7 +50,7 @@ def _toy_program_format() -> Any:
     def write(state: Any, opts: Any) -> None:
         torch.export.save(state.exported, state.output)
         with zipfile.ZipFile(state.output, "a") as z:  # beside the archive's own members
-            z.writestr(f"{z.namelist()[0].split('/')[0]}/{STAMP}", "1")
+            z.writestr(f"{z.namelist()[0].split('/')[0]}/{STAMP}", opts.of(ToyOptions).toy_stamp)
 
     class ToyProgramFormat(Format):
         name = "toyprog"
@@ -44,6 +58,7 @@ def _toy_program_format() -> Any:
         suffixes = (".toyprog",)
         holds = "an ExportedProgram stamped as a toy program (a plugin's target)"
         priority = 50  # above the .pt2 archive it also is
+        options_class = ToyOptions
         load_line = "import io\nprog = torch.export.load(io.BytesIO(open(p, 'rb').read())).module()"
         warm_line = "import torch"
 
@@ -125,6 +140,24 @@ def test_a_plugin_program_target_is_planned_converted_verified_and_timed(
     code, timing, _ = run_cli(bench, capsys)
     assert code == 0, timing
     assert "toyprog" in json.dumps(timing)
+
+
+def test_a_plugin_targets_own_option_is_a_keyword_of_the_api(
+    toy_target: None, samples: dict[str, Path], tmp_path: Path
+) -> None:
+    """Its option reaches its step, and is refused by name where it is not one (the target
+    registered by the first call: ``convert`` loads the plugins)."""
+    import ptconvert
+    from ptconvert.errors import UsageError
+
+    src, spec = samples["mlp_zip"], {"model": MLP_ARGS[1], "inputs": [MLP_ARGS[3]]}
+    out = tmp_path / "stamped.toyprog"
+    ptconvert.convert(src, "toyprog", out, **spec, cache=False)
+    assert _stamp(out) == "1"
+    ptconvert.convert(src, "toyprog", out, **spec, cache=False, force=True, toy_stamp="7")
+    assert _stamp(out) == "7"
+    with pytest.raises(UsageError, match="toy_stam"):
+        ptconvert.convert(src, "toyprog", out, **spec, force=True, toy_stam="7")
 
 
 def test_to_all_reaches_a_plugin_program_target(

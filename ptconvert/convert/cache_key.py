@@ -34,6 +34,7 @@ NOT_IN_KEY: dict[str, str] = {
     "verify": "an entry is stored only verified; a --no-verify run may use one",
     "cache": "whether to use the cache at all",
     "load_timeout": "how long a load may take before it is stopped, not what is loaded",
+    "target_options": "a target's own options are keyed by their target only (key_of)",
 }
 
 # Packages whose version changes what a conversion writes (when installed): these, and the
@@ -262,6 +263,9 @@ def key_of(
         **_model_key(opts.model),
         "example_inputs": _content(opts.example_inputs) if opts.example_inputs else None,
         "options": options,
+        "target_options": (
+            dataclasses.asdict(opts.of(target.options_class)) if target.options_class else {}
+        ),
         "versions": _versions(),
         "plugins": _plugins(),
         "environment": _environment(),

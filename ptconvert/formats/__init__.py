@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import NoReturn
 
@@ -61,12 +61,29 @@ for _f in FORMATS:
     declare_extra(_f.packages, _f.extra)
 
 
+def target_options() -> dict[str, type]:
+    """Each target's own option (``Format.options_class``'s fields, e.g. ``opset``) by name: the
+    class that declares it."""
+    return {
+        f.name: fmt.options_class
+        for fmt in FORMATS
+        if fmt.options_class is not None
+        for f in fields(fmt.options_class)
+    }
+
+
 def register_format(fmt: Format) -> None:
     """Add a format (a plugin's) to the registry: detection, ``info`` and ``formats`` see it."""
     from ptconvert.errors import UsageError
+    from ptconvert.options import Options
 
     if fmt.name in FORMATS_BY_NAME:
         raise UsageError(f"a format named {fmt.name!r} is registered already")
+    taken = {f.name for f in fields(Options)} | set(target_options())
+    own = {f.name for f in fields(fmt.options_class)} if fmt.options_class else set()
+    clash = sorted(taken & own)
+    if clash:
+        raise UsageError(f"format {fmt.name!r} declares options that exist already: {clash}")
     FORMATS.append(fmt)  # in place: modules that imported the list see it
     FORMATS_BY_NAME[fmt.name] = fmt
     declare_extra(fmt.packages, fmt.extra)

@@ -199,6 +199,9 @@ class Format:
     # hints name the extra, and their versions are in the cache's key
     packages: ClassVar[tuple[str, ...]] = ()
     extra: ClassVar[str] = ""
+    # its own options (a dataclass of ``options.flag()`` fields, e.g. the ONNX target's opset):
+    # the CLI's flags and the API's keywords, read with ``Options.of(cls)``, in the cache's key
+    options_class: ClassVar[type | None] = None
 
     def load_in_time(self, path: Path, timeout: float | None) -> None:
         """A file whose own code runs when it loads (TorchScript's ``__setstate__``) loaded first

@@ -13,6 +13,9 @@ import pytest
 import ptconvert
 from ptconvert.cli import cli
 from ptconvert.cli_flags import options_from, read_flags
+from ptconvert.formats import FORMATS, target_options
+from ptconvert.formats.aoti.options import AotiOptions
+from ptconvert.formats.onnx.options import OnnxOptions
 from ptconvert.options import BenchKeywords, Options, VerifyKeywords
 
 
@@ -27,8 +30,15 @@ def _values(command: str, line: str) -> dict[str, Any]:
     [("convert", Options), ("plan", Options), ("verify", VerifyKeywords), ("bench", BenchKeywords)],
 )
 def test_every_field_is_a_flag_of_its_commands(command: str, declared: type) -> None:
+    """A conversion's commands have the targets' own options too (``Format.options_class``:
+    ``--opset`` …), read into ``Options.target_options``, which is no flag itself."""
     params = {p.name: p for p in cli.commands[command].params}
-    for f in fields(declared):
+    declared_fields = [f for f in fields(declared) if f.name != "target_options"]
+    if declared is Options:
+        owners = {f.options_class for f in FORMATS if f.options_class is not None}
+        assert {"opset", "pte_backend", "aoti_options"} <= set(target_options())
+        declared_fields += [f for cls in owners for f in fields(cls)]
+    for f in declared_fields:
         assert f.name in params, f.name
         assert list(params[f.name].opts) == [
             d for d in f.metadata["flag"]["decls"] if d.startswith("-")
@@ -40,7 +50,7 @@ def test_a_command_line_reads_into_the_options() -> None:
         "convert",
         "src.pt --to pt2 --no-verify --no-cache --export-mode strict --aoti-option a=true "
         "--aoti-option b=2 --metadata k=v --batch-sizes 1,4 --model-arg n=3 --input x:2:float32 "
-        "--example-inputs in.pt --dynamic-batch --allow m.C",
+        "--example-inputs in.pt --dynamic-batch --allow m.C --opset 18",
     )
     opts = options_from(values)
     assert (opts.verify, opts.cache, opts.strict, opts.dynamic_batch) == (
@@ -49,7 +59,8 @@ def test_a_command_line_reads_into_the_options() -> None:
         "strict",
         True,
     )
-    assert opts.aoti_options == {"a": True, "b": 2} and opts.metadata == {"k": "v"}
+    assert opts.of(AotiOptions).aoti_options == {"a": True, "b": 2}
+    assert opts.of(OnnxOptions) == OnnxOptions(opset=18) and opts.metadata == {"k": "v"}
     assert opts.batch_sizes == [1, 4] and opts.model_args == {"n": 3}
     assert (opts.inputs, opts.allow, str(opts.example_inputs)) == (
         ["x:2:float32"],

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from ptconvert.archive import open_zip
+from ptconvert.formats.aoti.options import AotiOptions
 from ptconvert.formats.aoti.runtime import load as load_runtime
 from ptconvert.formats.base import FileInfo, Format, IOSpec, Need, Probe, file_entry
 from ptconvert.formats.isolated import IsolatedRuntime
@@ -47,6 +48,7 @@ class AotiPackageFormat(Format):
     )
     runs_native_code = True
     isolated = True
+    options_class = AotiOptions
     needs = (
         Need(
             "cpp_compiler",

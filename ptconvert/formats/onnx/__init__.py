@@ -27,6 +27,7 @@ from ptconvert.formats.base import (
     installed,
 )
 from ptconvert.formats.isolated import IsolatedRuntime
+from ptconvert.formats.onnx.options import OnnxOptions
 from ptconvert.formats.onnx.runtime import load as load_runtime
 from ptconvert.formats.program import Program, Signature
 from ptconvert.formats.reference import Ref, Reference, torch_ref
@@ -74,6 +75,7 @@ class OnnxFormat(Format):
     isolated = True
     packages = ("onnx", "onnxruntime", "onnxscript")
     extra = "onnx"
+    options_class = OnnxOptions
     needs = (
         Need(
             "onnx",

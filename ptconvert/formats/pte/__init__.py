@@ -39,6 +39,7 @@ from ptconvert.formats.pte.flatbuffer import (
     forward_of,
     read_program,
 )
+from ptconvert.formats.pte.options import PteOptions
 from ptconvert.formats.pte.runtime import load as load_runtime
 
 
@@ -65,6 +66,7 @@ class PteFormat(Format):
     isolated = True
     packages = ("executorch",)
     extra = "executorch"
+    options_class = PteOptions
     needs = (
         Need(
             "executorch",

@@ -22,6 +22,7 @@ from ptconvert.deps import require
 from ptconvert.errors import named_error
 from ptconvert.formats.pte import PteFormat
 from ptconvert.formats.pte.edges.export import lower
+from ptconvert.formats.pte.options import PteOptions
 from ptconvert.generation.static_cache import StaticCacheProgram
 from ptconvert.generation.targets import Target
 from ptconvert.quiet import quiet_torch
@@ -55,10 +56,11 @@ def export_program(
     }
     if eos is not None:
         methods["get_eos_ids"] = list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
-    with progress.step(f"lowering with ExecuTorch ({opts.pte_backend})"):
+    backend = opts.of(PteOptions).pte_backend
+    with progress.step(f"lowering with ExecuTorch ({backend})"):
         program = lower(
             ep,
-            opts.pte_backend,
+            backend,
             constant_methods=methods,
             mutable_buffers=_CACHE_BUFFERS,
             what="the static-cache program",
@@ -74,7 +76,7 @@ def export_program(
     notes.append(
         f"static cache of {batch} row(s) × {length} positions in the method's mutable buffers "
         "(ExecuTorch keeps them between calls of one loaded method; their initial zeros are "
-        f"in the file: {initial / 2**20:.2f} MiB); lowered with {opts.pte_backend}; "
+        f"in the file: {initial / 2**20:.2f} MiB); lowered with {backend}; "
         "constant methods get_max_seq_len, get_max_batch_size, use_kv_cache, get_vocab_size, "
         "get_eos_ids; a smaller batch runs padded with copies of its last row "
         "(ptconvert.generate does it)"

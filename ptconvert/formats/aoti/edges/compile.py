@@ -29,6 +29,7 @@ from ptconvert import _compat
 from ptconvert._compat import inductor
 from ptconvert.convert.state import Bounds, RunState
 from ptconvert.errors import UnsupportedConversionError, named_error
+from ptconvert.formats.aoti.options import AotiOptions
 from ptconvert.options import Options
 from ptconvert.quiet import quiet_torch
 from ptconvert.verify.check import require_device
@@ -97,7 +98,7 @@ def _compile(state: RunState, opts: Options) -> None:
         ) from None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    options = ", ".join(f"{k}={v}" for k, v in opts.aoti_options.items())
+    options = ", ".join(f"{k}={v}" for k, v in opts.of(AotiOptions).aoti_options.items())
     state.notes.append(
         f"AOTInductor compiled for {opts.device} in {time.perf_counter() - started:.1f} s"
         + (f" ({options})" if options else "")
@@ -119,7 +120,7 @@ LINE_TABLES = "aot_inductor.enable_line_tables"
 
 def inductor_configs(opts: Options) -> dict[str, Any]:
     """Inductor's configs for the compile: ``--aoti-option`` values, line tables off by default."""
-    configs = dict(opts.aoti_options)
+    configs = dict(opts.of(AotiOptions).aoti_options)
     if not opts.keep_debug_info:
         configs.setdefault(LINE_TABLES, False)
     return configs

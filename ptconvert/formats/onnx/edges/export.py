@@ -25,6 +25,7 @@ from ptconvert import _compat
 from ptconvert.convert.state import RunState
 from ptconvert.deps import require
 from ptconvert.errors import UnsupportedConversionError
+from ptconvert.formats.onnx.options import OnnxOptions
 from ptconvert.options import Options
 from ptconvert.quiet import quiet_torch
 
@@ -136,8 +137,9 @@ def _export(ep: Any, opts: Options) -> Any:
 
     quiet = io.StringIO()  # the exporter prints its stages on stdout, which --json owns
     with quiet_torch(), contextlib.redirect_stdout(quiet), _one_registry():
+        own = opts.of(OnnxOptions)
         program = torch.onnx.export(
-            ep, dynamo=True, opset_version=opts.opset, optimize=opts.onnx_optimize
+            ep, dynamo=True, opset_version=own.opset, optimize=own.onnx_optimize
         )
     assert program is not None
     return program
@@ -247,8 +249,9 @@ def onnx_export(state: RunState, opts: Options) -> None:
         )
     else:
         strip_debug_info(program.model)
+    own = opts.of(OnnxOptions)
     size = _weight_bytes(ep)
-    external = opts.external_data or size > PROTOBUF_LIMIT
+    external = own.external_data or size > PROTOBUF_LIMIT
     destination = state.destination or state.output
     if state.staged is not None:  # a program written before on this run was rejected
         shutil.rmtree(state.staged.parent, ignore_errors=True)
@@ -261,7 +264,7 @@ def onnx_export(state: RunState, opts: Options) -> None:
         state.obsolete = [destination.parent / f"{destination.name}.data"]
     if external:
         state.companions = [p for p in stage.iterdir() if p != state.staged]
-        why = "on request" if opts.external_data else f"the weights are {size / 1024**3:.1f} GB"
+        why = "on request" if own.external_data else f"the weights are {size / 1024**3:.1f} GB"
         state.notes.append(
             f"weights in external data ({', '.join(p.name for p in state.companions)}; {why}): "
             "keep the files together"
@@ -276,11 +279,11 @@ def onnx_export(state: RunState, opts: Options) -> None:
     opset = program.model.opset_imports.get("")
     state.notes.append(
         f"ONNX opset {opset}, checked with onnx.checker"
-        + ("; graph optimised with onnxscript's optimizer" if opts.onnx_optimize else "")
+        + ("; graph optimised with onnxscript's optimizer" if own.onnx_optimize else "")
     )
-    if opts.opset is not None and opset != opts.opset:
+    if own.opset is not None and opset != own.opset:
         state.notes.append(
-            f"--opset {opts.opset} was asked for; torch's exporter wrote opset {opset} (it "
+            f"--opset {own.opset} was asked for; torch's exporter wrote opset {opset} (it "
             "writes the opsets it supports, converting down only where its converter can)"
         )
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert.errors import UnsupportedConversionError
+from ptconvert.formats.onnx.options import OnnxOptions
 from ptconvert.generation.loading import cache_keyword, cache_layers, returned_cache
 from ptconvert.options import Options
 
@@ -74,7 +75,7 @@ def export_decoder_onnx(model: Any, path: Path, opts: Options) -> list[str]:
 
     require("onnx")
     require("onnxscript")
-    if opts.external_data:
+    if opts.of(OnnxOptions).external_data:
         raise UnsupportedConversionError(
             "--external-data is not there yet for generation exports", path=path
         )

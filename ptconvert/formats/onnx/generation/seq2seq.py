@@ -25,6 +25,7 @@ from typing import Any
 
 from ptconvert import _compat
 from ptconvert.errors import UnsupportedConversionError
+from ptconvert.formats.onnx.options import OnnxOptions
 from ptconvert.generation.loading import cache_layers, returned_cache
 from ptconvert.generation.seq2seq import (
     check_features,
@@ -127,7 +128,7 @@ def export_seq2seq_onnx(model: Any, folder: Path, opts: Options) -> list[str]:
 
     require("onnx")
     require("onnxscript")
-    if opts.external_data:
+    if opts.of(OnnxOptions).external_data:
         raise UnsupportedConversionError(
             "--external-data is not there yet for generation exports", path=folder
         )

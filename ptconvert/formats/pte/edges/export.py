@@ -26,6 +26,7 @@ from ptconvert import _compat
 from ptconvert.convert.state import RunState
 from ptconvert.deps import require
 from ptconvert.errors import UnsupportedConversionError, named_error
+from ptconvert.formats.pte.options import PteOptions
 from ptconvert.options import DYNAMIC_SPEC, ExportMode, Options
 from ptconvert.quiet import quiet_torch
 
@@ -43,7 +44,7 @@ def pte_export(state: RunState, opts: Options) -> None:
     if bounds:
         _export_bounded(state, bounds, opts.strict)
     started = time.perf_counter()
-    program = lower(state.exported, opts.pte_backend, src=state.src)
+    program = lower(state.exported, opts.of(PteOptions).pte_backend, src=state.src)
     try:
         with open(state.output, "wb") as fh:
             program.write_to_file(fh)
@@ -228,7 +229,7 @@ def _lowered(state: RunState, opts: Options, seconds: float) -> str:
     left = ", ".join(ops[:8]) + (f" and {len(ops) - 8} more" if len(ops) > 8 else "") or "none"
     how = (
         f"XNNPACK delegate calls: {calls or 'none'}; ops left to the portable kernels: {left}"
-        if opts.pte_backend == "xnnpack"
+        if opts.of(PteOptions).pte_backend == "xnnpack"
         else f"every op on ExecuTorch's portable kernels ({len(forward.portable_ops)} kinds)"
     )
     return f"ExecuTorch program lowered in {seconds:.1f} s: {how}"
