@@ -127,6 +127,9 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
                 )
         steps.append(_record("export_with_cache", f"module → {to}", t0, notes[len(loaded.notes) :]))
         checked = _check(model, tmp, opts, target.batches) if opts.verify else None
+        if checked is not None and target.client_check is not None:
+            written = tmp / target.folder_file if client_folder else tmp
+            checked.notes.append(target.client_check(model, written, src, opts))
     if checked is not None:
         notes.extend(checked.notes)
     return ConversionReport(

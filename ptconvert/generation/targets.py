@@ -55,6 +55,11 @@ class Target:
     # without --batch-sizes: the batch sizes it is written for (a static cache's rows: the
     # largest) and checked at; its client's (ExecuTorch's LLM runners feed one row)
     batches: tuple[int, ...] = (1, 2)
+    # the check in its client's own runner, where that client is installed: (model, the
+    # written artifact, the source directory, options) → the report's one note (it ran and
+    # matched, or why it did not run); a difference raises VerificationError. None: no such
+    # client. The conversion's check calls it after its own (``convert.py``)
+    client_check: Callable[[Any, Path, Path, Options], str] | None = None
 
 
 def targets(layout: str) -> dict[str, Target]:

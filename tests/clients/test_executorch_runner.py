@@ -2,9 +2,9 @@
 llm_runner_client.py in a process of its own) on the default LLM program
 (``--to pte --task text-generation-with-past``), against transformers' greedy tokens here.
 
-The runner reads a tokenizer file; the tiny Llama has none, so the test writes one: a BPE
-``tokenizer.json`` of 99 single characters (U+0100 + id, no merges), which makes a prompt of
-ids a string and each piece the runner gives back an id."""
+The runner reads a tokenizer file; the tiny Llama has none, so the test writes one
+(``write_tokenizer``: one character a token), which makes a prompt of ids a string and each
+piece the runner gives back an id."""
 
 from __future__ import annotations
 
@@ -16,20 +16,9 @@ import torch
 
 import ptconvert
 from tests.clients.conftest import run_client
-from tests.generation.conftest import build, eager, reference
+from tests.generation.conftest import FIRST, build, eager, reference, write_tokenizer
 
 pytestmark = pytest.mark.clients
-
-VOCAB = 99
-FIRST = 0x100  # id i is the character chr(FIRST + i)
-
-
-def write_tokenizer(path: Path) -> Path:
-    from tokenizers import Tokenizer, models
-
-    chars = {chr(FIRST + i): i for i in range(VOCAB)}
-    Tokenizer(models.BPE(chars, [], unk_token=None)).save(str(path))
-    return path
 
 
 def test_default_llm_pte_generates_in_text_llm_runner(tmp_path: Path) -> None:

@@ -196,6 +196,11 @@ def test_a_llama_with_its_static_cache_generates_as_transformers(
     code, report, _ = run_cli([*args, "-o", str(out)], capsys)
     assert code == 0, report
     assert report["check"] == "generation" and report["generation"]["check"]["status"] == "pass"
+    # the directory has no tokenizer: ExecuTorch's runner is not run, and the report says why
+    assert (
+        "not run in ExecuTorch's TextLLMRunner: the directory has no tokenizer.json"
+        in (report["generation"]["check"]["notes"])
+    )
     # one row, as ExecuTorch's LLM runners feed it (issue 40: a cache of 2 rows failed there)
     assert report["generation"]["cache"] == {"kind": "static", "batch_size": 1, "length": 64}
     assert {r["batch"] for r in report["generation"]["check"]["runs"]} == {1}
@@ -222,6 +227,60 @@ def test_a_llama_with_its_static_cache_generates_as_transformers(
     assert info["metadata"]["task"] == "text-generation-with-past"
     assert info["metadata"]["constant_methods"]["get_max_seq_len"] == 64
     assert info["metadata"]["constant_methods"]["get_max_batch_size"] == 1
+
+
+def _llama_with_tokenizer(tmp_path: Path) -> Path:
+    from tests.generation.conftest import build, write_tokenizer
+
+    source = build("llama", tmp_path)  # initializer_range 0.3: greedy picks many tokens
+    write_tokenizer(source / "tokenizer.json")
+    return source
+
+
+@pytest.mark.slow  # the static-cache program's lowering, then ExecuTorch's runner: ~1 min
+def test_an_llm_pte_generates_as_transformers_in_text_llm_runner(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """With a tokenizer.json beside the model the conversion's check also runs the program in
+    ExecuTorch's TextLLMRunner (a process of its own), and says so in one note; the runner's
+    printing stays off ``--json``'s stdout (capfd: the child's file descriptors too)."""
+    pytest.importorskip("executorch.extension.llm.runner")
+    source = _llama_with_tokenizer(tmp_path)
+    args = [str(source), "--to", "pte", "--task", "text-generation-with-past"]
+    code, report, _ = run_cli([*args, "-o", str(tmp_path / "llama.pte")], capfd)
+    assert code == 0, report
+    ran = [n for n in report["generation"]["check"]["notes"] if "TextLLMRunner" in n]
+    assert len(ran) == 1 and ran[0].startswith("ran in ExecuTorch's TextLLMRunner"), ran
+    assert "greedy tokens for the prompt" in ran[0] and "match transformers'" in ran[0]
+    assert ran[0] in report["notes"]
+
+
+@pytest.mark.slow  # the static-cache program's lowering, then ExecuTorch's runner: ~1 min
+def test_a_runner_that_generates_otherwise_fails_the_conversion(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner runs in a child: what it is compared with (transformers' tokens) is changed
+    at the fourth token, and the conversion fails there naming the runner (exit 6, nothing
+    written)."""
+    pytest.importorskip("executorch.extension.llm.runner")
+    from ptconvert.generation import text_check
+
+    real = text_check.expected_tokens
+
+    def shifted(*args: Any) -> list[int]:
+        tokens = real(*args)
+        return [(t + 1) % 99 if k == 3 else t for k, t in enumerate(tokens)]
+
+    monkeypatch.setattr(text_check, "expected_tokens", shifted)
+    source = _llama_with_tokenizer(tmp_path)
+    out = tmp_path / "llama.pte"
+    args = [str(source), "--to", "pte", "--task", "text-generation-with-past", "-o", str(out)]
+    code, report, _ = run_cli(args, capsys)
+    assert code == 6, report
+    message = report["error"]["message"]
+    assert "TextLLMRunner generates differently from transformers" in message, message
+    assert "for the prompt '" in message and "new token 3:" in message, message
+    assert not out.exists()
 
 
 def test_an_llm_pte_is_written_for_one_row_unless_more_are_asked(

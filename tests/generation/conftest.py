@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 DECODERS = ("llama", "gpt2", "qwen2")
+VOCAB = 99  # every tiny model's
+FIRST = 0x100  # write_tokenizer's: id i is the character chr(FIRST + i)
 SEQ2SEQ = ("t5", "bart", "marian")
 
 
@@ -174,3 +176,14 @@ def reference(model, ids, new_tokens: int = 16):  # type: ignore[no-untyped-def]
     )
     with torch.no_grad():
         return model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+
+
+def write_tokenizer(path: Path) -> Path:
+    """A BPE ``tokenizer.json`` for the tiny models (which have none): their 99 ids as single
+    characters U+0100 + id, no merges, what ExecuTorch's TextLLMRunner and ``tokenizers``
+    read alike."""
+    from tokenizers import Tokenizer, models
+
+    chars = {chr(FIRST + i): i for i in range(VOCAB)}
+    Tokenizer(models.BPE(chars, [], unk_token=None)).save(str(path))
+    return path

@@ -143,6 +143,52 @@ class PteStaticCache(StaticCacheProgram):
         self.runtime.close()
 
 
+RUNNER = "ExecuTorch's TextLLMRunner"
+
+
+def client_check(model: Any, program: Path, src: Path, opts: Any) -> str:
+    """The written program generating in ``TextLLMRunner`` as an app runs it
+    (``llm_runner.py``, its own process), greedy from a prompt text tokenized by the source's
+    ``tokenizer.json``, its pieces against transformers' tokens (``text_check``); the report's
+    note. It runs where the directory has a tokenizer.json, the wheel has the runner and the
+    program one row (the runner feeds one); otherwise the note says why not."""
+    from ptconvert import progress
+    from ptconvert.formats.pte.llm_runner import generate_pieces, runner_installed
+    from ptconvert.generation import text_check
+    from ptconvert.generation.check import NEW_TOKENS
+
+    tokenizer_file = src / text_check.TOKENIZER_FILE
+    if not tokenizer_file.is_file():
+        return f"not run in {RUNNER}: the directory has no {text_check.TOKENIZER_FILE}"
+    if not runner_installed():
+        return f"not run in {RUNNER}: the executorch wheel has no executorch.extension.llm.runner"
+    meta = read_meta(program)
+    if meta is None or meta["batch_size"] != 1:
+        rows = meta["batch_size"] if meta else "no"
+        return f"not run in {RUNNER}: the program's cache has {rows} rows, the runner feeds 1"
+    try:
+        tokenizer = text_check.load_tokenizer(tokenizer_file)
+    except Exception as exc:  # any reason tokenizers gives is the note's
+        return f"not run in {RUNNER}: tokenizers cannot read its tokenizer.json ({exc})"
+    vocab = int(model.config.get_text_config().vocab_size)
+    prompt, ids = text_check.prompt_text(tokenizer, vocab, opts.seed)
+    new_tokens = min(NEW_TOKENS, meta["cache_length"] - len(ids))
+    if not ids or new_tokens < 1:
+        return f"not run in {RUNNER}: no prompt its tokenizer.json and cache fit"
+    eos = meta["eos_token_id"]  # the constant method's values: one id reads back as an int
+    eos = [eos] if isinstance(eos, int) else list(eos or ())
+    want = text_check.expected_tokens(model, ids, new_tokens, eos)
+    with progress.step(f"generating in {RUNNER}"):
+        pieces = generate_pieces(program, tokenizer_file, prompt, new_tokens)
+    text_check.compare_pieces(
+        RUNNER, pieces, want, tokenizer, prompt, may_stop_early=not eos, path=program
+    )
+    return (
+        f"ran in {RUNNER} (a process of its own): its {len(pieces)} greedy tokens for the "
+        f"prompt {prompt!r} match transformers'"
+    )
+
+
 def describe(info: Any) -> None:
     """The task and cache from the constant methods an ExecuTorch LLM runner reads."""
     methods = info.metadata.get("constant_methods", {})
@@ -165,5 +211,6 @@ TARGETS = [
         requires="executorch",
         describe=describe,
         batches=BATCHES,
+        client_check=client_check,
     )
 ]
