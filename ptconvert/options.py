@@ -23,6 +23,7 @@ Method = Literal["auto", "script", "trace"]
 ExportMode = Literal["auto", "strict", "non-strict"]
 Device = Literal["cpu", "cuda"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "none"]
+Dtype = Literal["float32", "float16", "bfloat16"]
 
 # --task as optimum names tasks. Those that export for generation with a cache (ptconvert/
 # generation/): a decoder-only LM, a seq2seq model, a speech seq2seq model
@@ -316,6 +317,36 @@ class Options:
         metadata=flag(
             "--force-memory",
             help="Convert a program although the memory estimate exceeds what is free.",
+        ),
+    )
+    # the floating precision of what is written (None: the source's own)
+    dtype: Dtype | None = field(
+        default=None,
+        metadata=flag(
+            "--dtype",
+            choices=get_args(Dtype),
+            help="Write the floating weights in this precision (weights: cast, checked bitwise "
+            "against the source cast the same way; programs: exported at it, checked against "
+            "eager at it and against float32 eager by accuracy).",
+        ),
+    )
+    # --dtype's accuracy thresholds against float32 eager (None: verify/accuracy.py's by dtype)
+    min_cosine: float | None = field(
+        default=None,
+        metadata=flag(
+            "--min-cosine",
+            type=float,
+            help="--dtype on a program: the least cosine similarity of each output to float32 "
+            "eager's (default 0.999 for float16, 0.99 for bfloat16).",
+        ),
+    )
+    max_error: float | None = field(
+        default=None,
+        metadata=flag(
+            "--max-error",
+            type=float,
+            help="--dtype on a program: the largest error of each output, as a fraction of "
+            "float32 eager's largest value (default 0.02 for float16, 0.05 for bfloat16).",
         ),
     )
     skip_unsupported: bool = field(

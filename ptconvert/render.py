@@ -247,6 +247,8 @@ def render_conversion(report: Any, console: Console | None = None) -> None:
         console.print(f"note: {escape(note)}")
     if report.parity is not None:
         console.print(parity_table(report.parity))
+    if report.accuracy is not None:
+        console.print(f"accuracy: {escape(report.accuracy.summary())}")
 
 
 def _render_generation(report: Any, console: Console) -> None:
@@ -493,8 +495,9 @@ def _render_weights(report: Any, console: Console) -> None:
         (
             "verified",
             f"{check.status}: {check.tensors} tensors bitwise equal "
-            f"({size_text(check.bytes_compared)}) to an independent reading of the source "
-            f"({check.reader}, {check.reader_seconds:.2f} s)"
+            f"({size_text(check.bytes_compared)}) to an independent reading of the source"
+            + (f" cast to {w.cast_to}" if w.cast_to else "")
+            + f" ({check.reader}, {check.reader_seconds:.2f} s)"
             if check
             else "skipped (--no-verify)",
         )

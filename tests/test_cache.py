@@ -172,17 +172,17 @@ def _another_value(f: dataclasses.Field[Any], kind: Any, tmp_path: Path) -> Any:
         path = tmp_path / "example.pt"
         torch.save({"x": torch.ones(2, 8)}, path)
         return path
-    if typing.get_origin(kind) is typing.Literal:
-        return next(a for a in typing.get_args(kind) if a != default)
     if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None: an X
         (kind,) = [a for a in typing.get_args(kind) if a is not type(None)]
+    if typing.get_origin(kind) is typing.Literal:
+        return next(a for a in typing.get_args(kind) if a != default)
     base = typing.get_origin(kind) or kind
     if base is bool:
         return not default
     if base is int:
         return (default or 0) + 1
     if base is float:
-        return default + 1.0
+        return (default or 0.0) + 1.0
     if base is str:
         return "changed"
     if base is list and typing.get_args(kind) == (int,):

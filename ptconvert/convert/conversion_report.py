@@ -28,6 +28,7 @@ class WeightsWritten(Report):
     other_contents: dict[str, str] = field(default_factory=dict)
     verification: WeightsCheck | None = None  # the bitwise check, when it ran
     skipped: dict[str, str] = field(default_factory=dict)  # left out (--skip-unsupported): why
+    cast_to: str | None = None  # --dtype: the floating tensors written in it
 
 
 @dataclass
@@ -66,3 +67,4 @@ class ConversionReport(Report):
     cached: bool = False  # copied from the cache: the steps and check are those that filled it
     weights: WeightsWritten | None = None  # a weights target written from a weights source
     generation: GenerationResult | None = None  # a generation export (--task …-with-past)
+    accuracy: Any = None  # --dtype on a program: verify.accuracy.AccuracyReport vs float32 eager

@@ -313,6 +313,7 @@ def _run_route(
         _interface(state, to, opts, parity),
         check,
         weights=weights_written(state, out, bitwise),
+        accuracy=state.accuracy,
     )
 
 
@@ -512,7 +513,13 @@ def _check_space(route: Plan, out: Path) -> None:
 
 
 def _check_before_work(to: str, opts: Options) -> None:
-    """What the target needs of this machine, said before anything runs."""
+    """What the target needs of this machine and can hold, said before anything runs."""
+    target = FORMATS_BY_NAME.get(to)
+    if opts.dtype and target is not None and opts.dtype not in target.dtypes:
+        raise UnsupportedConversionError(
+            f"--to {to} cannot hold --dtype {opts.dtype}: {target.dtypes_why}",
+            hint=f"{to} takes --dtype {' or '.join(target.dtypes)}",
+        )
     if opts.device != "cpu":
         from ptconvert.verify.check import require_device
 

@@ -333,6 +333,20 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
             path=state.src,
             hint=_hint_for(bad.status, to, opts, exported),
         )
+    if state.float_reference is not None and opts.dtype:
+        from ptconvert.verify.accuracy import measure
+
+        with progress.step(f"comparing the {opts.dtype} program with float32 eager"):
+            state.accuracy = measure(
+                state.float_reference,
+                candidate,
+                inputs.at,
+                [s.batch for s in report.sizes],
+                opts.dtype,
+                min_cosine=opts.min_cosine,
+                max_error=opts.max_error,
+                path=state.src,
+            )
     return report
 
 

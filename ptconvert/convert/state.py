@@ -36,6 +36,8 @@ class RunState:
     weights: WeightSet | None = None
     module: Any = None  # nn.Module
     reference: Any = None  # the eager module the result is checked against
+    float_reference: Any = None  # --dtype: the eager module in float32, for the accuracy check
+    accuracy: Any = None  # --dtype: verify.accuracy.AccuracyReport
     scripted: Any = None  # ScriptModule
     exported: Any = None  # ExportedProgram
     inputs: ExampleInputs | None = None

@@ -8,6 +8,7 @@ from ptconvert.errors import (
     MissingRequirementError,
 )
 from ptconvert.model.build import (
+    Eager,
     eager_from_code,
     eager_from_pickle,
     eager_from_weights,
@@ -18,21 +19,32 @@ from ptconvert.options import Options
 
 def build_module(state: RunState, opts: Options) -> None:
     assert state.weights is not None
-    eager = eager_from_weights(state.src, state.src_format, state.weights, opts)
-    state.module, state.reference, state.inputs = eager.module, eager.reference, eager.inputs
-    state.notes += eager.notes
+    _take(state, eager_from_weights(state.src, state.src_format, state.weights, opts), opts)
 
 
 def build_from_code(state: RunState, opts: Options) -> None:
-    eager = eager_from_code(opts)
-    state.module, state.reference, state.inputs = eager.module, eager.reference, eager.inputs
-    state.notes += eager.notes
+    _take(state, eager_from_code(opts), opts)
 
 
 def unpickle_module(state: RunState, opts: Options) -> None:
-    eager = eager_from_pickle(state.src, opts)
+    _take(state, eager_from_pickle(state.src, opts), opts)
+
+
+def _take(state: RunState, eager: Eager, opts: Options) -> None:
+    """The eager model the route goes on with: at ``--dtype`` when one is asked for (the
+    float32 copy kept for the accuracy check)."""
     state.module, state.reference, state.inputs = eager.module, eager.reference, eager.inputs
     state.notes += eager.notes
+    if opts.dtype:
+        from ptconvert.model.precision import at_dtype
+
+        state.inputs, state.float_reference = at_dtype(
+            eager.module, eager.reference, eager.inputs, opts.dtype
+        )
+        state.notes.append(
+            f"the model exported in {opts.dtype}: its floating weights, buffers, inputs and "
+            "outputs; checked against eager in it, and against float32 eager by accuracy"
+        )
 
 
 def require_inputs(state: RunState) -> ExampleInputs:

@@ -41,6 +41,11 @@ def write_target(state: RunState, opts: Options) -> None:
     ws, to = state.weights, state.leads_to
     assert ws is not None and state.output is not None
     fit_target(ws, to, opts.skip_unsupported, state.src)
+    if opts.dtype:
+        from ptconvert.weights.cast import cast_weights
+
+        with progress.step(f"casting to {opts.dtype}"):
+            state.notes.append(cast_weights(ws, opts.dtype))
     if ws.skipped:
         state.notes.append(f"left out {len(ws.skipped)} tensors (--skip-unsupported): {ws.skipped}")
     if ws.companions and not state.folder:
@@ -49,7 +54,9 @@ def write_target(state: RunState, opts: Options) -> None:
             "(-o FOLDER/ writes the folder)"
         )
     shards = parse_size(opts.max_shard_size) if opts.max_shard_size else None
-    state.written = _write(ws, state.src, to, state.output, state.folder, shards, opts.metadata)
+    state.written = _write(
+        ws, state.src, to, state.output, state.folder, shards, opts.metadata, opts.dtype
+    )
 
 
 def check_written(state: RunState, opts: Options) -> WeightsCheck:
@@ -64,6 +71,7 @@ def check_written(state: RunState, opts: Options) -> WeightsCheck:
             scans=state.scans,
             trust=opts.trust,
             load_timeout=opts.load_timeout,
+            cast_to=opts.dtype,
         )
 
 
@@ -87,6 +95,7 @@ def weights_written(
         ws.other_contents,
         check,
         ws.skipped,
+        ws.cast_to,
     )
 
 
@@ -132,6 +141,7 @@ def _write(
     as_directory: bool,
     shard_bytes: int | None,
     metadata: dict[str, str],
+    dtype: str | None = None,
 ) -> list[Path]:
     target = FORMATS_BY_NAME[to]
     if not as_directory:
@@ -142,6 +152,11 @@ def _write(
         shutil.copy2(item, tmp / item.name)
     for name, data in ws.companions.items():
         (tmp / name).write_bytes(data)
+    config = tmp / "config.json"
+    if dtype and config.is_file():  # transformers loads the weights in the dtype it names
+        from ptconvert.weights.cast import config_with_dtype
+
+        config.write_text(config_with_dtype(config.read_text(), dtype))
     if shard_bytes is not None:
         return target.write_weights(ws, tmp, max_shard_size=shard_bytes, metadata=metadata)
     return target.write_weights(ws, tmp / target.folder_file, metadata=metadata)

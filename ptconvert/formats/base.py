@@ -202,6 +202,9 @@ class Format:
     # its own options (a dataclass of ``options.flag()`` fields, e.g. the ONNX target's opset):
     # the CLI's flags and the API's keywords, read with ``Options.of(cls)``, in the cache's key
     options_class: ClassVar[type | None] = None
+    # the precisions --dtype may ask of it, and why the others are refused (before any work)
+    dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
+    dtypes_why: ClassVar[str] = ""
 
     def load_in_time(self, path: Path, timeout: float | None) -> None:
         """A file whose own code runs when it loads (TorchScript's ``__setstate__``) loaded first

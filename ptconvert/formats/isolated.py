@@ -55,8 +55,6 @@ def _serve(kind: str, load: Load, path: str, device: str, conn: Any, parent: int
     """Child process: load the runtime, then answer calls until told to stop (or killed with
     its parent, ``parent``: a runtime spinning in a load or a call is never left behind)."""
     die_with_parent(parent)
-    import numpy as np
-
     sink = _captured_stderr()
     try:
         run, accepted, where = load(path, device)
@@ -76,10 +74,10 @@ def _serve(kind: str, load: Load, path: str, device: str, conn: Any, parent: int
         try:
             if isinstance(message, tuple):  # ("time", feeds): one call timed here, in ms
                 started = time.perf_counter()
-                run(message[1])
+                run(_from_wire(message[1]))
                 conn.send(("ok", (time.perf_counter() - started) * 1000))
                 continue
-            conn.send(("ok", [np.asarray(o) for o in run(message)]))
+            conn.send(("ok", [_array(o) for o in run(_from_wire(message))]))
         except Exception as exc:  # reported to the parent as a failed call
             said = _said(sink)
             conn.send(("error", f"{type(exc).__name__}: {exc}{f' ({said})' if said else ''}"[:500]))
@@ -133,12 +131,10 @@ class IsolatedRuntime:
         return value
 
     def __call__(self, **kwargs: Any) -> tuple[Any, ...]:
-        import torch
-
         if not self._proc.is_alive():
             raise RuntimeError(f"the {self.kind} runtime's process has died")
         self._conn.send(self._feeds(kwargs))
-        return tuple(torch.from_numpy(a) for a in self._expect("running"))
+        return tuple(_tensor(a) for a in self._expect("running"))
 
     def timed(self, **kwargs: Any) -> float:
         """One call timed inside the runtime's process (ms): the pipe is not the runtime's."""
@@ -190,10 +186,40 @@ def flat_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# numpy has no bfloat16: such a tensor crosses the pipe as its bits, an int16 array, tagged
+_BF16 = "bfloat16"
+
+
 def _array(value: Any) -> Any:
-    """A tensor as a numpy array; Python scalars as 0-d arrays of their own type."""
+    """A tensor as a numpy array (a bfloat16 one as ``(_BF16, its bits)``); Python scalars as
+    0-d arrays of their own type."""
     import numpy as np
 
     if hasattr(value, "detach"):
-        return value.detach().cpu().numpy()
+        tensor = value.detach().cpu()
+        if str(tensor.dtype) == "torch.bfloat16":
+            import torch
+
+            return (_BF16, tensor.view(torch.int16).numpy())
+        return tensor.numpy()
     return np.asarray(value)
+
+
+def _tensor(value: Any) -> Any:
+    """What ``_array`` made, as a torch tensor again."""
+    import torch
+
+    if isinstance(value, tuple) and value[0] == _BF16:
+        return torch.from_numpy(value[1]).view(torch.bfloat16)
+    return torch.from_numpy(value)
+
+
+def _from_wire(message: dict[str, Any]) -> dict[str, Any]:
+    """The child's feeds: numpy arrays as they came; bfloat16 ones as torch tensors (the
+    runtimes that take them, AOTI's and ExecuTorch's, take ``torch.as_tensor`` of either)."""
+    if not any(isinstance(v, tuple) and v[:1] == (_BF16,) for v in message.values()):
+        return message
+    return {
+        k: _tensor(v) if isinstance(v, tuple) and v[:1] == (_BF16,) else v
+        for k, v in message.items()
+    }

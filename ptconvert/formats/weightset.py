@@ -49,6 +49,7 @@ class WeightSet:
     # files written beside the weights (a config.json the source's metadata makes): a set that
     # has them is written as a directory by default
     companions: dict[str, bytes] = field(default_factory=dict)
+    cast_to: str | None = None  # --dtype: its floating entries were cast to it (weights/cast.py)
 
     @property
     def stored(self) -> list[WeightEntry]:

@@ -48,6 +48,18 @@ def tasks_of(config: Any) -> list[str]:
     return ["feature-extraction"]
 
 
+def refuse_dtype(dtype: str | None, task: str, path: Any) -> None:
+    """``--dtype`` on a generation export, refused before any work: the cache wrappers and the
+    check by generating are float32 only for now."""
+    if dtype:
+        raise UnsupportedConversionError(
+            f"--dtype {dtype} is not there yet for --task {task}: generation exports are "
+            "written in the model's own precision",
+            path=path,
+            hint="convert without --task …-with-past (the graph without a cache) to use --dtype",
+        )
+
+
 def check_task(task: str, to: str, config: Any, path: Any) -> str:
     """The kind of model ``task`` exports, after checking that the directory holds one and that
     ``to`` is a target the task writes; a named error otherwise."""

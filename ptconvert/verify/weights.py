@@ -21,9 +21,10 @@ read-only mappings: they are read again from the page cache when touched, nothin
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,7 @@ def verify_weights(
     scans: list[Any] | None = None,
     trust: bool = False,
     load_timeout: float | None = None,
+    cast_to: str | None = None,
 ) -> WeightsCheck:
     """Read ``output`` back and compare it with an independent reading of ``source``'s file.
 
@@ -67,7 +69,8 @@ def verify_weights(
     with ``trust``; without ``scans`` the program is scanned here first. A TorchScript archive
     whose code runs at load is loaded in a child first, stopped after ``load_timeout`` seconds
     (``--load-timeout``; None: its default). Pickle checkpoints are
-    never unpickled with code execution, whatever ``trust`` says.
+    never unpickled with code execution, whatever ``trust`` says. ``cast_to`` (``--dtype``): the
+    source's floating tensors, as the reference reads them, cast to it before they are compared.
     VerificationError on any difference, or when no independent reader can read the source.
     """
     started = time.perf_counter()
@@ -84,6 +87,8 @@ def verify_weights(
     with ExitStack() as stack:
         ref = reference(source, scans, trust, stack, load_timeout)
         expected = {n: r for n, r in ref.tensors.items() if not _skipped(n, source.skipped)}
+        if cast_to:
+            expected = {n: cast_ref(r, cast_to) for n, r in expected.items()}
         problems = list(ref.problems)
         missing = sorted(set(expected) - set(out))
         extra = sorted(set(out) - set(expected))
@@ -108,6 +113,29 @@ def verify_weights(
         reader_seconds=round(ref.seconds, 3),
         seconds=round(time.perf_counter() - started, 3),
     )
+
+
+def cast_ref(ref: Ref, to: str) -> Ref:
+    """The reference reader's tensor cast to ``to`` by torch when ``--dtype`` casts it (its
+    bytes gathered, cast, given back in chunks); any other as it is."""
+    from ptconvert.weights.cast import ITEM_BYTES, casts
+
+    if not casts(ref.dtype, to):
+        return ref
+
+    def chunks() -> Iterator[memoryview]:
+        import torch
+
+        raw = bytearray()
+        for chunk in ref.chunks():
+            raw += chunk
+        source = torch_dtype(ref.dtype, "checking the cast weights")
+        flat = torch.frombuffer(raw, dtype=source) if raw else torch.empty(0, dtype=source)
+        data = tensor_bytes(flat.to(torch_dtype(to, "checking the cast weights")))
+        for at in range(0, len(data), CHUNK):
+            yield data[at : at + CHUNK]
+
+    return Ref(to, ref.shape, math.prod(ref.shape) * ITEM_BYTES[to], chunks)
 
 
 def _read_without_torch(ws: WeightSet) -> bool:

@@ -17,11 +17,11 @@ def load(path: str, device: str) -> tuple[Any, list[str] | None, list[str]]:
     keywords = list(getattr(kwargs_spec, "context", None) or [])
 
     def run(feeds: dict[str, Any]) -> list[Any]:
-        tensors = {k: torch.from_numpy(v).to(device) for k, v in feeds.items()}
+        tensors = {k: torch.as_tensor(v).to(device) for k, v in feeds.items()}
         if keywords:  # exported by keyword: the package binds the names itself
             out = runner(**{k: v for k, v in tensors.items() if k in keywords})
         else:
             out = runner(*tensors.values())
-        return [o.detach().cpu().numpy() for o in pytree.tree_leaves(out)]
+        return [o.detach().cpu() for o in pytree.tree_leaves(out)]  # the pipe's arrays: isolated
 
     return run, keywords or None, [device]

@@ -76,6 +76,10 @@ class OnnxFormat(Format):
     packages = ("onnx", "onnxruntime", "onnxscript")
     extra = "onnx"
     options_class = OnnxOptions
+    # onnxruntime's CPU kernels have no bfloat16 Gemm, MatMul, Softmax …: such a graph does not
+    # load where it is checked and deployed
+    dtypes = ("float32", "float16")
+    dtypes_why = "onnxruntime's CPU kernels lack bfloat16 for most ops (Gemm, MatMul)"
     needs = (
         Need(
             "onnx",

@@ -21,7 +21,7 @@ def load(path: str, device: str) -> tuple[Any, list[str] | None, list[str]]:
 
     def run(feeds: dict[str, Any]) -> list[Any]:
         order = [feeds[n] for n in names if n in feeds] if names else list(feeds.values())
-        out = method.execute([torch.from_numpy(v) for v in order])
-        return [o.detach().numpy() if isinstance(o, torch.Tensor) else o for o in out]
+        out = method.execute([torch.as_tensor(v) for v in order])
+        return list(out)  # tensors, made the pipe's arrays by isolated
 
     return run, names, ["cpu"]
