@@ -201,16 +201,18 @@ def _share_initializers(graphs: list[Any]) -> tuple[list[Any], dict[str, int]]:
             data = numpy_helper.to_array(init)
             key = (init.data_type, tuple(init.dims), hashlib.sha256(data.tobytes()).hexdigest())
             groups.setdefault(key, []).append((index, init))
+    moved = [{init.name for members in groups.values() for i, init in members if i == index}
+             for index in range(len(graphs))]  # fmt: skip
     defined = [_defined(g) for g in graphs]
     taken = set().union(*defined)
+    # the names that stay: inputs, node outputs, initializers kept in a branch
+    fixed = set().union(*(d - m for d, m in zip(defined, moved, strict=True)))
     renames: list[dict[str, str]] = [{} for _ in graphs]
     outer, used = [], set()
     counts = {"weights": 0, "shared": 0, "bytes": 0, "shared_bytes": 0}
     for members in groups.values():
         name = members[0][1].name
-        owners = {(i, init.name) for i, init in members}
-        clash = any((i, name) not in owners and name in d for i, d in enumerate(defined))
-        if clash or name in used:
+        if name in fixed or name in used:
             k = 0
             while f"{name}_merged_{k}" in taken:
                 k += 1
