@@ -51,7 +51,7 @@ def plan(src: str | Path, to: str, opts: Options) -> Plan:
         label=f"load the directory with transformers, cache on (a {kind} model)",
     )
     if kind in FOLDER_KINDS:
-        files = ", ".join(target.files)
+        files = ", ".join((*target.files, *target.extra_files))
         what = (
             f"export the encoder, and the decoder with its cache ({cache}); write a folder: "
             f"{files}, config.json, generation_config.json"
