@@ -52,7 +52,7 @@ def plan(src: str | Path, to: str, opts: Options) -> Plan:
         label=f"load the directory with transformers, cache on (a {kind} model)",
     )
     if kind in FOLDER_KINDS:
-        files = ", ".join(target.files)
+        files = ", ".join((*target.files, *target.extra_files))
         what = (
             f"export the encoder, and the decoder with its cache ({cache}); write a folder: "
             f"{files}, config.json, generation_config.json"
@@ -189,13 +189,21 @@ def _check(model: Any, tmp: Path, opts: Options, batches: tuple[int, ...]) -> Ge
         return features(feature_shape(model), batch, which, opts.seed), {}
 
     speech = is_speech(model)
+    stepper: Any = open_stepper(tmp, trust=True)  # our own output (an AOTI package: native code)
+    if hasattr(stepper, "cross_check"):
+        # parts that must agree (an ONNX folder's merged decoder and its split ones): each step
+        # of one checked against the other's
+        stepper.cross_check = True
     with progress.step("generating with the result and with transformers"):
-        return check_generation(
+        checked = check_generation(
             model,
-            open_stepper(tmp, trust=True),  # our own output (an AOTI package: native code)
+            stepper,
             make_inputs=make_features if speech else make_inputs,
             batches=opts.batch_sizes or batches,
             prompt_lengths=FEATURE_INPUTS if speech else PROMPT_LENGTHS,
             path=tmp,
             prompt_label="feature input" if speech else "prompt length",
         )
+    note = stepper.cross_note() if hasattr(stepper, "cross_note") else None
+    checked.notes.extend([note] if note else [])
+    return checked

@@ -45,6 +45,8 @@ class Target:
     static: bool = True  # a static cache of fixed rows and positions (else past inputs)
     requires: str | None = None  # the package said missing before the model loads
     files: tuple[str, ...] = ()  # a folder's files, its configs aside (seq2seq)
+    # written beside them, not needed to read one back (a folder written before them lacks them)
+    extra_files: tuple[str, ...] = ()
     # ``info``'s lines about a written one: its task and cache into the FileInfo's metadata
     describe: Callable[[Any], None] | None = None
     # a decoder its client loads from a folder: the program's name there, beside the source's

@@ -83,6 +83,7 @@ def run_client(command: list[Any], inputs: Any, work: Path, name: str) -> Any:
     done = subprocess.run(
         [*map(str, command), str(given), str(got)], capture_output=True, text=True, timeout=600
     )
+    (work / f"{name}.err.txt").write_text(done.stderr)
     if done.returncode != 0:
         raise ClientFailed(name, done.returncode, done.stderr)
     return torch.load(got, weights_only=True)
@@ -91,6 +92,16 @@ def run_client(command: list[Any], inputs: Any, work: Path, name: str) -> Any:
 def ort_client(python: Path, cls: str, path: Path, inputs: dict[str, Any], work: Path) -> Any:
     """optimum's ``cls.from_pretrained(path)`` generating or classifying (ort_client.py)."""
     return run_client([python, HERE / "ort_client.py", cls, path], inputs, work, cls)
+
+
+def ort_opened(cls: str, work: Path) -> dict[str, Any]:
+    """What the last ``ort_client`` run of ``cls`` opened and ran (ort_client.py's
+    OUTPUTS.json): each part's file, ``is_merged``, each decoder call's ``use_cache_branch``;
+    ``stderr``: what it said."""
+    import json
+
+    said = (work / f"{cls}.err.txt").read_text()
+    return {**json.loads((work / f"{cls}.out.pt.json").read_text()), "stderr": said}
 
 
 def tiny_bert_classifier(out: Path) -> Path:

@@ -1,12 +1,14 @@
 """optimum's ORTModel classes load what ``--to onnx`` writes, as written (ort_client.py in the
 clients' venv: optimum-onnx 0.1.0, transformers 4.57.6), and generate or classify exactly as
-transformers' eager model does here (transformers 5.x: the reference).
+transformers' eager model does here (transformers 5.x: the reference); a seq2seq folder's
+decoder is the merged one, optimum's default (``decoder_model_merged.onnx``).
 
 The known gaps of issue 40 are strict xfails (conftest's :class:`KnownGap`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
@@ -18,6 +20,7 @@ from tests.clients.conftest import (
     eager_classifier,
     known_gap,
     ort_client,
+    ort_opened,
     tiny_bert_classifier,
 )
 from tests.generation import conftest as decoders
@@ -44,6 +47,17 @@ def test_t5_onnx_folder_generates_in_ortmodel_for_seq2seq_lm(
     want = seq2seq.reference(seq2seq.eager(source), ids, new_tokens).sequences
     assert distinct(want[:, 1:]) > 2
     assert torch.equal(got, want)
+    assert_ran_the_merged_decoder(ort_opened("ORTModelForSeq2SeqLM", tmp_path), new_tokens)
+
+
+def assert_ran_the_merged_decoder(opened: dict[str, Any], new_tokens: int) -> None:
+    """optimum opened decoder_model_merged.onnx (its default where it is there) and no split
+    decoder, and ran its no-past branch once, then the with-past one each later token; it did
+    not say a file was missing."""
+    assert opened["decoder"] == "decoder_model_merged.onnx" and opened["is_merged"], opened
+    assert "decoder_with_past" not in opened, opened
+    assert opened["use_cache_branch"] == [False] + [True] * (new_tokens - 1)
+    assert "decoder_model_merged" not in opened["stderr"], opened["stderr"]
 
 
 def test_whisper_onnx_folder_generates_in_ortmodel_for_speech_seq2seq(
@@ -63,6 +77,7 @@ def test_whisper_onnx_folder_generates_in_ortmodel_for_speech_seq2seq(
     assert (want[:, 0] == model.generation_config.decoder_start_token_id).all()
     assert distinct(want[:, 1:]) > 2
     assert torch.equal(got, want[:, 1:])
+    assert_ran_the_merged_decoder(ort_opened("ORTModelForSpeechSeq2Seq", tmp_path), new_tokens)
 
 
 # issue 40: -o OUT wrote one bare .onnx file at OUT, which ORTModelForCausalLM took for a hub

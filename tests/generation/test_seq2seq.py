@@ -96,8 +96,12 @@ def pt2_loop(folder: Path, ids: torch.Tensor, new_tokens: int) -> tuple[torch.Te
     return torch.stack(tokens, 1), steps
 
 
-def onnx_loop(folder: Path, ids: torch.Tensor, new_tokens: int) -> tuple[np.ndarray, list[Any]]:
-    """encoder_model once, decoder_model on the start token, decoder_with_past_model after."""
+def onnx_loop(
+    folder: Path, ids: torch.Tensor, new_tokens: int, merged: bool = False
+) -> tuple[np.ndarray, list[Any]]:
+    """encoder_model once, decoder_model on the start token, decoder_with_past_model after;
+    ``merged``: decoder_model_merged.onnx for both, as optimum runs it (use_cache_branch false
+    and every past of 0 positions, then true; the encoder presents of the first step kept)."""
 
     def session(name: str) -> Any:
         return ort.InferenceSession(str(folder / name), providers=["CPUExecutionProvider"])
@@ -106,6 +110,8 @@ def onnx_loop(folder: Path, ids: torch.Tensor, new_tokens: int) -> tuple[np.ndar
         session(n)
         for n in ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")
     )
+    if merged:
+        first = later = session("decoder_model_merged.onnx")
     source = ids.numpy()
     if ids.is_floating_point():  # Whisper: input_features, decoders without a mask
         mask: dict[str, Any] = {}
@@ -117,20 +123,61 @@ def onnx_loop(folder: Path, ids: torch.Tensor, new_tokens: int) -> tuple[np.ndar
         )
     token = np.full((source.shape[0], 1), start_of(folder), np.int64)
     past: dict[str, Any] = {}
+    if merged:
+        past = {
+            i.name: np.zeros((source.shape[0], i.shape[1], 0, i.shape[3]), np.float32)
+            for i in first.get_inputs()
+            if i.name.startswith("past_key_values.")
+        }
     steps, tokens = [], []
     for k in range(new_tokens):
         feed = {"input_ids": token, **mask}
         run = first if k == 0 else later
-        feed.update({"encoder_hidden_states": states} if k == 0 else past)
+        if merged:
+            feed.update(past, encoder_hidden_states=states, use_cache_branch=np.array([k > 0]))
+        else:
+            feed.update({"encoder_hidden_states": states} if k == 0 else past)
         results = dict(zip([o.name for o in run.get_outputs()], run.run(None, feed), strict=True))
         for name, value in results.items():
-            if name.startswith("present."):
+            if name.startswith("present.") and (k == 0 or ".encoder." not in name):
                 past[name.replace("present.", "past_key_values.")] = value
         logits = results["logits"][:, -1]
         steps.append(logits)
         tokens.append(logits.argmax(-1))
         token = tokens[-1][:, None].astype(np.int64)
     return np.stack(tokens, 1), steps
+
+
+def merged_loop(folder: Path, ids: torch.Tensor, new_tokens: int) -> Any:
+    return onnx_loop(folder, ids, new_tokens, merged=True)
+
+
+def assert_merged_decoder(folder: Path) -> None:
+    """decoder_model_merged.onnx: one If on use_cache_branch over the split decoders, each
+    weight stored once (smaller than the two split files together)."""
+    import hashlib
+
+    model = onnx.load(str(folder / "decoder_model_merged.onnx"))
+    (node,) = model.graph.node
+    assert (node.op_type, list(node.input)) == ("If", ["use_cache_branch"])
+    assert model.graph.input[-1].name == "use_cache_branch"
+    split = [onnx.load(str(folder / n)) for n in ("decoder_model.onnx",
+                                                  "decoder_with_past_model.onnx")]  # fmt: skip
+    assert [o.name for o in model.graph.output] == [o.name for o in split[0].graph.output]
+
+    def digest(t: Any) -> str:
+        return hashlib.sha256(onnx.numpy_helper.to_array(t).tobytes()).hexdigest()
+
+    weights = [(digest(t), tuple(t.dims)) for t in model.graph.initializer]
+    assert len(weights) == len(set(weights)) > 0  # no data twice
+    assert {(digest(t), tuple(t.dims)) for m in split for t in m.graph.initializer} == set(weights)
+    assert not [t for b in node.attribute for t in b.g.initializer if len(t.dims) > 1]
+    weight_bytes = sum(len(t.raw_data) for t in model.graph.initializer)
+    split_bytes = sum(len(t.raw_data) for m in split for t in m.graph.initializer)
+    assert weight_bytes < 0.6 * split_bytes  # the weights both decoders hold, stored once
+    sizes = [(folder / n).stat().st_size for n in ("decoder_model.onnx",
+                                                   "decoder_with_past_model.onnx")]  # fmt: skip
+    assert (folder / "decoder_model_merged.onnx").stat().st_size < sum(sizes)
 
 
 def token_prompt(rows: int, prompt: int) -> torch.Tensor:
@@ -232,9 +279,11 @@ def test_bart_to_an_onnx_folder_under_optimums_names(
     report = ptconvert.convert(tiny_seq2seq["bart"], "onnx", out, task=TASK)
     assert report.check == "generation" and report.generation.cache["layers"] == 2
     assert sorted(p.name for p in out.iterdir()) == [
-        "config.json", "decoder_model.onnx", "decoder_with_past_model.onnx",
-        "encoder_model.onnx", "generation_config.json",
+        "config.json", "decoder_model.onnx", "decoder_model_merged.onnx",
+        "decoder_with_past_model.onnx", "encoder_model.onnx", "generation_config.json",
     ]  # fmt: skip
+    assert_merged_decoder(out)
+    assert any("decoder_model_merged.onnx: both branches" in n for n in report.notes)
 
     def dims(name: str) -> dict[str, list[Any]]:
         graph = onnx.load(str(out / name)).graph
@@ -262,6 +311,7 @@ def test_bart_to_an_onnx_folder_under_optimums_names(
     assert_info_describes_the_folder(out, "seq2seq-onnx", "2 layers of past_key_values")
     assert "present.N.… (8)" in ptconvert.describe(out).metadata["decoder_model.onnx"]
     assert_generates_as_transformers(tiny_seq2seq["bart"], out, onnx_loop)
+    assert_generates_as_transformers(tiny_seq2seq["bart"], out, merged_loop)
     ids = torch.randint(3, 98, (2, 6), generator=torch.Generator().manual_seed(1))
     assert torch.equal(
         ptconvert.generate(out, ids, max_new_tokens=8).sequences,

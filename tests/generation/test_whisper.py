@@ -19,7 +19,9 @@ import ptconvert
 from ptconvert.cli import main
 from tests.generation.test_seq2seq import (
     assert_generates_as_transformers,
+    assert_merged_decoder,
     eager,
+    merged_loop,
     onnx_loop,
     pt2_loop,
     reference,
@@ -94,9 +96,11 @@ def test_whisper_to_an_onnx_folder_under_optimums_names(
         (1, 1), (1, 2), (2, 1), (2, 2)
     ]  # fmt: skip
     assert sorted(p.name for p in out.iterdir()) == [
-        "config.json", "decoder_model.onnx", "decoder_with_past_model.onnx",
-        "encoder_model.onnx", "generation_config.json",
+        "config.json", "decoder_model.onnx", "decoder_model_merged.onnx",
+        "decoder_with_past_model.onnx", "encoder_model.onnx", "generation_config.json",
     ]  # fmt: skip
+    assert_merged_decoder(out)
+    assert any("decoder_model_merged.onnx: both branches" in n for n in report.notes)
 
     def dims(name: str) -> dict[str, list[Any]]:
         graph = onnx.load(str(out / name)).graph
@@ -123,6 +127,7 @@ def test_whisper_to_an_onnx_folder_under_optimums_names(
     assert "encoder_attention_mask" not in {**first, **later}
     assert ptconvert.describe(out).metadata["task"] == TASK
     assert_generates_as_transformers(tiny_whisper, out, onnx_loop, features, (1, 2))
+    assert_generates_as_transformers(tiny_whisper, out, merged_loop, features, (1, 2))
     assert torch.equal(
         ptconvert.generate(out, features(2, 3), max_new_tokens=8).sequences,
         reference(eager(tiny_whisper), features(2, 3), 8).sequences,

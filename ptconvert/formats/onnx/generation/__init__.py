@@ -1,6 +1,6 @@
 """What the ONNX target writes for a generation task, in optimum's layouts: a decoder-only LM
 with ``past_key_values`` inputs and ``present`` outputs (``past.py``), a seq2seq model's folder
-of encoder and decoders (``seq2seq.py``)."""
+of encoder and decoders, the merged decoder among them (``seq2seq.py``, ``merged.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ from typing import Any
 
 from ptconvert.formats.onnx import OnnxFormat
 from ptconvert.formats.onnx.generation import past, seq2seq
-from ptconvert.generation.seq2seq_folder import DECODER_ONNX, ENCODER_ONNX, WITH_PAST_ONNX
+from ptconvert.generation.seq2seq_folder import (
+    DECODER_ONNX,
+    ENCODER_ONNX,
+    MERGED_ONNX,
+    WITH_PAST_ONNX,
+)
 from ptconvert.generation.targets import Target
 
 
@@ -25,7 +30,7 @@ def describe_folder(info: Any) -> None:
     import onnx
 
     path = Path(info.path)
-    for name in (WITH_PAST_ONNX, "decoder_model_merged.onnx"):
+    for name in (WITH_PAST_ONNX, MERGED_ONNX):
         if (path / name).is_file():
             graph = onnx.load(str(path / name), load_external_data=False).graph
             past_inputs = [i.name for i in graph.input if i.name.startswith("past_key_values.")]
@@ -58,6 +63,7 @@ TARGETS = [
         seq2seq.open_folder,
         static=False,
         files=(ENCODER_ONNX, DECODER_ONNX, WITH_PAST_ONNX),
+        extra_files=(MERGED_ONNX,),
         describe=describe_folder,
     ),
 ]

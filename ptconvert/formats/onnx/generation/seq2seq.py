@@ -1,5 +1,5 @@
-"""Seq2seq LMs to ONNX as optimum lays them out (``--no-post-process``: the decoder in two
-files, not merged):
+"""Seq2seq LMs to ONNX as optimum lays them out (its default export: the decoder in two files
+and merged into a third):
 
 - ``encoder_model.onnx``: ``input_ids``, ``attention_mask`` → ``last_hidden_state``;
 - ``decoder_model.onnx`` (the first step): ``input_ids``, ``encoder_attention_mask``,
@@ -8,7 +8,9 @@ files, not merged):
 - ``decoder_with_past_model.onnx`` (every later step): ``input_ids``,
   ``encoder_attention_mask``, ``past_key_values.N.decoder.key|value``,
   ``past_key_values.N.encoder.key|value`` → ``logits``, ``present.N.decoder.key|value`` (the
-  encoder's keys and values do not change: they are fed back as they came from the first step).
+  encoder's keys and values do not change: they are fed back as they came from the first step);
+- ``decoder_model_merged.onnx``: the two under one ``If`` on ``use_cache_branch``, their weights
+  stored once (``merged.py``), which optimum's ``ORTModelForSeq2SeqLM`` loads first.
 
 Whisper's, as optimum lays them out: ``encoder_model.onnx`` takes ``input_features`` (its frames
 fixed, the batch dynamic) and the decoders no ``encoder_attention_mask``.
@@ -44,6 +46,7 @@ from ptconvert.generation.seq2seq_folder import (
     CONFIGS,
     DECODER_ONNX,
     ENCODER_ONNX,
+    MERGED_ONNX,
     WITH_PAST_ONNX,
 )
 from ptconvert.generation.tasks import folder_task
@@ -214,10 +217,12 @@ def export_folder(
     source = encoder_inputs(model)
     with progress.step("exporting the encoder and the decoders to ONNX"):
         notes.extend(export_seq2seq_onnx(model, tmp, opts))
+    with progress.step(f"merging the decoders into {MERGED_ONNX}"):
+        notes.append(merge_note(tmp))
     import onnx
 
     graphs: dict[str, Any] = {}
-    for name in (ENCODER_ONNX, DECODER_ONNX, WITH_PAST_ONNX):
+    for name in (ENCODER_ONNX, DECODER_ONNX, WITH_PAST_ONNX, MERGED_ONNX):
         graph = onnx.load(str(tmp / name), load_external_data=False).graph
         graphs[name] = {"inputs": [i.name for i in graph.input],
                         "outputs": [o.name for o in graph.output]}  # fmt: skip
@@ -226,7 +231,9 @@ def export_folder(
         "call": f"{ENCODER_ONNX}({source}) once, {DECODER_ONNX} on decoder_start_token_id "
         f"{start}, "
         f"{WITH_PAST_ONNX} a token a step (its present.N.decoder fed back as past, the "
-        "first step's present.N.encoder as they are)",
+        "first step's present.N.encoder as they are); or "
+        f"{MERGED_ONNX} for both, use_cache_branch [false] on the first step (every past 0 "
+        "positions) and [true] after",
         "files": {**graphs, **{name: {} for name in CONFIGS}},
         "decoder_start_token_id": start,
     }
@@ -235,6 +242,23 @@ def export_folder(
              "present": PRESENT.format("N", "decoder|encoder", "key|value")}  # fmt: skip
     write_configs(model, tmp)
     return cache, interface
+
+
+def merge_note(folder: Path) -> str:
+    """The merged decoder written beside the split ones in ``folder``; the report's note."""
+    from ptconvert.formats.onnx.generation.merged import merge_decoders
+
+    split = [folder / DECODER_ONNX, folder / WITH_PAST_ONNX]
+    counts = merge_decoders(split[0], split[1], folder / MERGED_ONNX)
+    sizes = [p.stat().st_size for p in split]
+    mb = 1 << 20
+    return (
+        f"{MERGED_ONNX}: both decoders under one If on use_cache_branch (optimum's merged "
+        f"decoder), {counts['weights']} weights stored once ({counts['shared']} of them "
+        f"shared by both, {counts['shared_bytes'] / mb:.1f} MiB); "
+        f"{(folder / MERGED_ONNX).stat().st_size / mb:.1f} MiB against "
+        f"{sizes[0] / mb:.1f} + {sizes[1] / mb:.1f} MiB for the split two"
+    )
 
 
 def read_folder(path: Path) -> dict[str, Any]:
@@ -297,11 +321,15 @@ def _export_one(
 
 
 class OnnxSeq2Seq:
-    """A folder of the three graphs, run by onnxruntime: the encoder once, ``decoder_model``
-    on the start token, then ``decoder_with_past_model`` one token a step (its decoder
-    presents fed back, the first step's encoder presents fed as they are). Whisper's encoder
-    takes ``input_features`` (3-D float, its shape read from the graph) and its decoders no
-    mask."""
+    """A folder of the graphs, run by onnxruntime: the encoder once, then the decoder a token a
+    step, as optimum's ``ORTModelForSeq2SeqLM`` runs it: ``decoder_model_merged.onnx`` where it
+    is there (``use_cache_branch`` false on the start token, every past of 0 positions, then
+    true), else ``decoder_model`` on the start token and ``decoder_with_past_model`` after (a
+    folder written before the merged file was). The decoder presents are fed back, the first
+    step's encoder presents as they are. ``cross_check`` (the conversion's check) runs the split
+    decoder of each step too, on the same inputs, and raises where the two differ. Whisper's
+    encoder takes ``input_features`` (3-D float, its shape read from the graph) and its
+    decoders no mask."""
 
     def __init__(self, folder: Path) -> None:
         from ptconvert.deps import require
@@ -314,6 +342,9 @@ class OnnxSeq2Seq:
         self.encoder = session(ENCODER_ONNX)
         self.first = session(DECODER_ONNX)
         self.later = session(WITH_PAST_ONNX)
+        self.merged = session(MERGED_ONNX) if (folder / MERGED_ONNX).is_file() else None
+        self.cross_check = False
+        self.cross_checked: list[float] = []  # each step's largest difference
         self.past_names = [i.name for i in self.later.get_inputs() if i.name.startswith("past")]
         self.start_id = read_start_token(folder)
         first = self.encoder.get_inputs()[0]
@@ -322,22 +353,48 @@ class OnnxSeq2Seq:
         self.masked = any(i.name == "encoder_attention_mask" for i in self.first.get_inputs())
         self.path = folder
         self.mask: Any = None
+        self.states: Any = None
         self.past: dict[str, Any] = {}
 
     def prefix(self, input_ids: Any) -> Any:
         return start_ids(input_ids, self.start_id)
 
+    def cross_note(self) -> str | None:
+        """What ``cross_check`` found, for the report; None where it compared nothing."""
+        if not self.cross_checked:
+            return None
+        return (
+            f"{MERGED_ONNX}: both branches checked against {DECODER_ONNX} and "
+            f"{WITH_PAST_ONNX} at each of {len(self.cross_checked)} steps (outputs within "
+            f"{max(self.cross_checked):.3g}); the generation check ran the merged decoder"
+        )
+
     def _masked(self, feed: dict[str, Any]) -> dict[str, Any]:
         return {**feed, "encoder_attention_mask": self.mask} if self.masked else feed
 
-    def _run(self, session: Any, feed: dict[str, Any]) -> Any:
+    def _decode(self, split: Any, feed: dict[str, Any], use_cache: bool) -> Any:
+        """One decoder step: the merged decoder's branch (else the split decoder) on ``feed``,
+        its presents kept as the next step's pasts (the encoder's from the first step only);
+        the last position's logits."""
+        import numpy as np
         import torch
 
-        names = [o.name for o in session.get_outputs()]
-        results = dict(zip(names, session.run(names, feed), strict=True))
+        if self.merged is None:
+            results = _outputs(split, feed)
+        else:
+            merged_feed = {**feed, "encoder_hidden_states": self.states,
+                           "use_cache_branch": np.array([use_cache])}  # fmt: skip
+            if not use_cache:  # optimum's first step: every past of 0 positions
+                merged_feed.update(_empty_pasts(self.merged, self.states))
+            results = _outputs(self.merged, merged_feed)
+            if self.cross_check:
+                from ptconvert.formats.onnx.generation.merged import compare_branch
+
+                error = compare_branch(results, _outputs(split, feed), use_cache, self.path)
+                self.cross_checked.append(error)
         for name in self.past_names:
             present = name.replace("past_key_values.", "present.")
-            if present in results:
+            if present in results and not (use_cache and ".encoder." in name):
                 self.past[name] = results[present]
         return torch.from_numpy(results["logits"][:, -1].copy())
 
@@ -352,14 +409,35 @@ class OnnxSeq2Seq:
             ids = input_ids.numpy().astype(np.int64)
             self.mask = np.ones_like(ids)
             source = {"input_ids": ids, "attention_mask": self.mask}
-        (states,) = self.encoder.run(["last_hidden_state"], source)
+        (self.states,) = self.encoder.run(["last_hidden_state"], source)
         self.past = {}
         start = self.prefix(input_ids).numpy().astype(np.int64)
-        feed = self._masked({"input_ids": start})
-        return self._run(self.first, {**feed, "encoder_hidden_states": states})
+        feed = self._masked({"input_ids": start, "encoder_hidden_states": self.states})
+        return self._decode(self.first, feed, use_cache=False)
 
     def step(self, tokens: Any) -> Any:
         import numpy as np
 
         feed = self._masked({"input_ids": tokens.numpy().astype(np.int64)})
-        return self._run(self.later, {**feed, **self.past})
+        return self._decode(self.later, {**feed, **self.past}, use_cache=True)
+
+
+def _outputs(session: Any, feed: dict[str, Any]) -> dict[str, Any]:
+    """``session`` run on the part of ``feed`` it takes: its outputs by name."""
+    taken = {i.name for i in session.get_inputs()}
+    names = [o.name for o in session.get_outputs()]
+    run = session.run(names, {k: v for k, v in feed.items() if k in taken})
+    return dict(zip(names, run, strict=True))
+
+
+def _empty_pasts(session: Any, states: Any) -> dict[str, Any]:
+    """Every past input of ``session`` as zeros of 0 positions (heads and head size read from
+    the graph; the batch and dtype of the encoder's ``states``), as optimum feeds a merged
+    decoder's first step."""
+    import numpy as np
+
+    return {
+        i.name: np.zeros((states.shape[0], i.shape[1], 0, i.shape[3]), states.dtype)
+        for i in session.get_inputs()
+        if i.name.startswith("past_key_values.")
+    }
