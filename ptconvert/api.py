@@ -160,16 +160,19 @@ def _output_name(
 ) -> tuple[Path, Path | None, list[str]]:
     """Where ``-o`` puts the output (README, "Outputs and failures"): an existing folder or a
     name ending in ``/`` takes the output under its default name (a file output; a folder
-    output, a Hugging Face directory's weights, is that folder); a program's file name without
+    output, a Hugging Face directory's weights or the folder a program's client loads, is that
+    folder); a program's file name without
     a suffix of its format gets one (torch's loaders want ``.pt2``); a Hugging Face
     directory's weights to a name with the target's suffix (``-o model.safetensors``) are that
     one file, its weights file converted. Returns the source, the output and notes saying
     what the rule did."""
     from ptconvert.convert.output_naming import (
         byte_copy,
+        client_file,
         names_folder,
         output_for,
         program_suffixed,
+        writes_client_folder,
         writes_directory,
     )
     from ptconvert.errors import PtconvertError
@@ -199,6 +202,8 @@ def _output_name(
                 "alone, without config.json and the tokenizer (-o FOLDER/ for a directory)"
             ],
         )
+    if writes_client_folder(client_file(d, to), output):
+        return src, out, []  # the folder its client loads (model.onnx beside config.json)
     if named_folder:
         return src, out / output_for(src, to, opts).name, []
     named, said = program_suffixed(out, to)  # weights: any name loads

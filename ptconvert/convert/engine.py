@@ -21,15 +21,20 @@ from ptconvert.atomic import atomic_path, check_output, ensure_space, make_folde
 from ptconvert.convert.cache import cache_slot
 from ptconvert.convert.conversion_report import ConversionReport
 from ptconvert.convert.graph import Edge, Plan, plan
-from ptconvert.convert.output_naming import byte_copy, default_output, output_for, writes_directory
-from ptconvert.convert.planning import available_needs, check_memory, estimate_memory, inapplicable
-from ptconvert.convert.program_check import (
-    RangeTooWide,
-    dynamism,
-    first_call,
-    started_early,
-    verify_program,
+from ptconvert.convert.interface import interface
+from ptconvert.convert.output_naming import (
+    byte_copy,
+    client_file,
+    client_options,
+    default_output,
+    fill_client_folder,
+    one_file_note,
+    output_for,
+    writes_client_folder,
+    writes_directory,
 )
+from ptconvert.convert.planning import available_needs, check_memory, estimate_memory, inapplicable
+from ptconvert.convert.program_check import RangeTooWide, first_call, started_early, verify_program
 from ptconvert.convert.same_format import copy_cannot_change, verified_copy
 from ptconvert.convert.state import RunState, StepRecord
 from ptconvert.convert.weights import check_written, refuse_shards, weights_route, weights_written
@@ -50,7 +55,6 @@ from ptconvert.model.build import user_inputs
 from ptconvert.options import Options
 from ptconvert.report import Check, StepStatus
 from ptconvert.scan.guard import guard, refuse_unsafe
-from ptconvert.verify.parity import ParityReport
 
 
 def convert(
@@ -98,6 +102,11 @@ def convert_program(
         return verified_copy(src, d, out, started, opts.force, opts.load_timeout)
     if weights:
         refuse_shards(to, opts.max_shard_size, src)
+    # a program its client loads from a folder (optimum's model.onnx beside config.json) is
+    # written as that folder, unless -o names a file of its format
+    name = "" if weights else client_file(d, to)
+    client = name if writes_client_folder(name, output) else ""
+    opts, said = client_options(opts, client)
     banned: set[Edge] = set(inapplicable(d, to))
     try:
         current = plan(d.format, to, available_needs(d.format, opts), frozenset(banned))
@@ -108,17 +117,26 @@ def convert_program(
     check_memory(current, opts, src)
     _refuse_unrunnable(current, src)
     out = Path(output) if output else output_for(src, to, opts)
-    _check_outputs(out, to, [src], opts)
+    _check_outputs(out, to, [src], opts, folder=bool(client))
     if weights:  # the scan refuses before anything is made (the read step keeps its verdicts)
         folder = writes_directory(d, to, opts.max_shard_size, output)
         scans = guard(src, trust=opts.trust, allow=opts.allow, remote_code=opts.trust_remote_code)
         return _run_route(src, d, to, out, opts, current, banned, started, folder, scans)
     _check_before_work(to, opts)
     _check_space(current, out)
-    with cache_slot(d, to, out, opts) as slot:
+    # a client's folder: the cache keeps its program (its key names it: model.onnx)
+    with cache_slot(d, to, out / client if client else out, opts) as slot:
         if slot.hit is not None:
-            return slot.report(src, started)
-        return slot.store(_run_route(src, d, to, out, opts, current, banned, started))
+            report = slot.report(src, started)
+            if client:  # the program came out of the cache into the folder: the rest beside it
+                report.notes.append(fill_client_folder(d, out, client))
+                report.output = str(out)
+            return report
+        report = _run_route(src, d, to, out, opts, current, banned, started, client=client)
+        report.notes[:0] = said
+        if name and not client:
+            report.notes.append(one_file_note(to, name, FORMATS_BY_NAME[to].folder_client))
+        return slot.store(report)
 
 
 def _refuse_unrunnable(current: Plan, src: Path) -> None:
@@ -136,10 +154,12 @@ def _refuse_unrunnable(current: Plan, src: Path) -> None:
     )
 
 
-def _check_outputs(out: Path, to: str, inputs: list[Path], opts: Options) -> None:
+def _check_outputs(
+    out: Path, to: str, inputs: list[Path], opts: Options, folder: bool = False
+) -> None:
     check_output(out, inputs, opts.force)
     target = FORMATS_BY_NAME.get(to)
-    for companion in target.companions(out) if target else []:
+    for companion in target.companions(out) if target and not folder else []:
         check_output(companion, inputs, opts.force)
 
 
@@ -181,10 +201,13 @@ def _run_route(
     started: float,
     folder: bool = False,
     scans: list[Any] | None = None,
+    client: str = "",
 ) -> ConversionReport:
     """The route run step by step inside ``atomic_path`` (planned again when a step or the
     parity check fails), the output written and checked. A weights route has the source's
-    ``scans`` already and writes a ``folder`` or a file; example inputs are a program's."""
+    ``scans`` already and writes a ``folder`` or a file; example inputs are a program's. A
+    program named ``client`` is written in a folder, the source's kept files beside it
+    (``output_naming.client_file``)."""
     state = RunState(src, d.format, destination=out, folder=folder, scans=scans)
     state.target = to
     target = FORMATS_BY_NAME.get(to)
@@ -193,14 +216,17 @@ def _run_route(
     placed: list[Path] = []  # companion files put in place before the main file
     with (
         _taken_back(placed, opts.force),
-        atomic_path(out, directory=folder, replace=opts.force) as tmp,
+        atomic_path(out, directory=folder or bool(client), replace=opts.force) as tmp,
         _staging(state),
     ):
+        program = tmp / client if client else tmp
+        if client:  # its companions (ONNX external data) go beside it, in the folder
+            state.destination = program
         # the check's interpreter imports torch while this one does (the example inputs are
         # torch's first import here), then while the route runs
         state.fresh = started_early(opts, to, current.weight_bytes)
         state.inputs = None if scans is not None else user_inputs(opts)
-        state.output = tmp
+        state.output = program
         node, queue = d.format, list(current.edges)
         taken: list[Edge] = []
         rejected: list[str] = []  # programs written but refused by the parity check
@@ -245,7 +271,7 @@ def _run_route(
                 if node == "module":
                     _check_inputs(state)
             try:
-                written = state.staged or tmp
+                written = state.staged or program
                 parity = verify_program(state, to, written, opts) if opts.verify else None
                 break
             except VerificationError as exc:
@@ -298,7 +324,9 @@ def _run_route(
             else:
                 bitwise = check_written(state, opts)
                 check = "bitwise"
-        placed += _publish(state, tmp, opts.force)
+        placed += _publish(state, program, opts.force)
+        if client:
+            state.notes.append(fill_client_folder(d, tmp, client))
     return ConversionReport(
         str(src),
         f"{d.format}/{d.layout}",
@@ -310,65 +338,11 @@ def _run_route(
         state.notes,
         state.dynamic_range,
         parity,
-        _interface(state, to, opts, parity),
+        interface(state, to, opts, parity),
         check,
         weights=weights_written(state, out, bitwise),
         accuracy=state.accuracy,
     )
-
-
-def _interface(
-    state: RunState, to: str, opts: Options, parity: ParityReport | None
-) -> dict[str, Any]:
-    """The calling convention of the written program, as a user calls it."""
-    target = FORMATS_BY_NAME.get(to)
-    if target is None or target.kind != "program" or state.inputs is None:
-        return {}
-    from ptconvert.model.wrappers import leaf_name
-
-    sample = state.inputs.at(state.inputs.batch)
-    names = state.positional or list(sample)
-    # a program captured by torch.export binds by keyword or by position, as it was captured;
-    # TorchScript binds either way
-    exported = state.exported is not None
-    keyword = state.positional is None and exported
-    args = ", ".join(f"{n}=…" if keyword else n for n in names)
-    if not exported:
-        args += ", positionally or by keyword"
-    sizes = parity.sizes if parity else []
-    outputs = [leaf_name(o.name) for o in sizes[0].outputs] if sizes else []
-    if outputs and all(o.startswith("call ") for o in outputs):  # a stateful model's calls
-        outputs = [o.partition(".")[2] or "output" for o in outputs if o.startswith("call 1")]
-    accepts: list[str] = []
-    # Python numbers; a list or dict of tensors is an input like a tensor
-    fixed = [n for n, v in sample.items() if isinstance(v, (bool, int, float, complex))]
-    if fixed and exported:
-        accepts.append(
-            "the scalar inputs are fixed at their example values ("
-            + ", ".join(f"{n}={sample[n]!r}" for n in fixed)
-            + "): torch.export specialises Python numbers; TorchScript takes any"
-        )
-    if exported and not dynamism(state)[0]:
-        shapes = {n: list(v.shape) for n, v in sample.items() if hasattr(v, "shape")}
-        why = "static: pass --dynamic-batch or --dynamic for other sizes"
-        if opts.dynamic_batch or opts.dynamic:
-            why = "static, though dynamic dims were asked: the route that matched eager has none"
-        accepts.append(
-            "only the example's shapes "
-            + ", ".join(f"{n}{s}" for n, s in shapes.items())
-            + f" ({why})"
-        )
-    if exported:
-        accepts += [f"{where}: {words}" for where, words in state.dynamic_range.items()]
-    return {
-        "load": target.load_line.replace("\n", "; "),
-        "call": target.call_line(args),
-        "inputs": names,
-        "example": {n: list(v.shape) for n, v in sample.items() if hasattr(v, "shape")},
-        "keyword": keyword,
-        "outputs": outputs,
-        "accepts": accepts,
-    }
 
 
 def _runnable(state: RunState) -> bool:

@@ -1,9 +1,17 @@
 """Where a conversion writes: the default output beside the source, a folder given as ``-o``,
-and the suffix a program's loader needs (``program_suffixed``: the API and ``optimize`` use it)."""
+the suffix a program's loader needs (``program_suffixed``: the API and ``optimize`` use it), and
+the folder a program's client loads (``client_file``): the program under its format's
+``folder_file`` (ONNX: ``model.onnx``, as optimum's ``ORTModelFor<Task>.from_pretrained`` reads
+it) beside the source directory's kept files (config.json, generation_config.json, tokenizer and
+preprocessor files). The graph engine and the generation route both write it so; ``-o x.onnx``
+writes one file and says what a client misses (``one_file_note``). A weights folder keeps the
+same files (``keep_source_files``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 from pathlib import Path
 
 from ptconvert.errors import PtconvertError
@@ -31,7 +39,7 @@ def weights_output(d: Detection, fmt: str, as_directory: bool) -> Path:
     holds it and its parts (a shard index)."""
     src = d.path
     if as_directory:
-        return src.parent / f"{src.name.split('.')[0]}-{fmt}"
+        return folder_output(src, fmt)
     container = d.handler.named_after(src)
     if container != src:
         return container.parent / f"{container.name}-{fmt}"
@@ -72,7 +80,15 @@ def output_for(src: Path, to: str, opts: Options) -> Path:
         return default_output(src, to)  # the conversion will say what is wrong with it
     if byte_copy(d.format, to):
         return weights_output(d, to, writes_directory(d, to, opts.max_shard_size))
+    if client_file(d, to):
+        return folder_output(src, to)
     return default_output(src, to)
+
+
+def folder_output(src: Path, to: str) -> Path:
+    """A folder written beside ``src`` without ``-o`` (a directory's weights, a client's folder,
+    a seq2seq export): ``NAME-safetensors``, ``NAME-onnx``, …"""
+    return src.with_name(f"{src.name.split('.')[0]}-{to}")
 
 
 def names_folder(output: str | Path) -> bool:
@@ -98,3 +114,61 @@ def program_suffixed(out: Path, to: str, *, chosen: bool = False) -> tuple[Path,
         return out, []
     named = out.with_name(out.name + suffixes[0])
     return named, [f"-o {out.name} lacks the {to} suffix {suffixes[0]}: written as {named}"]
+
+
+def client_file(d: Detection, to: str) -> str:
+    """The program's name in the folder its client loads (the target's ``folder_file``: ONNX's
+    ``model.onnx``, as optimum's ``ORTModelFor<Task>.from_pretrained`` reads it) when the
+    source has files that folder keeps (a Hugging Face directory's config.json, tokenizer);
+    "" where a program of ``to`` from ``d`` is one file."""
+    target = FORMATS_BY_NAME.get(to)
+    if target is None or target.kind != "program" or not target.folder_file:
+        return ""
+    return target.folder_file if d.handler.kept_files(d.path) else ""
+
+
+def writes_client_folder(name: str, output: str | Path | None) -> bool:
+    """Whether the program named ``name`` in its client's folder (``client_file``) is written
+    as that folder: unless ``-o`` names a file of its format (``-o x.onnx``: one file)."""
+    if not name:
+        return False
+    if output is None or names_folder(output):
+        return True
+    return Path(output).suffix.lower() != Path(name).suffix
+
+
+def one_file_note(to: str, name: str, client: str) -> str:
+    """What ``-o x.onnx`` (one file where a client loads a folder) leaves a client without."""
+    return (
+        f"one {to} file, as -o names it: {client or 'its client'} loads a folder ({name} "
+        "beside config.json): -o DIR/ writes it"
+    )
+
+
+def keep_source_files(d: Detection, folder: Path) -> list[Path]:
+    """Copy the source's kept files (a directory's config.json, generation_config.json,
+    tokenizer and preprocessor files: everything but its weights) into ``folder``; returns them."""
+    kept = d.handler.kept_files(d.path)
+    for path in kept:
+        shutil.copy2(path, folder / path.name)
+    return kept
+
+
+def fill_client_folder(d: Detection, folder: Path, name: str) -> str:
+    """The source's kept files beside the program ``name`` in ``folder``, as its client loads
+    them; the note saying so."""
+    kept = keep_source_files(d, folder)
+    return f"a folder as its client loads it: {name} beside " + ", ".join(p.name for p in kept)
+
+
+def client_options(opts: Options, client: str) -> tuple[Options, list[str]]:
+    """A client's folder is fed other batch sizes and sequence lengths than the example's
+    (optimum exports those axes dynamic): ``--dynamic-batch`` is implied (a Hugging Face
+    model's sequence axes with it) unless dynamic dims were asked for; the note saying so."""
+    if not client or opts.dynamic_batch or opts.dynamic:
+        return opts, []
+    note = (
+        f"--dynamic-batch implied: {client} in its client's folder takes other batch sizes "
+        "and sequence lengths, as optimum exports them"
+    )
+    return dataclasses.replace(opts, dynamic_batch=True), [note]

@@ -8,11 +8,11 @@ what was written bitwise against the source's independent reading (``check_writt
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from ptconvert import progress
 from ptconvert.convert.conversion_report import WeightsWritten
+from ptconvert.convert.output_naming import keep_source_files
 from ptconvert.convert.state import RunState
 from ptconvert.errors import NoWeightsError, UnsupportedConversionError
 from ptconvert.formats import FORMATS, FORMATS_BY_NAME, detect
@@ -147,9 +147,7 @@ def _write(
     if not as_directory:
         return target.write_weights(ws, tmp, metadata=metadata)
     # a folder: the source's files kept beside its weights, the files made from it, the weights
-    d = detect(src)
-    for item in d.handler.kept_files(d.path):
-        shutil.copy2(item, tmp / item.name)
+    keep_source_files(detect(src), tmp)
     for name, data in ws.companions.items():
         (tmp / name).write_bytes(data)
     config = tmp / "config.json"

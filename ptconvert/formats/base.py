@@ -293,9 +293,12 @@ class Format:
     # and the one from the weights stage to it (a format whose weights ptconvert writes)
     write_label: ClassVar[str] = ""
     # a format that writes weights: whether it writes shards (--max-shard-size), and its file's
-    # name in a folder the conversion writes (a Hugging Face directory's weights)
+    # name in a folder the conversion writes (a Hugging Face directory's weights); a program's:
+    # its name in the folder its client loads, beside the source directory's config.json and
+    # tokenizer files (ONNX: optimum's model.onnx; output_naming.client_file), and that client
     writes_shards: ClassVar[bool] = False
     folder_file: ClassVar[str] = ""
+    folder_client: ClassVar[str] = ""
     # the independent reading (``reference``) builds no torch tensor: any dtype is compared
     # without torch knowing it
     reference_without_torch: ClassVar[bool] = False

@@ -28,7 +28,9 @@ def weights_file(directory: Path) -> Path | None:
 
 
 # A generation export's folder (``--task text2text-generation-with-past``): config.json, an
-# encoder and a decoder, no weights file; the layout named after what the parts are.
+# encoder and a decoder, no weights file; the layout named after what the parts are. (A
+# decoder alone in optimum's folder, model.onnx beside config.json, is an ONNX file's folder:
+# the ONNX format detects it.)
 GENERATION_PARTS = {
     "seq2seq-pt2": (("encoder.pt2",), ("decoder.pt2",)),
     # optimum's layouts: the decoder unmerged (decoder_model + decoder_with_past_model) or merged
@@ -36,20 +38,17 @@ GENERATION_PARTS = {
         ("encoder_model.onnx",),
         ("decoder_model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx"),
     ),
-    # optimum's decoder-only layout: one graph with past inputs beside the configs
-    "decoder-onnx": (("model.onnx",), ()),
 }
 
 
 def generation_layout(directory: Path) -> str | None:
-    """``seq2seq-pt2`` / ``seq2seq-onnx`` / ``decoder-onnx`` for a generation export's folder
-    (config.json, no weights file, an encoder and a decoder, or a decoder alone, by their file
-    names), else None."""
+    """``seq2seq-pt2`` / ``seq2seq-onnx`` for a generation export's folder (config.json, no
+    weights file, an encoder and a decoder, by their file names), else None."""
     if not (directory / "config.json").is_file() or weights_file(directory):
         return None
     for name, (encoders, decoders) in GENERATION_PARTS.items():
-        if any((directory / e).is_file() for e in encoders) and (
-            not decoders or any((directory / d).is_file() for d in decoders)
+        if any((directory / e).is_file() for e in encoders) and any(
+            (directory / d).is_file() for d in decoders
         ):
             return name
     return None
@@ -110,7 +109,9 @@ class HuggingFaceFormat(Format):
     carries_model_spec = True
     suffixes = ()
     holds = "a transformers model directory: config.json, weights (any layout), tokenizer files"
-    priority = 10
+    # above an ONNX client folder (model.onnx beside config.json), which a directory holding
+    # weights and a model.onnx too also is
+    priority = 11
 
     def match(self, probe: Probe) -> str | None:
         if probe.is_dir and (probe.path / "config.json").is_file() and weights_file(probe.path):
@@ -188,9 +189,8 @@ class HuggingFaceFormat(Format):
             "dtype": config.get("dtype", config.get("torch_dtype")),
             **parts,  # each part's file name: its format and call
         }
-        parts_said = "an encoder and a decoder" if decoders else "a decoder"
         info.notes.append(
-            f"a generation export ({parts_said} driven by a loop): "
+            "a generation export (an encoder and a decoder driven by a loop): "
             "ptconvert.generate and ptconvert bench take the folder"
         )
         return info

@@ -79,7 +79,14 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
     """Export ``src`` (a Hugging Face directory) for ``opts.task`` to ``to``, checked by
     generating with the written file before it is put in place."""
     from ptconvert.atomic import atomic_path, check_output
-    from ptconvert.convert.output_naming import default_output, names_folder
+    from ptconvert.convert.output_naming import (
+        client_file,
+        default_output,
+        fill_client_folder,
+        folder_output,
+        one_file_note,
+        writes_client_folder,
+    )
     from ptconvert.formats import detect
     from ptconvert.generation.loading import load_model
     from ptconvert.generation.targets import targets
@@ -95,9 +102,9 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
     target = targets("seq2seq" if seq2seq else "decoder").get(to)  # None: the task refuses it
     # a decoder its client loads from a folder (optimum's ORTModelForCausalLM: model.onnx
     # beside config.json) is written as one, unless -o names a file of its format
-    client_folder = not seq2seq and target is not None and bool(target.folder_file)
-    if client_folder and target is not None and output is not None and not names_folder(output):
-        client_folder = Path(output).suffix.lower() != Path(target.folder_file).suffix
+    d = detect(src)
+    name = "" if seq2seq or target is None else client_file(d, to)
+    client_folder = writes_client_folder(name, output)
     folder = seq2seq or client_folder
     out = (
         Path(output) if output else (folder_output(src, to) if folder else default_output(src, to))
@@ -112,25 +119,21 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
         loaded = load_model(src, opts.task, to, opts)
     assert target is not None  # load_model let only a target of the task through
     model, notes = loaded.model, list(loaded.notes)
-    source_format = detect(src).format
+    source_format = d.format
     steps = [_record("load_for_task", f"{source_format} → module", t0, list(loaded.notes))]
     with atomic_path(out, directory=folder, replace=opts.force) as tmp:
         t0 = time.perf_counter()
         if client_folder:
-            name = target.folder_file
             cache, interface = target.export(model, src, tmp / name, out / name, opts, notes)
-            notes.append(_client_folder(src, tmp, name))
+            notes.append(fill_client_folder(d, tmp, name))
         else:
             cache, interface = target.export(model, src, tmp, out, opts, notes)
-            if target.folder_file:
-                notes.append(
-                    f"one {to} file, as -o names it: {target.client or 'its client'} loads a "
-                    f"folder ({target.folder_file} beside config.json): -o DIR/ writes it"
-                )
+            if name:
+                notes.append(one_file_note(to, name, target.client))
         steps.append(_record("export_with_cache", f"module → {to}", t0, notes[len(loaded.notes) :]))
         checked = _check(model, tmp, opts, target.batches) if opts.verify else None
         if checked is not None and target.client_check is not None:
-            written = tmp / target.folder_file if client_folder else tmp
+            written = tmp / name if client_folder else tmp
             checked.notes.append(target.client_check(model, written, src, opts))
     if checked is not None:
         notes.extend(checked.notes)
@@ -149,27 +152,8 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
     )
 
 
-def _client_folder(src: Path, folder: Path, name: str) -> str:
-    """The source directory's files beside the program (config.json, generation_config.json,
-    the tokenizer's, its other files but its weights), as the program's client loads them."""
-    import shutil
-
-    from ptconvert.formats import detect
-
-    kept = detect(src).handler.kept_files(src)
-    for path in kept:
-        shutil.copy2(path, folder / path.name)
-    return f"a folder as its client loads it: {name} beside " + ", ".join(p.name for p in kept)
-
-
 def _record(step: str, route: str, started: float, notes: list[str]) -> StepRecord:
     return StepRecord(step, route, round(time.perf_counter() - started, 3), "ok", list(notes))
-
-
-def folder_output(src: Path, to: str) -> Path:
-    """Where a seq2seq export goes without ``-o``: a folder ``NAME-pt2`` / ``NAME-onnx`` beside
-    the source directory."""
-    return src.with_name(f"{src.name.split('.')[0]}-{to}")
 
 
 def _check(model: Any, tmp: Path, opts: Options, batches: tuple[int, ...]) -> GenerationCheck:

@@ -49,10 +49,9 @@ class Target:
     extra_files: tuple[str, ...] = ()
     # ``info``'s lines about a written one: its task and cache into the FileInfo's metadata
     describe: Callable[[Any], None] | None = None
-    # a decoder its client loads from a folder: the program's name there, beside the source's
-    # config.json, generation_config.json and tokenizer files (written so unless -o names a
-    # file), and that client, in words
-    folder_file: str = ""
+    # a decoder its client loads from a folder (its format's ``folder_file`` beside the source's
+    # config.json, generation_config.json and tokenizer files; convert/output_naming): that
+    # client, in words
     client: str = ""
     # without --batch-sizes: the batch sizes it is written for (a static cache's rows: the
     # largest) and checked at; its client's (ExecuTorch's LLM runners feed one row)
@@ -89,10 +88,7 @@ def target_of(path: Path) -> tuple[str, Target | None]:
     folder = folder_target(path)
     if folder is not None:
         return folder.name, folder
-    for target in targets("decoder").values() if path.is_dir() else ():
-        if target.folder_file and (path / target.folder_file).is_file():
-            return target.name, target  # its open and read take the folder
-    fmt = detect(path).format
+    fmt = detect(path).format  # a decoder's client folder too (ONNX: model.onnx, config.json)
     return fmt, targets("decoder").get(fmt)
 
 

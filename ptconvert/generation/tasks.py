@@ -114,13 +114,12 @@ def describe_task(info: Any) -> None:
 
 def _describe_folder(info: Any, path: Any) -> None:
     """The task and the cache of a seq2seq export's folder (``formats/hf.py`` recognises it and
-    names its layout after the target that wrote it: ``seq2seq-<target>``, ``decoder-<target>``);
-    the task of a
+    names its layout after the target that wrote it: ``seq2seq-<target>``); the task of a
     folder without its own from its config.json (Whisper's: speech)."""
     from ptconvert.generation.targets import targets
 
     info.metadata["task"] = folder_task(path)
-    layout, _, name = info.layout.partition("-")  # seq2seq-onnx, decoder-onnx …
+    layout, _, name = info.layout.partition("-")  # seq2seq-onnx, seq2seq-pt2
     target = targets(layout).get(name)
     if target is not None and target.describe is not None:
         target.describe(info)

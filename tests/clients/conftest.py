@@ -16,8 +16,6 @@ the configs, and optimum's loaders read nothing else of them.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,23 +53,6 @@ class ClientFailed(AssertionError):
     def __init__(self, name: str, code: int, stderr: str) -> None:
         super().__init__(f"{name}: the client exited {code}\n{stderr[-3000:]}")
         self.stderr = stderr
-
-
-class KnownGap(Exception):
-    """The failure a strict xfail's reason names, and no other: the known gaps of issue 40 are
-    ``xfail(strict=True, raises=KnownGap)``, so another failure is a plain failure, and the day
-    a gap closes the xpass fails the run until the mark goes."""
-
-
-@contextmanager
-def known_gap(*texts: str) -> Iterator[None]:
-    """A client failing with any of ``texts`` in its stderr is the known gap."""
-    try:
-        yield
-    except ClientFailed as e:
-        if any(text in e.stderr for text in texts):
-            raise KnownGap(next(t for t in texts if t in e.stderr)) from e
-        raise
 
 
 def run_client(command: list[Any], inputs: Any, work: Path, name: str) -> Any:
@@ -128,3 +109,30 @@ def eager_classifier(directory: Path) -> Any:
     import transformers
 
     return transformers.AutoModelForSequenceClassification.from_pretrained(directory).eval()
+
+
+def tiny_vit_classifier(out: Path) -> Path:
+    """A tiny ViTForImageClassification (32×32 images in 8×8 patches, three labels) saved
+    under ``out`` with a ViTImageProcessor's preprocessor_config.json beside it."""
+    import transformers as t
+
+    config = t.ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=37,
+        num_labels=3,
+    )
+    torch.manual_seed(0)
+    directory = out / "hf-vit-cls"
+    t.ViTForImageClassification(config).eval().save_pretrained(directory)
+    t.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(directory)
+    return directory
+
+
+def eager_image_classifier(directory: Path) -> Any:
+    import transformers
+
+    return transformers.AutoModelForImageClassification.from_pretrained(directory).eval()

@@ -1,9 +1,7 @@
 """optimum's ORTModel classes load what ``--to onnx`` writes, as written (ort_client.py in the
 clients' venv: optimum-onnx 0.1.0, transformers 4.57.6), and generate or classify exactly as
 transformers' eager model does here (transformers 5.x: the reference); a seq2seq folder's
-decoder is the merged one, optimum's default (``decoder_model_merged.onnx``).
-
-The known gaps of issue 40 are strict xfails (conftest's :class:`KnownGap`)."""
+decoder is the merged one, optimum's default (``decoder_model_merged.onnx``)."""
 
 from __future__ import annotations
 
@@ -16,12 +14,12 @@ import torch
 
 import ptconvert
 from tests.clients.conftest import (
-    KnownGap,
     eager_classifier,
-    known_gap,
+    eager_image_classifier,
     ort_client,
     ort_opened,
     tiny_bert_classifier,
+    tiny_vit_classifier,
 )
 from tests.generation import conftest as decoders
 from tests.generation import test_seq2seq as seq2seq
@@ -101,14 +99,6 @@ def test_causal_lm_onnx_generates_in_ortmodel_for_causal_lm(
         assert torch.equal(got, want), rows
 
 
-CLASSIFIER = (
-    "issue 40: `--to onnx` of a BERT classifier writes one bare .onnx file (no config.json): "
-    "ORTModelForSequenceClassification.from_pretrained(OUT) takes it for a hub id "
-    "(HFValidationError); and its graph has no token_type_ids input (input_ids and "
-    "attention_mask only), so a sentence pair's logits differ from eager's"
-)
-
-
 def sentence_pairs() -> dict[str, torch.Tensor]:
     """Two pairs: the second sentence's tokens are type 1; the second row padded."""
     ids = torch.randint(3, 98, (2, 9), generator=torch.Generator().manual_seed(3))
@@ -118,21 +108,43 @@ def sentence_pairs() -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
-@pytest.mark.xfail(strict=True, raises=KnownGap, reason=CLASSIFIER)
+# issue 40: `--to onnx` of a classifier wrote one bare .onnx file (no config.json), which
+# ORTModelForSequenceClassification took for a hub id; now it is optimum's folder, its graph
+# taking BERT's token_type_ids, batch and sequence dynamic
 def test_bert_classifier_onnx_matches_eager_on_sentence_pairs_in_ortmodel(
     client_python: Path, tmp_path: Path
 ) -> None:
     source = tiny_bert_classifier(tmp_path)
     out = tmp_path / "bert-cls-onnx"
-    ptconvert.convert(source, "onnx", out, dynamic_batch=True)
-    inputs = sentence_pairs()
-    cls = "ORTModelForSequenceClassification"
-    with known_gap("HFValidationError: Repo id must be in the form"):
-        got = ort_client(client_python, cls, out, inputs, tmp_path)
+    ptconvert.convert(source, "onnx", out)
+    graph = onnx.load(out / "model.onnx").graph
+    assert [i.name for i in graph.input] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert [o.name for o in graph.output] == ["logits"]
+    inputs = sentence_pairs()  # length 9: not the example's
+    got = ort_client(client_python, "ORTModelForSequenceClassification", out, inputs, tmp_path)
     with torch.no_grad():
         want = eager_classifier(source)(**inputs).logits
-    graph = out / "model.onnx" if out.is_dir() else out
-    dropped = "token_type_ids" not in {i.name for i in onnx.load(graph).graph.input}
-    if dropped and not torch.allclose(got, want, atol=1e-5, rtol=1e-5):
-        raise KnownGap("no token_type_ids input: the pairs' logits differ")
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_vit_image_classifier_onnx_matches_eager_in_ortmodel(
+    client_python: Path, tmp_path: Path
+) -> None:
+    """Its folder holds the preprocessor's config, as optimum's folder does."""
+    source = tiny_vit_classifier(tmp_path)
+    out = tmp_path / "vit-cls-onnx"
+    ptconvert.convert(source, "onnx", out)
+    assert {"model.onnx", "config.json", "preprocessor_config.json"} <= {
+        p.name for p in out.iterdir()
+    }
+    graph = onnx.load(out / "model.onnx").graph
+    assert [i.name for i in graph.input] == ["pixel_values"]
+    assert [o.name for o in graph.output] == ["logits"]
+    model = eager_image_classifier(source)
+    for rows in (1, 2):
+        pixels = torch.randn((rows, 3, 32, 32), generator=torch.Generator().manual_seed(rows))
+        inputs = {"pixel_values": pixels}
+        got = ort_client(client_python, "ORTModelForImageClassification", out, inputs, tmp_path)
+        with torch.no_grad():
+            want = model(**inputs).logits
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -120,7 +120,7 @@ def test_without_an_onnx_name_the_decoder_is_written_as_optimums_folder(
         reference(eager(source), ids, 6).sequences,
     )
     info = ptconvert.describe(folder)
-    assert info.layout == "decoder-onnx" and info.metadata["task"] == TASK
+    assert info.format == "onnx" and info.layout == "folder" and info.metadata["task"] == TASK
     one = tmp_path / "one.onnx"
     report = ptconvert.convert(source, "onnx", one, task=TASK)
     assert one.is_file() and any("-o DIR/ writes it" in n for n in report.notes), report.notes

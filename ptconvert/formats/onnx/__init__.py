@@ -1,6 +1,8 @@
 """ONNX models: a protobuf ModelProto, possibly with tensors in external data files.
 
-Detection looks at the protobuf's first fields (``ir_version`` then a ModelProto field tag);
+Detection looks at the protobuf's first fields (``ir_version`` then a ModelProto field tag); a
+folder holding ``model.onnx`` beside ``config.json`` is optimum's layout (layout ``folder``: what
+``ORTModelFor<Task>.from_pretrained`` loads), its graph read, opened and described as the file;
 ``info`` parses the proto with the onnx package (the ``onnx`` extra) without loading external
 data, and lists the external files the initializers point to.
 """
@@ -88,6 +90,15 @@ class OnnxFormat(Format):
         ),
     )
     load_line = "import onnxruntime\nsess = onnxruntime.InferenceSession(p)"
+    folder_file = "model.onnx"  # optimum's name for the graph in its folder
+    folder_client = "optimum's ORTModelFor<Task>.from_pretrained"
+
+    def graph_file(self, path: Path) -> Path:
+        """The graph itself: ``path``, or the one in the folder it names."""
+        return path / self.folder_file if path.is_dir() else path
+
+    def weights_file(self, path: Path) -> Path | None:
+        return self.graph_file(path) if path.is_dir() else None
 
     def companions(self, path: Path) -> list[Path]:
         return [path.with_name(f"{path.name}.data")]
@@ -100,6 +111,7 @@ class OnnxFormat(Format):
         # onnxruntime runs in its own process (it may crash or leak); external data stays in
         # the model's folder
         require_installed("onnxruntime")  # said here, not in the child
+        path = self.graph_file(path)
         declared = self.info(path, "protobuf").inputs or []
         runtime = IsolatedRuntime(self.name, str(path), device, load=load_runtime, flat=True)
         names = runtime.input_names
@@ -109,6 +121,11 @@ class OnnxFormat(Format):
         return Program(runtime, signature, dynamic=dynamic, input_specs=declared)
 
     def match(self, probe: Probe) -> str | None:
+        if probe.is_dir:
+            graph = probe.path / self.folder_file
+            if not (probe.path / "config.json").is_file() or not graph.is_file():
+                return None
+            return "folder" if self.match(Probe(graph)) else None
         h = probe.head
         if len(h) >= 3 and h[0] == 0x08 and h[1] < 0x20 and h[2] in _NEXT_FIELD_TAGS:
             return "protobuf"
@@ -130,6 +147,8 @@ class OnnxFormat(Format):
         return is_onnx(head)
 
     def info(self, path: Path, layout: str) -> FileInfo:
+        if layout == "folder":
+            return self._folder_info(path)
         onnx = require("onnx")
         try:
             model = onnx.load(str(path), load_external_data=False)
@@ -171,6 +190,20 @@ class OnnxFormat(Format):
                 info.size_bytes += ext.stat().st_size
             else:
                 info.notes.append(f"external data file {name!r} is missing")
+        return info
+
+    def _folder_info(self, path: Path) -> FileInfo:
+        """The folder's graph as the file's, with the folder's other files."""
+        info = self.info(path / self.folder_file, "protobuf")
+        listed = {f["path"] for f in info.files}
+        others = [p for p in sorted(path.iterdir()) if p.is_file() and str(p) not in listed]
+        info.files += [file_entry(p) for p in others]
+        info.path, info.layout = str(path), "folder"
+        info.size_bytes = sum(f["size_bytes"] for f in info.files)
+        info.notes.append(
+            f"a folder as {self.folder_client} loads it: {self.folder_file} beside "
+            + ", ".join(p.name for p in others if p.name != f"{self.folder_file}.data")
+        )
         return info
 
 

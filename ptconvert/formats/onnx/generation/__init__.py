@@ -52,7 +52,6 @@ TARGETS = [
         past.open_decoder,
         static=False,
         describe=describe,
-        folder_file=past.FOLDER_FILE,
         client="optimum's ORTModelForCausalLM",
     ),
     Target(

@@ -137,13 +137,12 @@ def export_with_past(
     return cache, {"inputs": inputs, "outputs": outputs}
 
 
-# the decoder's name in the folder optimum's ORTModelForCausalLM loads (config.json beside)
-FOLDER_FILE = "model.onnx"
-
-
 def _graph(path: Path) -> Path:
-    """The decoder itself: ``path``, or the one in the folder it names."""
-    return path / FOLDER_FILE if path.is_dir() else path
+    """The decoder itself: ``path``, or the one in the folder optimum's ORTModelForCausalLM
+    loads (config.json beside)."""
+    from ptconvert.formats.onnx import OnnxFormat
+
+    return OnnxFormat().graph_file(path)
 
 
 def read_meta(path: Path) -> dict[str, Any] | None:

@@ -1,0 +1,67 @@
+"""The calling convention of a written program, as a user calls it: the report's
+``interface`` (how it loads, how it is called, which inputs by which names, what sizes it
+accepts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ptconvert.convert.program_check import dynamism
+from ptconvert.convert.state import RunState
+from ptconvert.formats import FORMATS_BY_NAME
+from ptconvert.options import Options
+from ptconvert.verify.parity import ParityReport
+
+
+def interface(
+    state: RunState, to: str, opts: Options, parity: ParityReport | None
+) -> dict[str, Any]:
+    """The calling convention of the written program, as a user calls it."""
+    target = FORMATS_BY_NAME.get(to)
+    if target is None or target.kind != "program" or state.inputs is None:
+        return {}
+    from ptconvert.model.wrappers import leaf_name
+
+    sample = state.inputs.at(state.inputs.batch)
+    names = state.positional or list(sample)
+    # a program captured by torch.export binds by keyword or by position, as it was captured;
+    # TorchScript binds either way
+    exported = state.exported is not None
+    keyword = state.positional is None and exported
+    args = ", ".join(f"{n}=…" if keyword else n for n in names)
+    if not exported:
+        args += ", positionally or by keyword"
+    sizes = parity.sizes if parity else []
+    outputs = [leaf_name(o.name) for o in sizes[0].outputs] if sizes else []
+    if outputs and all(o.startswith("call ") for o in outputs):  # a stateful model's calls
+        outputs = [o.partition(".")[2] or "output" for o in outputs if o.startswith("call 1")]
+    accepts: list[str] = []
+    # Python numbers; a list or dict of tensors is an input like a tensor
+    fixed = [n for n, v in sample.items() if isinstance(v, (bool, int, float, complex))]
+    if fixed and exported:
+        accepts.append(
+            "the scalar inputs are fixed at their example values ("
+            + ", ".join(f"{n}={sample[n]!r}" for n in fixed)
+            + "): torch.export specialises Python numbers; TorchScript takes any"
+        )
+    if exported and not dynamism(state)[0]:
+        shapes = {n: list(v.shape) for n, v in sample.items() if hasattr(v, "shape")}
+        why = "static: pass --dynamic-batch or --dynamic for other sizes"
+        if opts.dynamic_batch or opts.dynamic:
+            why = "static, though dynamic dims were asked: the route that matched eager has none"
+        accepts.append(
+            "only the example's shapes "
+            + ", ".join(f"{n}{s}" for n, s in shapes.items())
+            + f" ({why})"
+        )
+    if exported:
+        accepts += [f"{where}: {words}" for where, words in state.dynamic_range.items()]
+    return {
+        "load": target.load_line.replace("\n", "; "),
+        "call": target.call_line(args),
+        "inputs": names,
+        "example": {n: list(v.shape) for n, v in sample.items() if hasattr(v, "shape")},
+        "keyword": keyword,
+        "outputs": outputs,
+        "accepts": accepts,
+    }
