@@ -338,7 +338,7 @@ def _run_route(
         state.notes,
         state.dynamic_range,
         parity,
-        interface(state, to, opts, parity),
+        interface(state, to, opts, parity, folder=bool(client)),
         check,
         weights=weights_written(state, out, bitwise),
         accuracy=state.accuracy,

@@ -14,9 +14,10 @@ from ptconvert.verify.parity import ParityReport
 
 
 def interface(
-    state: RunState, to: str, opts: Options, parity: ParityReport | None
+    state: RunState, to: str, opts: Options, parity: ParityReport | None, *, folder: bool = False
 ) -> dict[str, Any]:
-    """The calling convention of the written program, as a user calls it."""
+    """The calling convention of the written program, as a user calls it (``folder``: written
+    in the folder its client loads, ``Format.folder_load_line``)."""
     target = FORMATS_BY_NAME.get(to)
     if target is None or target.kind != "program" or state.inputs is None:
         return {}
@@ -57,7 +58,7 @@ def interface(
     if exported:
         accepts += [f"{where}: {words}" for where, words in state.dynamic_range.items()]
     return {
-        "load": target.load_line.replace("\n", "; "),
+        "load": (target.folder_load_line if folder else target.load_line).replace("\n", "; "),
         "call": target.call_line(args),
         "inputs": names,
         "example": {n: list(v.shape) for n, v in sample.items() if hasattr(v, "shape")},

@@ -299,6 +299,7 @@ class Format:
     writes_shards: ClassVar[bool] = False
     folder_file: ClassVar[str] = ""
     folder_client: ClassVar[str] = ""
+    folder_load_line: ClassVar[str] = ""  # how that folder loads (``p``: the folder)
     # the independent reading (``reference``) builds no torch tensor: any dtype is compared
     # without torch knowing it
     reference_without_torch: ClassVar[bool] = False

@@ -48,6 +48,8 @@ def test_default_output_is_optimums_folder_beside_the_source(bert: Path) -> None
     assert files(folder) == ["config.json", "model.onnx", "tokenizer_config.json"]
     assert any("model.onnx beside config.json, tokenizer_config.json" in n for n in report.notes)
     assert any("--dynamic-batch implied" in n for n in report.notes), report.notes
+    # the load line loads the folder (it named the folder as if it were the graph)
+    assert "ORTModelFor<Task>.from_pretrained(p)" in report.interface["load"]
     graph = onnx.load(folder / "model.onnx").graph
     dims = {
         v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]

@@ -92,6 +92,11 @@ class OnnxFormat(Format):
     load_line = "import onnxruntime\nsess = onnxruntime.InferenceSession(p)"
     folder_file = "model.onnx"  # optimum's name for the graph in its folder
     folder_client = "optimum's ORTModelFor<Task>.from_pretrained"
+    folder_load_line = (
+        "from optimum.onnxruntime import ORTModelFor<Task>\n"
+        "model = ORTModelFor<Task>.from_pretrained(p)  # or "
+        "onnxruntime.InferenceSession(f'{p}/model.onnx')"
+    )
 
     def graph_file(self, path: Path) -> Path:
         """The graph itself: ``path``, or the one in the folder it names."""

@@ -142,6 +142,8 @@ def _export(ep: Any, opts: Options) -> Any:
             ep, dynamo=True, opset_version=own.opset, optimize=own.onnx_optimize
         )
     assert program is not None
+    if not opts.keep_debug_info:  # every ONNX written, the generation exports' included
+        strip_debug_info(program.model)
     return program
 
 
@@ -242,13 +244,11 @@ def onnx_export(state: RunState, opts: Options) -> None:
             "dynamic dims named in the ONNX graph: "
             + ", ".join(f"{d.input}[{d.axis}] → {names[d.symbol]}" for d in _named(ep, names))
         )
-    if opts.keep_debug_info:
+    if opts.keep_debug_info:  # else ``_export`` stripped it
         state.notes.append(
             "debug info kept (--keep-debug-info): each node's stack trace names source files "
             "of this machine"
         )
-    else:
-        strip_debug_info(program.model)
     own = opts.of(OnnxOptions)
     size = _weight_bytes(ep)
     external = own.external_data or size > PROTOBUF_LIMIT
