@@ -362,7 +362,7 @@ class Options:
             type=float,
             help="--dtype or --quantize on a program: the largest error of each output, as a "
             "fraction of float32 eager's largest value (default 0.02 for float16, 0.05 for "
-            "bfloat16, 0.1 for int8).",
+            "bfloat16, 0.15 for int8).",
         ),
     )
     skip_unsupported: bool = field(

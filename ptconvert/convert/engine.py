@@ -55,6 +55,7 @@ from ptconvert.model.build import user_inputs
 from ptconvert.options import Options
 from ptconvert.report import Check, StepStatus
 from ptconvert.scan.guard import guard, refuse_unsafe
+from ptconvert.verify.accuracy import AccuracyMissed
 
 
 def convert(
@@ -294,7 +295,7 @@ def _run_route(
                     route, taken = route[:cut], taken[:cut]
                     continue
                 exc = _plain(exc)
-                if capture is None or state.module is None:
+                if capture is None or state.module is None or isinstance(exc, AccuracyMissed):
                     raise exc from None
                 rejected.append(f"{capture.step}: {exc.message}")
                 banned.add(capture)
@@ -514,7 +515,7 @@ def _check_quantize(to: str, target: Any, scheme: str, dtype: str | None) -> Non
             if target.kind == "program"
             else "quantized weights files are not there yet; --dtype casts"
         )
-        takers = [f.name for f in FORMATS_BY_NAME.values() if scheme in f.quantize_schemes]
+        takers = sorted(f.name for f in FORMATS_BY_NAME.values() if scheme in f.quantize_schemes)
         raise UnsupportedConversionError(
             f"--to {to} cannot hold --quantize {scheme}: {why}",
             hint=f"--quantize {scheme} is written by --to {' or '.join(takers)}",

@@ -328,7 +328,9 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
             )
         )
     if report.status != "pass" and by_accuracy and report.failed[0].status == "fail_accuracy":
-        raise VerificationError(
+        from ptconvert.verify.accuracy import AccuracyMissed
+
+        raise AccuracyMissed(
             f"the {opts.quantize} program is further from the float32 model than allowed at "
             f"batch {report.failed[0].batch}: {report.failed[0].detail}",
             path=state.src,
