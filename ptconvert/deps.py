@@ -20,6 +20,7 @@ EXTRAS: dict[str, str] = {
     "transformers": "hf",
     "matplotlib": "plot",
     "ray": "ray",
+    "torchao": "quantize",
 }
 
 

@@ -24,6 +24,10 @@ ExportMode = Literal["auto", "strict", "non-strict"]
 Device = Literal["cpu", "cuda"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "none"]
 Dtype = Literal["float32", "float16", "bfloat16"]
+# --quantize: one vocabulary across targets, each target declaring the schemes it writes
+# (``Format.quantize_schemes``); int8: int8 weights, activations quantized per call (dynamic) or
+# kept floating (weight-only), as the target's own quantizer does it
+Quantize = Literal["int8"]
 
 # --task as optimum names tasks. Those that export for generation with a cache (ptconvert/
 # generation/): a decoder-only LM, a seq2seq model, a speech seq2seq model
@@ -330,14 +334,25 @@ class Options:
             "eager at it and against float32 eager by accuracy).",
         ),
     )
-    # --dtype's accuracy thresholds against float32 eager (None: verify/accuracy.py's by dtype)
+    # the quantization scheme of a program's weights (None: none)
+    quantize: Quantize | None = field(
+        default=None,
+        metadata=flag(
+            "--quantize",
+            choices=get_args(Quantize),
+            help="Quantize a program's weights (int8: onnx by onnxruntime's dynamic quantization, "
+            "pt2 by torchao's int8 weight-only), judged by accuracy against float32 eager.",
+        ),
+    )
+    # --dtype's and --quantize's accuracy thresholds against float32 eager (None:
+    # verify/accuracy.py's by dtype or scheme)
     min_cosine: float | None = field(
         default=None,
         metadata=flag(
             "--min-cosine",
             type=float,
-            help="--dtype on a program: the least cosine similarity of each output to float32 "
-            "eager's (default 0.999 for float16, 0.99 for bfloat16).",
+            help="--dtype or --quantize on a program: the least cosine similarity of each output "
+            "to float32 eager's (default 0.999 for float16, 0.99 for bfloat16, 0.98 for int8).",
         ),
     )
     max_error: float | None = field(
@@ -345,8 +360,9 @@ class Options:
         metadata=flag(
             "--max-error",
             type=float,
-            help="--dtype on a program: the largest error of each output, as a fraction of "
-            "float32 eager's largest value (default 0.02 for float16, 0.05 for bfloat16).",
+            help="--dtype or --quantize on a program: the largest error of each output, as a "
+            "fraction of float32 eager's largest value (default 0.02 for float16, 0.05 for "
+            "bfloat16, 0.15 for int8).",
         ),
     )
     skip_unsupported: bool = field(

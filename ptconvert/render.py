@@ -249,6 +249,8 @@ def render_conversion(report: Any, console: Console | None = None) -> None:
         console.print(parity_table(report.parity))
     if report.accuracy is not None:
         console.print(f"accuracy: {escape(report.accuracy.summary())}")
+    if report.quantized is not None:
+        console.print(f"quantized: {escape(report.quantized.summary())}")
 
 
 def _render_generation(report: Any, console: Console) -> None:

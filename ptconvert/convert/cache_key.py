@@ -39,7 +39,7 @@ NOT_IN_KEY: dict[str, str] = {
 
 # Packages whose version changes what a conversion writes (when installed): these, and the
 # packages every registered format declares it imports (``keyed_packages``).
-KEYED_PACKAGES = ("ptconvert", "torch", "transformers")
+KEYED_PACKAGES = ("ptconvert", "torch", "transformers", "torchao")  # torchao: --quantize
 
 
 def keyed_packages() -> tuple[str, ...]:

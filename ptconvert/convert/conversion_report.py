@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ptconvert.convert.state import StepRecord
+from ptconvert.model.quantize import QuantizeLedger
 from ptconvert.report import Check, Report
+from ptconvert.verify.accuracy import AccuracyReport
 from ptconvert.verify.parity import ParityReport
 from ptconvert.verify.weights import WeightsCheck
 
@@ -67,4 +69,7 @@ class ConversionReport(Report):
     cached: bool = False  # copied from the cache: the steps and check are those that filled it
     weights: WeightsWritten | None = None  # a weights target written from a weights source
     generation: GenerationResult | None = None  # a generation export (--task …-with-past)
-    accuracy: Any = None  # --dtype on a program: verify.accuracy.AccuracyReport vs float32 eager
+    # --dtype, --quantize on a program: its accuracy against float32 eager (typed: a report read
+    # back from the cache is rebuilt as one, and renders as one)
+    accuracy: AccuracyReport | None = None
+    quantized: QuantizeLedger | None = None  # --quantize: what was quantized, what was left

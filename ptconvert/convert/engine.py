@@ -55,6 +55,7 @@ from ptconvert.model.build import user_inputs
 from ptconvert.options import Options
 from ptconvert.report import Check, StepStatus
 from ptconvert.scan.guard import guard, refuse_unsafe
+from ptconvert.verify.accuracy import AccuracyMissed
 
 
 def convert(
@@ -102,6 +103,8 @@ def convert_program(
         return verified_copy(src, d, out, started, opts.force, opts.load_timeout)
     if weights:
         refuse_shards(to, opts.max_shard_size, src)
+        if opts.quantize:  # weights are written from weights: no quantizer on that route
+            _check_quantize(to, FORMATS_BY_NAME[to], opts.quantize, opts.dtype)
     # a program its client loads from a folder (optimum's model.onnx beside config.json) is
     # written as that folder, unless -o names a file of its format
     name = "" if weights else client_file(d, to)
@@ -292,7 +295,7 @@ def _run_route(
                     route, taken = route[:cut], taken[:cut]
                     continue
                 exc = _plain(exc)
-                if capture is None or state.module is None:
+                if capture is None or state.module is None or isinstance(exc, AccuracyMissed):
                     raise exc from None
                 rejected.append(f"{capture.step}: {exc.message}")
                 banned.add(capture)
@@ -342,6 +345,7 @@ def _run_route(
         check,
         weights=weights_written(state, out, bitwise),
         accuracy=state.accuracy,
+        quantized=state.quantized,
     )
 
 
@@ -494,10 +498,34 @@ def _check_before_work(to: str, opts: Options) -> None:
             f"--to {to} cannot hold --dtype {opts.dtype}: {target.dtypes_why}",
             hint=f"{to} takes --dtype {' or '.join(target.dtypes)}",
         )
+    if opts.quantize and target is not None:
+        _check_quantize(to, target, opts.quantize, opts.dtype)
     if opts.device != "cpu":
         from ptconvert.verify.check import require_device
 
         require_device(opts.device)
+
+
+def _check_quantize(to: str, target: Any, scheme: str, dtype: str | None) -> None:
+    """``--quantize`` refused before any work where the target does not write the scheme (the
+    hint names the targets that do) or with a half precision (the quantizers take float32)."""
+    if scheme not in target.quantize_schemes:
+        why = (
+            target.quantize_why
+            if target.kind == "program"
+            else "quantized weights files are not there yet; --dtype casts"
+        )
+        takers = sorted(f.name for f in FORMATS_BY_NAME.values() if scheme in f.quantize_schemes)
+        raise UnsupportedConversionError(
+            f"--to {to} cannot hold --quantize {scheme}: {why}",
+            hint=f"--quantize {scheme} is written by --to {' or '.join(takers)}",
+        )
+    if dtype not in (None, "float32"):
+        raise UnsupportedConversionError(
+            f"--quantize {scheme} with --dtype {dtype} is not there yet: the quantized program "
+            "keeps float32 activations",
+            hint="leave out --dtype, or convert with --dtype alone",
+        )
 
 
 @contextmanager

@@ -292,6 +292,7 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
         runs = EagerRuns(made_by=state.inputs)  # eager's outputs so far came from other calls
     ranged = program.exported or (state.exported if exported else None)
     inputs = state.inputs
+    by_accuracy = _judged_by_accuracy(state, opts)
     example = max(inputs.batch, 2) if batch_dynamic else inputs.batch
     with progress.step(f"comparing the {to} program with eager at batch sizes {batches}"):
         judged = judge_program(
@@ -303,6 +304,7 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
             lambda: inputs.at(example),
             eager=runs,
             budget=probe_budget(state.example_seconds, check_seconds(state.steps_seconds)),
+            accuracy=by_accuracy,
         )
     report = judged.parity
     if judged.ranges is not None and judged.ranges.dims:
@@ -325,6 +327,15 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
                 else "it cannot be copied to fp64"
             )
         )
+    if report.status != "pass" and by_accuracy and report.failed[0].status == "fail_accuracy":
+        from ptconvert.verify.accuracy import AccuracyMissed
+
+        raise AccuracyMissed(
+            f"the {opts.quantize} program is further from the float32 model than allowed at "
+            f"batch {report.failed[0].batch}: {report.failed[0].detail}",
+            path=state.src,
+            hint="--min-cosine / --max-error set the thresholds",
+        )
     if report.status != "pass":
         bad = report.failed[0]
         raise VerificationError(
@@ -333,21 +344,38 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
             path=state.src,
             hint=_hint_for(bad.status, to, opts, exported),
         )
-    if state.float_reference is not None and opts.dtype:
+    label = opts.quantize or opts.dtype
+    if label and (state.float_reference is not None or by_accuracy):
         from ptconvert.verify.accuracy import measure
 
-        with progress.step(f"comparing the {opts.dtype} program with float32 eager"):
+        with progress.step(f"comparing the {label} program with float32 eager"):
             state.accuracy = measure(
-                state.float_reference,
+                state.float_reference if state.float_reference is not None else reference,
                 candidate,
                 inputs.at,
                 [s.batch for s in report.sizes],
-                opts.dtype,
+                label,
                 min_cosine=opts.min_cosine,
                 max_error=opts.max_error,
                 path=state.src,
             )
     return report
+
+
+def _judged_by_accuracy(state: RunState, opts: Options) -> tuple[float, float] | None:
+    """(min cosine, max error) when the program was quantized after its export (onnxruntime):
+    no eager model computes at its precision, so every comparison, the dynamic dims' probes
+    included, judges it by its accuracy against float32 eager (the reference then) instead of
+    by a tolerance; None otherwise (a program quantized with its module is compared with it)."""
+    if not opts.quantize or state.float_reference is not None:
+        return None
+    from ptconvert.verify.accuracy import thresholds
+
+    state.notes.append(
+        f"the {opts.quantize} program judged by accuracy against float32 eager at every size "
+        "compared and probed (no eager model computes at its precision)"
+    )
+    return thresholds(opts.quantize, opts.min_cosine, opts.max_error)
 
 
 def _hint_for(status: str, to: str, opts: Options, exported: bool) -> str:

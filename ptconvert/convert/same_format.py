@@ -33,6 +33,7 @@ def copy_cannot_change(src: Path, to: str, opts: Options) -> None:
             ("--dynamic-batch", opts.dynamic_batch),
             ("--dynamic", bool(opts.dynamic)),
             ("--method", opts.method != "auto"),
+            ("--quantize", bool(opts.quantize)),
         )
         if on
     ]

@@ -36,8 +36,11 @@ class RunState:
     weights: WeightSet | None = None
     module: Any = None  # nn.Module
     reference: Any = None  # the eager module the result is checked against
-    float_reference: Any = None  # --dtype: the eager module in float32, for the accuracy check
-    accuracy: Any = None  # --dtype: verify.accuracy.AccuracyReport
+    # --dtype, --quantize (a target that quantizes the module): the eager module in float32,
+    # before the cast or quantization, for the accuracy check
+    float_reference: Any = None
+    accuracy: Any = None  # --dtype, --quantize: verify.accuracy.AccuracyReport
+    quantized: Any = None  # --quantize: model.quantize.QuantizeLedger
     scripted: Any = None  # ScriptModule
     exported: Any = None  # ExportedProgram
     inputs: ExampleInputs | None = None

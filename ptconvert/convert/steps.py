@@ -45,6 +45,26 @@ def _take(state: RunState, eager: Eager, opts: Options) -> None:
             f"the model exported in {opts.dtype}: its floating weights, buffers, inputs and "
             "outputs; checked against eager in it, and against float32 eager by accuracy"
         )
+    if opts.quantize:
+        _quantize(state, opts.quantize)
+
+
+def _quantize(state: RunState, scheme: str) -> None:
+    """A target that quantizes the module (``Format.quantizes_module``) gets it quantized here,
+    before export: the program is compared with the quantized model by parity, and with the
+    float32 one by accuracy. The others quantize what they write, in a step of their own."""
+    from ptconvert.formats import FORMATS_BY_NAME
+
+    target = FORMATS_BY_NAME.get(state.target)
+    if target is None or not target.quantizes_module:
+        return
+    from ptconvert.model.quantize import quantize_module
+
+    state.float_reference, state.quantized = quantize_module(state.module, state.reference, scheme)
+    state.notes.append(
+        f"the model quantized before export ({state.quantized.summary()}): checked against the "
+        "quantized eager model by parity, and against float32 eager by accuracy"
+    )
 
 
 def require_inputs(state: RunState) -> ExampleInputs:

@@ -205,6 +205,13 @@ class Format:
     # the precisions --dtype may ask of it, and why the others are refused (before any work)
     dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
     dtypes_why: ClassVar[str] = ""
+    # the schemes --quantize may ask of it (options.Quantize), and why the others are refused
+    # (before any work); ``quantizes_module``: the scheme is applied to the eager model before
+    # export (torchao), so the program is compared with that quantized model by parity; else the
+    # target's own step quantizes the written program, which is judged by accuracy alone
+    quantize_schemes: ClassVar[tuple[str, ...]] = ()
+    quantize_why: ClassVar[str] = "it has no quantized form here yet"
+    quantizes_module: ClassVar[bool] = False
 
     def load_in_time(self, path: Path, timeout: float | None) -> None:
         """A file whose own code runs when it loads (TorchScript's ``__setstate__``) loaded first

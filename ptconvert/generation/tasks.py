@@ -48,15 +48,19 @@ def tasks_of(config: Any) -> list[str]:
     return ["feature-extraction"]
 
 
-def refuse_dtype(dtype: str | None, task: str, path: Any) -> None:
-    """``--dtype`` on a generation export, refused before any work: the cache wrappers and the
-    check by generating are float32 only for now."""
-    if dtype:
+def refuse_precision(opts: Any, path: Any) -> None:
+    """``--dtype`` or ``--quantize`` on a generation export, refused before any work: the cache
+    wrappers and the check by generating are for the model's own precision only for now."""
+    asked = [
+        f"--{name} {getattr(opts, name)}" for name in ("dtype", "quantize") if getattr(opts, name)
+    ]
+    if asked:
         raise UnsupportedConversionError(
-            f"--dtype {dtype} is not there yet for --task {task}: generation exports are "
+            f"{' '.join(asked)} is not there yet for --task {opts.task}: generation exports are "
             "written in the model's own precision",
             path=path,
-            hint="convert without --task …-with-past (the graph without a cache) to use --dtype",
+            hint=f"convert without --task …-with-past (the graph without a cache) to use "
+            f"{asked[0].split()[0]}",
         )
 
 

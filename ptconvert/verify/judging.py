@@ -83,10 +83,13 @@ def judge_program(
     rename: dict[str, str] | None = None,
     atol: float | None = None,
     rtol: float | None = None,
+    accuracy: tuple[float, float] | None = None,
 ) -> Judgement:
     """Compare ``candidate`` with ``reference`` at ``batches`` and, when ``ranged`` (the
     candidate's ExportedProgram) has dynamic dims, probe each of them on ``example()``; the
-    sizes outside the batch range that holds are dropped, those inside compared."""
+    sizes outside the batch range that holds are dropped, those inside compared. ``accuracy``
+    (min cosine, max error): every comparison, probes included, judges by them (a program
+    quantized after its export) instead of by a tolerance."""
     from ptconvert.verify.dims import dynamic_dims
     from ptconvert.verify.probes import DEFAULT_BUDGET, shapes_of
     from ptconvert.verify.range_findings import verdict
@@ -105,6 +108,7 @@ def judge_program(
             eager=runs,
             atol=atol,
             rtol=rtol,
+            accuracy=accuracy,
         )
     except ModelRaisedError:
         if not dynamic:
@@ -128,6 +132,7 @@ def judge_program(
             determinism="done" if runs.deterministic else "once",
             atol=atol,
             rtol=rtol,
+            accuracy=accuracy,
         )
         ranges = check_program(
             ranged, example(), judge, rename, budget=budget or DEFAULT_BUDGET, known=known
@@ -148,6 +153,7 @@ def judge_program(
             eager=runs,
             atol=atol,
             rtol=rtol,
+            accuracy=accuracy,
         )
         done.update({s.batch: s for s in more.sizes})
         report = report or more

@@ -33,6 +33,7 @@ from ptconvert.errors import ModelRaisedError, PtconvertError
 from ptconvert.memory import FP64_BUDGET_BYTES
 from ptconvert.model.wrappers import output_leaves
 from ptconvert.report import ParityStatus, Report
+from ptconvert.verify.closeness import flat_cosine, judged_by_accuracy
 
 # dtype → tolerance used as both atol and rtol (PyTorch's harness: fp32 1e-4, half types 1e-3…1e-2)
 TOLERANCES: dict[str, float] = {
@@ -373,12 +374,14 @@ def compare(
     rtol: float | None = None,
     determinism: Determinism = "each",
     eager: EagerRuns | None = None,
+    accuracy: tuple[float, float] | None = None,
 ) -> ParityReport:
     """Run eager (twice), eager in fp64 and the candidate on ``make_inputs(b)`` for every ``b``.
     ``determinism="once"``: eager runs twice at one size only (``_twice_at``: a conversion's
     checks; whether the model is deterministic does not depend on the size, and a large model's
     runs are what verification costs), both calls at one thread count; ``"done"``: not at
-    all. ``eager``: outputs known already (used, not run again) and filled with those run."""
+    all. ``eager``: outputs known already (used, not run again) and filled with those run.
+    ``accuracy`` (min cosine, max error): floating outputs judged by ``judged_by_accuracy``."""
 
     tols = {**TOLERANCES, **(tolerances or {})}
     ref64 = fp64_model(reference)
@@ -400,7 +403,7 @@ def compare(
             inputs = known if known is not None else make_inputs(b)
             again = determinism == "each" or (determinism == "once" and b == twice_at)
             done[b] = _compare_size(
-                b, inputs, reference, candidate, ref64, tols, atol, rtol, again, runs
+                b, inputs, reference, candidate, ref64, tols, atol, rtol, again, runs, accuracy
             )
             advance()
     return summarised([done[b] for b in batches], ref64 is not None, tols)
@@ -456,6 +459,7 @@ def _compare_size(
     rtol: float | None,
     again: bool,
     runs: EagerRuns,
+    accuracy: tuple[float, float] | None = None,
 ) -> SizeResult:
     """One batch size of ``compare``."""
     import torch
@@ -486,7 +490,7 @@ def _compare_size(
             got = output_leaves(candidate(**copy.deepcopy(inputs)))
         except Exception as exc:  # the artifact may reject a size: that is the finding
             return SizeResult(b, "fail_to_run", detail=f"{type(exc).__name__}: {exc}"[:300])
-    return _compare_leaves(b, first, got, gold, tols, atol, rtol)
+    return _compare_leaves(b, first, got, gold, tols, atol, rtol, accuracy)
 
 
 def _compare_leaves(
@@ -497,27 +501,18 @@ def _compare_leaves(
     tols: dict[str, float],
     atol: float | None,
     rtol: float | None,
+    accuracy: tuple[float, float] | None = None,
 ) -> SizeResult:
     if len(ref) != len(got):
         return SizeResult(batch, "fail_shape", detail=f"{len(ref)} outputs became {len(got)}")
     golds = list(gold.values()) if gold is not None and len(gold) == len(ref) else [None] * len(ref)
     results = [
-        _compare_one(name, a, b, g, tols, atol, rtol)
+        _compare_one(name, a, b, g, tols, atol, rtol, accuracy)
         for (name, a), b, g in zip(ref.items(), got.values(), golds, strict=True)
     ]
     status: ParityStatus = next((r.status for r in results if r.status != "pass"), "pass")
     bad = next((r for r in results if r.status != "pass"), None)
     return SizeResult(batch, status, results, bad.detail if bad else "")
-
-
-def _cosine(x: Any, y: Any) -> float:
-    """Cosine similarity of two flat fp64 tensors (``cosine_similarity`` with eps 1e-12, by two
-    dot products and the norms)."""
-    import torch
-
-    dot = float(torch.dot(x, y))
-    norms = float(torch.linalg.vector_norm(x)) * float(torch.linalg.vector_norm(y))
-    return dot / max(norms, 1e-12)
 
 
 def _rmse(x: Any, y: Any) -> float:
@@ -532,6 +527,7 @@ def _compare_one(
     tols: dict[str, float],
     atol: float | None,
     rtol: float | None,
+    accuracy: tuple[float, float] | None = None,
 ) -> OutputResult:
     import torch
 
@@ -559,7 +555,7 @@ def _compare_one(
     # (the slowest part) only runs when some difference is above atol
     a64 = a.double().flatten()
     b64 = a64 if torch.equal(a, b) else b.double().flatten()
-    cosine = _cosine(a64, b64) if a.numel() > 1 else None
+    cosine = flat_cosine(a64, b64) if a.numel() > 1 else None
     close = None  # None: every element close
     if b64 is not a64:
         diff = b64.sub(a64).abs_()
@@ -569,6 +565,8 @@ def _compare_one(
             close = torch.isclose(a, b, rtol=rt, atol=at, equal_nan=True)
             outside = float((~close).float().mean()) if a.numel() else 0.0
     result = OutputResult(name, "pass", max_abs, max_rel, outside_tolerance=outside, cosine=cosine)
+    if accuracy is not None:  # a quantized program: its cosine and error judge it, no tolerance
+        return judged_by_accuracy(result, a64, accuracy)
     if gold is not None and gold.shape == a.shape:
         result.rmse_vs_fp64 = _rmse(gold, b)
         result.eager_rmse_vs_fp64 = _rmse(gold, a)

@@ -82,6 +82,8 @@ class OnnxFormat(Format):
     # load where it is checked and deployed
     dtypes = ("float32", "float16")
     dtypes_why = "onnxruntime's CPU kernels lack bfloat16 for most ops (Gemm, MatMul)"
+    # onnxruntime's quantize_dynamic on the written graph (edges/quantize.py)
+    quantize_schemes = ("int8",)
     needs = (
         Need(
             "onnx",

@@ -196,6 +196,9 @@ class ExportedProgramFormat(Format):
     bounds_dims = True
     holds = "an ExportedProgram: ATen graph, signature with dynamic dims, weights, constants"
     priority = 30
+    # torchao's int8 weight-only tensors export, save and load (torchao imported by the load)
+    quantize_schemes = ("int8",)
+    quantizes_module = True
 
     def open(self, path: Path, device: str = "cpu") -> Program:
         return open_exported(path)

@@ -67,6 +67,9 @@ class PteFormat(Format):
     packages = ("executorch",)
     extra = "executorch"
     options_class = PteOptions
+    quantize_why = (
+        "ExecuTorch's int8 needs the pt2e flow with XNNPACK's dynamic quantizer, not wired here yet"
+    )
     needs = (
         Need(
             "executorch",

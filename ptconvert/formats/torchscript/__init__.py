@@ -36,6 +36,7 @@ class TorchScriptFormat(Format):
     kind = "program"
     output_suffix = ".ts.pt"
     load_line = "prog = torch.jit.load(p)"
+    quantize_why = "torchao's int8 tensors cannot be scripted or traced into TorchScript"
 
     def match(self, probe: Probe) -> str | None:
         z = probe.zip

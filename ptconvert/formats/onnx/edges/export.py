@@ -136,10 +136,13 @@ def _export(ep: Any, opts: Options) -> Any:
     import torch
 
     quiet = io.StringIO()  # the exporter prints its stages on stdout, which --json owns
+    quantizing = bool(opts.quantize)
     with quiet_torch(), contextlib.redirect_stdout(quiet), _one_registry():
         own = opts.of(OnnxOptions)
+        # --quantize: optimised, so the weights' transposes are folded into the initializers
+        # that onnxruntime's quantizer looks for beside a MatMul
         program = torch.onnx.export(
-            ep, dynamo=True, opset_version=own.opset, optimize=own.onnx_optimize
+            ep, dynamo=True, opset_version=own.opset, optimize=own.onnx_optimize or quantizing
         )
     assert program is not None
     if not opts.keep_debug_info:  # every ONNX written, the generation exports' included
@@ -279,8 +282,16 @@ def onnx_export(state: RunState, opts: Options) -> None:
     opset = program.model.opset_imports.get("")
     state.notes.append(
         f"ONNX opset {opset}, checked with onnx.checker"
-        + ("; graph optimised with onnxscript's optimizer" if own.onnx_optimize else "")
+        + (
+            "; graph optimised with onnxscript's optimizer"
+            if own.onnx_optimize or opts.quantize
+            else ""
+        )
     )
+    if opts.quantize:
+        from ptconvert.formats.onnx.edges.quantize import quantize_written
+
+        quantize_written(state, opts.quantize, external)
     if own.opset is not None and opset != own.opset:
         state.notes.append(
             f"--opset {own.opset} was asked for; torch's exporter wrote opset {opset} (it "
