@@ -113,6 +113,8 @@ def convert_program(
     except PtconvertError as exc:
         exc.path = exc.path or str(src)  # name the file in the message
         raise
+    if to in FORMATS_BY_NAME:
+        FORMATS_BY_NAME[to].refuse_source(src)  # what the target cannot hold, before any work
     estimate_memory(current, d, opts)
     check_memory(current, opts, src)
     _refuse_unrunnable(current, src)

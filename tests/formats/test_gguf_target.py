@@ -264,6 +264,8 @@ def test_a_bert_directory_is_refused(tmp_path: Path, capsys: pytest.CaptureFixtu
     )
     t.BertModel(config).save_pretrained(src)
     assert "model_type 'bert'" in refused(src, tmp_path, capsys)
+    code, report, _ = run_cli(["plan", str(src), "--to", "gguf"], capsys)  # said by plan too
+    assert code == 4 and "model_type 'bert'" in report["error"]["message"], report
 
 
 def test_what_llama_cpp_cannot_hold_is_refused(

@@ -127,6 +127,22 @@ class GgufFormat(Format):
             )
         return notes
 
+    def refuse_source(self, src: Path) -> None:
+        """A Hugging Face directory (the one source written as GGUF) whose family llama.cpp's
+        architectures or whose tokenizer its vocabulary cannot hold is refused, named."""
+        config = src / "config.json"
+        if not (src.is_dir() and config.is_file()):
+            return
+        from ptconvert.formats.gguf.families import family_of
+        from ptconvert.formats.gguf.tokenizer import vocabulary
+
+        try:
+            data = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return  # the directory's own reading says what is wrong with it
+        _, hyper = family_of(data, str(src))
+        vocabulary(src, hyper.vocab)
+
     def output_is_directory(self, path: Path, layout: str) -> bool:
         """A file transformers loads from GGUF is written as the Hugging Face directory that
         loading amounts to (config.json beside the weights)."""

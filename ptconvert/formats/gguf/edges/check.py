@@ -23,7 +23,7 @@ from typing import Any
 from ptconvert import progress
 from ptconvert.convert.state import RunState
 from ptconvert.errors import VerificationError
-from ptconvert.formats.gguf.edges.families import Family, Hyper
+from ptconvert.formats.gguf.families import Family, Hyper
 
 LENGTHS = (5, 17)  # the sequence lengths the logits are compared at
 MAX_RELATIVE = 0.01  # float types: max |Δ logits| / max |logits|

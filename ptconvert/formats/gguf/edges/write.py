@@ -2,7 +2,8 @@
 gguf package's writer, then checked (``check.py``).
 
 What is refused is refused before the weights are read: a family llama.cpp's architectures have
-no place for, a tokenizer its vocabulary cannot hold (``families.py``, ``tokenizer.py``). The
+no place for, a tokenizer its vocabulary cannot hold (``gguf/families.py``, ``tokenizer.py``;
+the engine asks ``GgufFormat.refuse_source`` before the route). The
 matrices take the type asked (``--gguf-type``, else ``--dtype``, else the source's own
 precision); as llama.cpp writes them, 1-D tensors (norms, biases) stay f32, and a matrix whose
 rows q8_0's 32-value blocks do not divide is written f16. The tensors are written one at a time
@@ -19,7 +20,7 @@ from typing import Any
 from ptconvert import progress
 from ptconvert.convert.state import RunState
 from ptconvert.errors import UsageError
-from ptconvert.formats.gguf.edges.families import (
+from ptconvert.formats.gguf.families import (
     Family,
     Hyper,
     add_hyperparameters,
@@ -27,8 +28,8 @@ from ptconvert.formats.gguf.edges.families import (
     permute_qk,
     tensor_names,
 )
-from ptconvert.formats.gguf.edges.tokenizer import add_vocabulary, vocabulary
 from ptconvert.formats.gguf.options import DTYPE_OF, GgufOptions
+from ptconvert.formats.gguf.tokenizer import add_vocabulary, vocabulary
 from ptconvert.options import Options, check_choices
 
 Q8_BLOCK = 32  # values in one q8_0 block
