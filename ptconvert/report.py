@@ -68,7 +68,9 @@ def _from_jsonable(kind: Any, value: Any) -> Any:
 
 
 # The statuses results carry, as types (the values a pipeline compares against).
-Check = Literal["parity", "bitwise", "copy", "generation", "none"]  # which check a conversion ran
+Check = Literal[
+    "parity", "bitwise", "copy", "generation", "readback", "none"
+]  # which check a conversion ran
 Verdict = Literal["clean", "needs-code", "dangerous", "error"]  # a scan's
 StepStatus = Literal["ok", "failed"]
 ParityStatus = Literal[

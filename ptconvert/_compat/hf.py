@@ -1,6 +1,6 @@
 """transformers' private APIs that ptconvert calls, reads or sets: each a hook with its probe.
 
-- ``hf_auto_model_mapping``: ``AutoModel…._model_mapping`` (formats/gguf.py: the class of a config).
+- ``hf_auto_model_mapping``: ``AutoModel…._model_mapping`` (formats/gguf/: the class of a config).
 - ``hf_from_config``: ``PreTrainedModel._from_config`` (model/spec.py: a model built on meta).
 - ``hf_keys_to_ignore``: ``model._keys_to_ignore_on_load_unexpected`` (model/spec.py).
 - ``hf_attn_implementation``: ``config._attn_implementation`` (the ONNX exports' eager switch).

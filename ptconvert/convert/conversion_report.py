@@ -63,7 +63,8 @@ class ConversionReport(Report):
     # "outputs": [...], "accepts": [...]} (programs only)
     interface: dict[str, Any] = field(default_factory=dict)
     # the check that ran: "parity" (run against eager), "bitwise" (weights read back),
-    # "copy" (bytes compared), or "none" (--no-verify, or nothing to run it against)
+    # "copy" (bytes compared), "readback" (a target's own step read it back and ran it in its
+    # client: a GGUF), or "none" (--no-verify, or nothing to run it against)
     check: Check = "none"
     bench: Any = None  # a verify.bench.BenchReport when --bench was given
     cached: bool = False  # copied from the cache: the steps and check are those that filled it

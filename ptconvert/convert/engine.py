@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ptconvert import progress
 from ptconvert.atomic import atomic_path, check_output, ensure_space, make_folder, place_together
@@ -116,6 +116,8 @@ def convert_program(
     except PtconvertError as exc:
         exc.path = exc.path or str(src)  # name the file in the message
         raise
+    if to in FORMATS_BY_NAME:
+        FORMATS_BY_NAME[to].refuse_source(src)  # what the target cannot hold, before any work
     estimate_memory(current, d, opts)
     check_memory(current, opts, src)
     _refuse_unrunnable(current, src)
@@ -311,11 +313,17 @@ def _run_route(
                 route, taken = route[:cut], taken[:cut]
                 node, queue = "module", list(replanned.edges)
         check: Check = "parity" if parity is not None else "none"
+        if state.checked:  # the target's step checked what it wrote itself
+            check = cast(Check, state.checked)
         from ptconvert.weights.read import weight_sources
 
         target = FORMATS_BY_NAME.get(to)
         weights_target = target is not None and target.kind == "weights" and to in weight_sources()
-        if opts.verify and (target is None or (target.kind == "weights" and not weights_target)):
+        if (
+            opts.verify
+            and not state.checked
+            and (target is None or (target.kind == "weights" and not weights_target))
+        ):
             state.notes.append(f"no check ran: ptconvert cannot read {to} files back")
         bitwise = None
         if weights_target and opts.verify and state.weights is not None:

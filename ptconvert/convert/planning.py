@@ -58,6 +58,8 @@ def plan_for(src: str | Path, to: str, opts: Options) -> Plan:
         copy = Edge(to, to, "copy", 0, label="a byte copy, compared with the source")
         return Plan(to, to, [copy], source=str(src))
     result = plan(d.format, to, available_needs(d.format, opts), inapplicable(d, to))
+    if to in FORMATS_BY_NAME:
+        FORMATS_BY_NAME[to].refuse_source(Path(src))  # what the target cannot hold, said first
     result.source = str(src)
     estimate_memory(result, d, opts)
     result.dynamic = _planned_dims(result, d, opts)

@@ -70,3 +70,5 @@ class RunState:
     changes: list[str] = field(default_factory=list)  # the state a call changes (buffers …)
     fresh: Any = None  # verify.fresh_load.FreshLoad: an interpreter started for the written file
     eager: Any = None  # parity.EagerRuns: eager's outputs so far (program_check.first_call)
+    # the check a target's own step ran on what it wrote (report.Check: a GGUF's "readback")
+    checked: str = ""

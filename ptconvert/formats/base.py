@@ -218,6 +218,12 @@ class Format:
         in a child, stopped after ``timeout`` s (LoadTimeoutError): before this process loads
         it, or a copy is written. Other formats run nothing of the file's at load."""
 
+    def refuse_source(self, src: Path) -> None:
+        """A target that cannot hold what ``src`` holds says so before any work, as an
+        UnsupportedConversionError naming what is missing (a GGUF: the model's family, its
+        tokenizer); ``plan`` and ``--to all`` say it too. Most targets take any source a route
+        reaches."""
+
     def writes_weights_in_place(self) -> bool:
         """Whether writing a program of this format writes each weight from where it lies (no
         copy of the largest tensor at the peak: a check's fresh interpreter may start early)."""

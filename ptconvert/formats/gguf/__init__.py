@@ -34,6 +34,7 @@ from ptconvert import _compat
 from ptconvert.deps import require
 from ptconvert.errors import UnsupportedConversionError
 from ptconvert.formats.base import FileInfo, Format, Probe, file_entry
+from ptconvert.formats.gguf.options import GgufOptions
 from ptconvert.formats.gguf_file import (
     FILE_TYPES,
     GGML_TYPES,
@@ -62,6 +63,8 @@ class GgufFormat(Format):
         "tokenizer, chat template); no code"
     )
     priority = 10
+    # a target too: a Hugging Face decoder written by its edges/ (its --gguf-type)
+    options_class = GgufOptions
     # the independent reading of a file under its own names is the gguf package's reader over
     # numpy arrays: no torch (a file transformers maps is read by transformers, which has it)
     reference_without_torch = True
@@ -123,6 +126,22 @@ class GgufFormat(Format):
                 "it render it as code of their template engine; ptconvert never renders it"
             )
         return notes
+
+    def refuse_source(self, src: Path) -> None:
+        """A Hugging Face directory (the one source written as GGUF) whose family llama.cpp's
+        architectures or whose tokenizer its vocabulary cannot hold is refused, named."""
+        config = src / "config.json"
+        if not (src.is_dir() and config.is_file()):
+            return
+        from ptconvert.formats.gguf.families import family_of
+        from ptconvert.formats.gguf.tokenizer import vocabulary
+
+        try:
+            data = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return  # the directory's own reading says what is wrong with it
+        _, hyper = family_of(data, str(src))
+        vocabulary(src, hyper.vocab)
 
     def output_is_directory(self, path: Path, layout: str) -> bool:
         """A file transformers loads from GGUF is written as the Hugging Face directory that

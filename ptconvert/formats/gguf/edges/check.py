@@ -1,0 +1,208 @@
+"""The written GGUF checked two ways before it is published, by readers that are not its writer:
+
+- every tensor read back by gguf's ``GGUFReader``, its llama.cpp row order undone here (numpy,
+  the inverse written apart from the permutation), and compared with the source tensor: f32,
+  f16 and bf16 bit for bit with the source cast to that type, q8_0 dequantized
+  (``gguf.quants.dequantize``) within half a quantization step of its block (the step's f16
+  rounding allowed);
+- transformers' own GGUF loading (``AutoModelForCausalLM.from_pretrained(dir,
+  gguf_file=…)``: its config from the metadata, its reverse permutation) run on token ids at two
+  sequence lengths against the source model in float32: the logits within 1 % of their largest
+  magnitude for float types, cosine ≥ 0.99 for q8_0. Two float32 copies of the model must fit
+  in half the memory available; a note says when they do not and only the tensors were checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ptconvert import progress
+from ptconvert.convert.state import RunState
+from ptconvert.errors import VerificationError
+from ptconvert.formats.gguf.families import Family, Hyper
+
+LENGTHS = (5, 17)  # the sequence lengths the logits are compared at
+MAX_RELATIVE = 0.01  # float types: max |Δ logits| / max |logits|
+MIN_COSINE = 0.99  # q8_0
+# q8_0 rounds to the nearest of 255 steps of its block (half a step off at most); the step is
+# stored f16 (2^-11 relative), times up to 127 steps
+Q8_SLACK = 0.5 + 127 * 2.0**-11
+
+
+def check_gguf(
+    state: RunState,
+    path: Path,
+    plan: list[Any],
+    tensors: dict[str, Any],
+    family: Family,
+    hyper: Hyper,
+    scheme: str,
+) -> None:
+    """Both checks; a VerificationError naming the first thing that differs."""
+    with progress.step("reading every tensor back (gguf.GGUFReader)"):
+        state.notes.append(_tensors_back(path, plan, tensors, family))
+    with progress.step("running the GGUF through transformers' GGUF loading"):
+        state.notes.append(_logits(state, path, tensors, scheme))
+    state.checked = "readback"
+
+
+def _tensors_back(path: Path, plan: list[Any], tensors: dict[str, Any], family: Family) -> str:
+    import gguf
+    import numpy as np
+    import torch
+
+    reader = gguf.GGUFReader(path)
+    arch = reader.get_field("general.architecture")
+    written_arch = arch.contents() if arch is not None else None
+    if written_arch != gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, family.arch)]:
+        raise VerificationError(f"the GGUF reads back as architecture {written_arch!r}", path=path)
+    found = {t.name: t for t in reader.tensors}
+    missing = [p.name for p in plan if p.name not in found]
+    if missing or len(found) != len(plan):
+        raise VerificationError(
+            f"the GGUF holds {len(found)} tensors, {len(plan)} written; missing {missing[:5]}",
+            path=path,
+        )
+    exact, worst = 0, 0.0
+    for p in plan:
+        t = found[p.name]
+        want = tensors[p.source]
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if t.tensor_type.name != p.qtype or shape != tuple(want.shape):
+            raise VerificationError(
+                f"tensor {p.name}: {t.tensor_type.name} {shape} read back, {p.qtype} "
+                f"{tuple(want.shape)} written",
+                path=path,
+            )
+        data = np.ascontiguousarray(t.data)
+        if p.qtype == "Q8_0":
+            got = gguf.quants.dequantize(data, t.tensor_type).reshape(shape)
+            ratio = _q8_error(_unpermuted(got, p.heads), want.to(torch.float32).numpy())
+            if ratio > 1.0:
+                raise VerificationError(
+                    f"tensor {p.name}: q8_0 off by {ratio:.2f}× the scheme's bound", path=path
+                )
+            worst = max(worst, ratio)
+            continue
+        dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[p.qtype]
+        bits = _unpermuted(data.view(np.uint8).reshape(*shape[:-1], -1), p.heads)
+        expected = want.to(dtype).contiguous().view(torch.uint8).numpy()
+        if not np.array_equal(bits, expected.reshape(bits.shape)):
+            raise VerificationError(
+                f"tensor {p.name}: its {p.qtype} bytes differ from the source's cast to "
+                f"{str(dtype).removeprefix('torch.')}",
+                path=path,
+            )
+        exact += 1
+    words = f"read back by gguf.GGUFReader: {len(plan)} tensors, {exact} bitwise equal"
+    if exact < len(plan):
+        words += (
+            f", {len(plan) - exact} q8_0 within their blocks' bound "
+            f"(worst {worst:.2f}× of half a step)"
+        )
+    return words + " to the source (llama.cpp's q/k row order undone)"
+
+
+def _unpermuted(rows: Any, heads: int) -> Any:
+    """llama.cpp's q/k rows back in transformers' order: row j·d/2 + i of a head is its row
+    2i + j."""
+    if not heads:
+        return rows
+    head = rows.shape[0] // heads
+    pairs = rows.reshape(heads, head // 2, 2, *rows.shape[1:])
+    return pairs.swapaxes(1, 2).reshape(rows.shape)
+
+
+def _q8_error(got: Any, want: Any) -> float:
+    """The worst block's error over its bound (≤ 1 passes): each 32 values along a row."""
+    import numpy as np
+
+    blocks = want.reshape(-1, 32)
+    step = np.abs(blocks).max(axis=1, keepdims=True) / 127
+    err = np.abs(got.reshape(-1, 32) - blocks)
+    bound = step * Q8_SLACK + np.finfo(np.float32).tiny
+    return float((err / bound).max())
+
+
+def _logits(state: RunState, path: Path, tensors: dict[str, Any], scheme: str) -> str:
+    from ptconvert.memory import available_bytes
+
+    params = sum(t.numel() for k, t in tensors.items() if "#" not in k)
+    need = 2 * 4 * params
+    free = available_bytes()
+    if free is not None and need > free // 2:
+        return (
+            f"logits not compared: two float32 copies of the model ({need / 2**30:.1f} GiB) "
+            "exceed half the memory available; every tensor was"
+        )
+    import torch
+
+    ours = _source_model(state.src, tensors)
+    theirs = _gguf_model(path)
+    generator = torch.Generator().manual_seed(0)
+    vocab = int(ours.config.vocab_size)
+    words = []
+    for length in LENGTHS:
+        ids = torch.randint(0, vocab, (1, length), generator=generator)
+        with torch.no_grad():
+            want = ours(input_ids=ids).logits.double()
+            got = theirs(input_ids=ids).logits.double()
+        rel = float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+        cos = float(torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0))
+        bad = cos < MIN_COSINE if scheme == "q8_0" else rel > MAX_RELATIVE
+        if bad:
+            raise VerificationError(
+                f"transformers' loading of the GGUF gives other logits than the source at "
+                f"{length} tokens: max |Δ| {rel:.2%} of the largest, cosine {cos:.5f}",
+                path=state.src,
+            )
+        words.append(f"{length} tokens: max |Δ| {rel:.2e} of the largest, cosine {cos:.6f}")
+    rule = f"cosine ≥ {MIN_COSINE}" if scheme == "q8_0" else f"within {MAX_RELATIVE:.0%}"
+    return (
+        f"transformers' GGUF loading gives the source model's float32 logits ({rule}): "
+        + "; ".join(words)
+    )
+
+
+@contextlib.contextmanager
+def _quiet() -> Any:
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _source_model(folder: Path, tensors: dict[str, Any]) -> Any:
+    """The source directory's model in float32, built from its config and the tensors read."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    with _quiet():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    weights = {k: t.to(torch.float32) for k, t in tensors.items() if "#" not in k}
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise VerificationError(
+            f"the source's tensors do not fit its model class: missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}",
+            path=folder,
+        )
+    if tied:
+        model.tie_weights()
+    return model.eval()
+
+
+def _gguf_model(path: Path) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with _quiet():
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        )
+    return model.eval()

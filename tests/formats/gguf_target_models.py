@@ -1,0 +1,83 @@
+"""Tiny Hugging Face decoders with a byte-level BPE tokenizer.json, as --to gguf takes them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+VOCAB = 272  # 256 bytes, 8 merges, one special token, 7 ids the tokenizer leaves unused
+MERGES = [
+    ("h", "e"),
+    ("l", "l"),
+    ("Ġ", "t"),
+    ("he", "ll"),
+    ("o", "Ġ"),
+    ("Ġt", "h"),
+    ("e", "r"),
+    ("i", "n"),
+]
+SPECIAL = "<|endoftext|>"
+TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+def byte_alphabet() -> list[str]:
+    from gguf.vocab import bytes_to_unicode
+
+    return list(bytes_to_unicode().values())
+
+
+def write_byte_level_tokenizer(folder: Path) -> None:
+    """tokenizer.json (GPT-2's ByteLevel pre-tokenizer and decoder, a few merges, one special
+    token) and tokenizer_config.json naming it bos/eos, with a chat template."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {c: i for i, c in enumerate(byte_alphabet())}
+    for a, b in MERGES:
+        vocab[a + b] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab, MERGES))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(SPECIAL, special=True)])
+    tok.save(str(folder / "tokenizer.json"))
+    config = {
+        "bos_token": SPECIAL,
+        "eos_token": SPECIAL,
+        "add_bos_token": False,
+        "chat_template": TEMPLATE,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def build_decoder(kind: str, folder: Path, *, dtype: str = "float32") -> Path:
+    """A tiny ``llama`` or ``qwen2`` causal LM saved as safetensors with its tokenizer. The
+    feed-forward width (80) is no multiple of q8_0's 32-value blocks: its down projection's
+    rows are not (llama.cpp writes it f16)."""
+    import torch
+    import transformers as t
+
+    torch.manual_seed(0)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        initializer_range=0.2,
+        bos_token_id=256 + len(MERGES),
+        eos_token_id=256 + len(MERGES),
+    )
+    config, cls = {
+        "llama": (t.LlamaConfig, t.LlamaForCausalLM),
+        "qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM),
+    }[kind]
+    model = cls(config(**common)).eval()
+    with torch.no_grad():  # norms away from 1: a norm written wrong shows in the logits
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+    model.to(getattr(torch, dtype)).save_pretrained(folder)
+    write_byte_level_tokenizer(folder)
+    return folder
