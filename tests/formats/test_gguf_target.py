@@ -148,7 +148,7 @@ def test_q8_0_is_within_its_blocks_and_close_in_logits(
 ) -> None:
     out = tmp_path / "tiny-q8_0.gguf"
     code, report, _ = run_cli(
-        [str(llama), "--to", "gguf", "--gguf-type", "q8_0", "-o", str(out)], capsys
+        [str(llama), "--to", "gguf", "--quantize", "q8_0", "-o", str(out)], capsys
     )
     assert code == 0, report
     assert report["check"] == "readback"
@@ -289,9 +289,14 @@ def test_what_llama_cpp_cannot_hold_is_refused(
     assert "tokenizer.json" in refused(src, tmp_path, capsys)
 
 
-def test_two_precisions_asked_are_a_usage_error(
+def test_q8_0_is_the_gguf_targets_scheme_and_no_other_targets(
     llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = [str(llama), "--to", "gguf", "--gguf-type", "f16", "--dtype", "bfloat16"]
+    """One vocabulary: --quantize q8_0 writes GGUF; asked of ONNX it is refused before work,
+    naming the target that writes it; with a half --dtype it is refused too."""
+    args = [str(llama), "--to", "onnx", "--quantize", "q8_0", "-o", str(tmp_path / "x.onnx")]
+    code, report, _ = run_cli(args, capsys)
+    assert code == 4 and report["error"]["hint"] == "--quantize q8_0 is written by --to gguf"
+    args = [str(llama), "--to", "gguf", "--quantize", "q8_0", "--dtype", "bfloat16"]
     code, report, _ = run_cli([*args, "-o", str(tmp_path / "x.gguf")], capsys)
-    assert code == 2 and "two precisions" in report["error"]["message"], report
+    assert code == 4 and "--dtype bfloat16" in report["error"]["message"], report

@@ -34,7 +34,6 @@ from ptconvert import _compat
 from ptconvert.deps import require
 from ptconvert.errors import UnsupportedConversionError
 from ptconvert.formats.base import FileInfo, Format, Probe, file_entry
-from ptconvert.formats.gguf.options import GgufOptions
 from ptconvert.formats.gguf_file import (
     FILE_TYPES,
     GGML_TYPES,
@@ -63,8 +62,9 @@ class GgufFormat(Format):
         "tokenizer, chat template); no code"
     )
     priority = 10
-    # a target too: a Hugging Face decoder written by its edges/ (its --gguf-type)
-    options_class = GgufOptions
+    # a target too: a Hugging Face decoder written by its edges/, --dtype's precision or
+    # --quantize q8_0 (llama.cpp's 8-bit blocks)
+    quantize_schemes = ("q8_0",)
     # the independent reading of a file under its own names is the gguf package's reader over
     # numpy arrays: no torch (a file transformers maps is read by transformers, which has it)
     reference_without_torch = True

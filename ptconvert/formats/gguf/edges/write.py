@@ -4,7 +4,7 @@ gguf package's writer, then checked (``check.py``).
 What is refused is refused before the weights are read: a family llama.cpp's architectures have
 no place for, a tokenizer its vocabulary cannot hold (``gguf/families.py``, ``tokenizer.py``;
 the engine asks ``GgufFormat.refuse_source`` before the route). The
-matrices take the type asked (``--gguf-type``, else ``--dtype``, else the source's own
+matrices take the type asked (``--quantize q8_0``, else ``--dtype``, else the source's own
 precision); as llama.cpp writes them, 1-D tensors (norms, biases) stay f32, and a matrix whose
 rows q8_0's 32-value blocks do not divide is written f16. The tensors are written one at a time
 (header and tensor infos first): one converted tensor is in memory at once.
@@ -19,7 +19,6 @@ from typing import Any
 
 from ptconvert import progress
 from ptconvert.convert.state import RunState
-from ptconvert.errors import UsageError
 from ptconvert.formats.gguf.families import (
     Family,
     Hyper,
@@ -28,9 +27,8 @@ from ptconvert.formats.gguf.families import (
     permute_qk,
     tensor_names,
 )
-from ptconvert.formats.gguf.options import DTYPE_OF, GgufOptions
 from ptconvert.formats.gguf.tokenizer import add_vocabulary, vocabulary
-from ptconvert.options import Options, check_choices
+from ptconvert.options import Options
 
 Q8_BLOCK = 32  # values in one q8_0 block
 # the scheme → (gguf.GGMLQuantizationType name, gguf.LlamaFileType name)
@@ -40,7 +38,8 @@ SCHEMES = {
     "bf16": ("BF16", "MOSTLY_BF16"),
     "q8_0": ("Q8_0", "MOSTLY_Q8_0"),
 }
-_OF_DTYPE = {v: k for k, v in DTYPE_OF.items()}
+# --dtype's precision → its GGUF type
+_OF_DTYPE = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 
 @dataclass(frozen=True)
@@ -102,16 +101,11 @@ def _arch(family: Family) -> Any:
 
 
 def _scheme(opts: Options) -> str | None:
-    """--gguf-type, else --dtype's type, else None (the source's); the two must agree."""
-    own = opts.of(GgufOptions)
-    check_choices(own)
-    asked = own.gguf_type
-    if asked is not None and opts.dtype and DTYPE_OF.get(asked) != opts.dtype:
-        raise UsageError(
-            f"--gguf-type {asked} and --dtype {opts.dtype} ask for two precisions",
-            hint="--gguf-type alone picks the GGUF's type",
-        )
-    return asked or (_OF_DTYPE[opts.dtype] if opts.dtype else None)
+    """--quantize q8_0, else --dtype's type, else None (the source's precision); the engine
+    refused both together before any work."""
+    if opts.quantize:
+        return opts.quantize
+    return _OF_DTYPE[opts.dtype] if opts.dtype else None
 
 
 def _source_scheme(tensors: dict[str, Any]) -> str:
