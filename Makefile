@@ -12,6 +12,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	# this project was installed as "ptconvert" before its distribution took its own name
+	# (torch-ptconvert: the index's ptconvert is another project): that install goes first
+	$(BIN)/python -m pip uninstall -q -y ptconvert
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[all,test]'
 	touch $(STAMP)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from ptconvert import progress
+from ptconvert import __version__, progress
 from ptconvert.cli_commands import COMMANDS, emit_json, examples, show
 from ptconvert.cli_flags import batch_sizes, conversion_options, model_options, options_from
 from ptconvert.errors import (
@@ -32,7 +32,7 @@ class _ConvertByDefault(click.Group):
     """Route ``ptconvert SRC …`` to ``convert`` when SRC is not a subcommand name."""
 
     # the group's own options (flags): what comes after them is a command, or a conversion
-    _OWN = frozenset({"--debug", "-q", "--quiet", "-v", "--verbose", "-h", "--help"})
+    _OWN = frozenset({"--debug", "-q", "--quiet", "-v", "--verbose", "-h", "--help", "--version"})
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # the first argument that is not the group's: a command, else a conversion's SRC or
@@ -81,7 +81,7 @@ def _exit_code_table() -> str:
 @click.option(
     "-v", "--verbose", is_flag=True, help="Show torch's own logs and warnings while converting."
 )
-@click.version_option(package_name="ptconvert")
+@click.version_option(version=__version__, prog_name="ptconvert")
 def cli(debug: bool, quiet: bool, verbose: bool) -> None:
     """Convert PyTorch models between formats, safely, and prove the result right.
 

@@ -116,4 +116,15 @@ def _release(version: str) -> tuple[int, ...]:
 
 def _install_hint(top: str) -> str:
     extra = EXTRAS.get(top)
-    return f"pip install 'ptconvert[{extra}]'" if extra else f"pip install {top}"
+    return extra_hint(extra) if extra else f"pip install {top}"
+
+
+# ptconvert's distribution name: "ptconvert" on the package index is an unrelated project, so a
+# hint must never name that distribution (pip would install that one). Until this one is
+# published, an extra is installed from the source checkout.
+DISTRIBUTION = "torch-ptconvert"
+
+
+def extra_hint(extra: str) -> str:
+    """How to install ptconvert's ``extra`` (its optional packages)."""
+    return f"pip install -e '.[{extra}]' in ptconvert's checkout (the {DISTRIBUTION} {extra} extra)"

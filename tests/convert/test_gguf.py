@@ -100,7 +100,7 @@ def test_plain_types_need_no_gguf_package_to_copy(
     # the check's independent reader is the gguf package's
     code, report, _ = run_cli([str(src), "--to", "safetensors", "-o", str(tmp_path / "b")], capsys)
     assert code == 5 and report["error"]["type"] == "MissingRequirementError"
-    assert "pip install 'ptconvert[gguf]'" in report["error"]["hint"]
+    assert "pip install -e '.[gguf]'" in report["error"]["hint"]
     assert "--no-verify" in report["error"]["hint"]
 
 
@@ -112,7 +112,7 @@ def test_quantized_tensors_without_the_extra_name_it(
     code, report, _ = run_cli([str(src), "--to", "safetensors"], capsys)
     assert code == 5 and report["error"]["type"] == "MissingRequirementError"
     assert "'gguf'" in report["error"]["message"]
-    assert "pip install 'ptconvert[gguf]'" in report["error"]["hint"]
+    assert "pip install -e '.[gguf]'" in report["error"]["hint"]
     assert not (tmp_path / "mixed.safetensors").exists()
 
 

@@ -114,7 +114,7 @@ def test_without_the_extra_the_error_names_it(
     )
     assert code == 5 and report["error"]["type"] == "MissingRequirementError"
     assert "needs executorch" in report["error"]["message"]
-    assert "pip install 'ptconvert[executorch]'" in report["error"]["hint"]
+    assert "pip install -e '.[executorch]'" in report["error"]["hint"]
     assert not out.exists()
     code, plan, _ = run_cli(["plan", str(samples["mlp_zip"]), "--to", "pte", *MLP_ARGS], capsys)
     assert plan["missing"] == {"executorch": report["error"]["hint"]}

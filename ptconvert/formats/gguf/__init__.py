@@ -99,7 +99,7 @@ class GgufFormat(Format):
             n = sum(quantized.values())
             info.notes.append(
                 f"{n} quantized tensor{'s' if n != 1 else ''} ({summary(quantized)}): a "
-                "conversion dequantizes them into float32 with the gguf package (ptconvert[gguf])"
+                "conversion dequantizes them into float32 with the gguf package (the gguf extra)"
             )
         return info
 
@@ -201,9 +201,9 @@ def _cached_plan(path: Path, stamp: tuple[int, int], arch: str) -> Plan | str:
     if not arch:
         return "the file names no general.architecture"
     if importlib.util.find_spec("transformers") is None:
-        return "transformers is not installed (ptconvert[hf]): its GGUF names are not known"
+        return "transformers is not installed (the hf extra): its GGUF names are not known"
     if importlib.util.find_spec("gguf") is None:
-        return "transformers reads GGUF metadata with the gguf package (ptconvert[gguf])"
+        return "transformers reads GGUF metadata with the gguf package (the gguf extra)"
     if not _maybe_mapped(arch):
         return f"transformers has no GGUF mapping for architecture {arch!r}"
     with _quiet():

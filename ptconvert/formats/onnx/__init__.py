@@ -17,7 +17,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from ptconvert.deps import require, require_installed
+from ptconvert.deps import extra_hint, require, require_installed
 from ptconvert.errors import CorruptFileError
 from ptconvert.formats.base import (
     FileInfo,
@@ -87,7 +87,7 @@ class OnnxFormat(Format):
     needs = (
         Need(
             "onnx",
-            "pip install 'ptconvert[onnx]' (onnx, onnxscript and onnxruntime)",
+            extra_hint("onnx") + ": onnx, onnxscript and onnxruntime",
             installed("onnx", "onnxscript", "onnxruntime", "onnx_ir"),
         ),
     )

@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ptconvert.deps import require_installed
+from ptconvert.deps import extra_hint, require_installed
 from ptconvert.formats.base import (
     FileInfo,
     Format,
@@ -73,7 +73,7 @@ class PteFormat(Format):
     needs = (
         Need(
             "executorch",
-            "pip install 'ptconvert[executorch]' (ExecuTorch: its lowering and its runtime)",
+            extra_hint("executorch") + ": ExecuTorch's lowering and its runtime",
             installed("executorch"),
         ),
     )
