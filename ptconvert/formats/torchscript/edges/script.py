@@ -79,12 +79,17 @@ def moved(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """``args`` with each tensor's values rolled by one place: the same shapes, dtypes and
     values (ids stay inside the vocabulary, a mask stays 0/1), each at another position. The
     check the batch sizes make cannot show a frozen value when the inputs' rows repeat (an
-    ``--example-inputs`` file is repeated to other batch sizes)."""
+    ``--example-inputs`` file is repeated to other batch sizes). A one-value number (what
+    ``.item()`` reads, a size among them: ``torch.zeros(x.item(), 5)``) has no other place to
+    roll to: its value itself is moved by one, towards zero (a size stays a size)."""
     import torch
 
-    return tuple(
-        a.flatten().roll(1).view_as(a).clone() if isinstance(a, torch.Tensor) else a for a in args
-    )
+    def move(a: torch.Tensor) -> torch.Tensor:
+        if a.numel() == 1 and a.dtype != torch.bool:
+            return (a + (-1 if a.item() > 0 else 1)).to(a.dtype)
+        return a.flatten().roll(1).view_as(a).clone()
+
+    return tuple(move(a) if isinstance(a, torch.Tensor) else a for a in args)
 
 
 def _frozen(exc: Exception, errors: list[str], src: Any) -> VerificationError:

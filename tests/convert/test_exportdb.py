@@ -1,0 +1,55 @@
+"""Verdicts on models nobody here wrote: torch's own ExportDB examples
+(``torch._export.db.examples``), converted as a user would (``--model module:Class`` and the
+example's own inputs in a file). A wrong artifact never exits 0; a correct one is not refused
+for a probe that makes the eager model itself fail; each route's failure is named."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ptconvert.errors import VerificationError
+from tests.conftest import run_cli
+
+EXAMPLES = "torch._export.db.examples"
+
+
+def example(name: str) -> Any:
+    """The ExportDB example ``name``'s module (its ``model`` and ``example_args``)."""
+    return importlib.import_module(f"{EXAMPLES}.{name}")
+
+
+def convert_example(
+    name: str, to: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str
+) -> tuple[int, Any, Path]:
+    """``ptconvert --model EXAMPLES.name:Class --to to --example-inputs FILE``: the example's
+    tensors saved under its forward's names; (exit code, JSON report, output path)."""
+    import inspect
+
+    from safetensors.torch import save_file
+
+    mod = example(name)
+    names = list(inspect.signature(mod.model.forward).parameters)
+    inputs = tmp_path / f"{name}.safetensors"
+    save_file({n: a.contiguous() for n, a in zip(names, mod.example_args, strict=False)}, inputs)
+    out = tmp_path / f"{name}.out"
+    args = ["--model", f"{EXAMPLES}.{name}:{type(mod.model).__name__}", "--to", to]
+    args += ["--example-inputs", str(inputs), "-o", str(out), "--no-cache", *extra]
+    code, report, _ = run_cli(args, capsys)
+    return code, report, out
+
+
+def test_a_trace_that_froze_a_size_read_by_item_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``torch.zeros((x.item(), 5))``: scripting fails, the trace records ``zeros([4, 5])``.
+    Rolling a one-value tensor leaves it as it was, so the trace check saw the same graph and
+    the file (shape (4, 5) at x=2) passed; the value itself moved shows the frozen size."""
+    name = "constrain_as_size_example"
+    code, report, out = convert_example(name, "torchscript", tmp_path, capsys)
+    assert code == VerificationError.exit_code, report
+    assert "froze a value" in report["error"]["message"]
+    assert not out.exists()
