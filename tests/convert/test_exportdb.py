@@ -53,3 +53,25 @@ def test_a_trace_that_froze_a_size_read_by_item_is_refused(
     assert code == VerificationError.exit_code, report
     assert "froze a value" in report["error"]["message"]
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "name", ["dynamic_shape_assert", "list_contains", "nested_function", "optional_input"]
+)
+def test_a_size_the_eager_model_rejects_is_skipped_not_a_refusal(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The check resized dim 0 of inputs the model asserts on (``x.shape[0] > 2``), that are
+    not batched, or that must agree with a default argument; eager raised there and the
+    conversion was refused, blaming the example inputs given. Eager failing at a size says
+    nothing of the artifact: the size is skipped, with a note, and the file is eager's."""
+    import torch
+
+    code, report, out = convert_example(name, "torchscript", tmp_path, capsys)
+    assert code == 0, report
+    assert any("the eager model itself raised there" in n for n in report["notes"]), report
+    assert any(s["status"] == "skipped" for s in report["parity"]["sizes"])
+    mod = example(name)
+    torch.testing.assert_close(
+        torch.jit.load(str(out))(*mod.example_args), mod.model(*mod.example_args)
+    )
