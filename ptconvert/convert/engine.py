@@ -237,6 +237,7 @@ def _run_route(
                 edge = queue.pop(0)
                 t0 = time.perf_counter()
                 notes_before = notes_at[edge] = len(state.notes)
+                state.another_way = False  # only the capture that runs now may say it has one
                 state.writing, state.leads_to = not queue, edge.dst
                 try:
                     with progress.step(f"{edge.src} → {edge.dst} ({edge.label or edge.step})"):
@@ -295,6 +296,13 @@ def _run_route(
                 if capture is None or state.module is None:
                     raise exc from None
                 rejected.append(f"{capture.step}: {exc.message}")
+                if state.another_way:  # the capture's next way (script refused: trace)
+                    state.another_way = False  # each way is refused once: no circles
+                    state.refused.append(exc.message)
+                    _forget_program(state)
+                    node, queue = "module", taken[cut:]
+                    route, taken = route[:cut], taken[:cut]
+                    continue
                 banned.add(capture)
                 try:
                     replanned = _replan("module", to, d.format, opts, banned, exc)

@@ -75,3 +75,19 @@ def test_a_size_the_eager_model_rejects_is_skipped_not_a_refusal(
     torch.testing.assert_close(
         torch.jit.load(str(out))(*mod.example_args), mod.model(*mod.example_args)
     )
+
+
+def test_auto_traces_when_the_check_refuses_the_scripted_program(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A decorated forward (``func(*args) + 1``): torch.jit.script compiles the undecorated
+    function and gives other numbers; ``--method auto`` stopped at the check's refusal though
+    its hint's ``--method trace`` works. The check's refusal of one way is the next way's turn."""
+    import torch
+
+    code, report, out = convert_example("decorator", "torchscript", tmp_path, capsys)
+    assert code == 0, report
+    assert any("scripted program failed the parity check" in n for n in report["notes"])
+    mod = example("decorator")
+    got = torch.jit.load(str(out))(*mod.example_args)
+    torch.testing.assert_close(got, mod.model(*mod.example_args))
