@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ptconvert.errors import VerificationError
+from ptconvert.errors import UnsupportedConversionError, VerificationError
 from tests.conftest import run_cli
 
 EXAMPLES = "torch._export.db.examples"
@@ -91,3 +91,29 @@ def test_auto_traces_when_the_check_refuses_the_scripted_program(
     mod = example("decorator")
     got = torch.jit.load(str(out))(*mod.example_args)
     torch.testing.assert_close(got, mod.model(*mod.example_args))
+
+
+@pytest.mark.parametrize(
+    ("name", "to", "extra", "says"),
+    [
+        # Python's round on a dynamic size: not among the serializer's symbolic operators
+        ("dynamic_shape_round", "pt2", ["--dynamic-batch"], "torch.export.save cannot serialize"),
+        # the trace keeps the autograd.Function as a Python call torch.jit.save refuses
+        ("autograd_function", "torchscript", [], "torch.jit.save cannot save"),
+    ],
+)
+def test_a_program_torch_cannot_save_is_a_named_refusal(
+    name: str,
+    to: str,
+    extra: list[str],
+    says: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Both exited 1, "internal error", with torch's exception: what torch's writer refuses
+    is unsupported content (exit 4), said in one line with a hint."""
+    code, report, out = convert_example(name, to, tmp_path, capsys, *extra)
+    assert code == UnsupportedConversionError.exit_code, report
+    error = report["error"]
+    assert says in error["message"] and "\n" not in error["message"] and error["hint"]
+    assert not out.exists()
