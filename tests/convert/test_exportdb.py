@@ -117,3 +117,21 @@ def test_a_program_torch_cannot_save_is_a_named_refusal(
     error = report["error"]
     assert says in error["message"] and "\n" not in error["message"] and error["hint"]
     assert not out.exists()
+
+
+def test_a_number_the_model_returns_is_compared_as_an_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``return x.shape[1] + 1`` with dim 1 dynamic: torch.onnx writes the number as an int64
+    output, right at every size; the check left eager's number out of its outputs ("0 outputs
+    became 1"), refused the file, and the route after it ended in the exporter's error."""
+    import numpy as np
+    import onnxruntime as ort
+
+    code, report, out = convert_example(
+        "scalar_output", "onnx", tmp_path, capsys, "--dynamic", "x:1"
+    )
+    assert code == 0, report
+    session = ort.InferenceSession(str(out))
+    (got,) = session.run(None, {"x": np.zeros((3, 7), dtype=np.float32)})
+    assert int(got) == 8
