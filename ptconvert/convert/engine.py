@@ -262,7 +262,7 @@ def _run_route(
                     try:
                         replanned = _replan(node, to, d.format, opts, banned, exc)
                     except PtconvertError as last:
-                        raise _each_route(last, records) from None
+                        raise _each_route(last, records, rejected) from None
                     queue = list(replanned.edges)
                     continue
                 records.append(_record(edge, t0, "ok", state, notes_before))
@@ -429,10 +429,14 @@ def _unstage(state: RunState) -> None:
     state.staged, state.companions, state.obsolete = None, [], []
 
 
-def _each_route(last: PtconvertError, records: list[StepRecord]) -> PtconvertError:
+def _each_route(
+    last: PtconvertError, records: list[StepRecord], rejected: list[str]
+) -> PtconvertError:
     """The last route's error, saying what each route that failed before it said (the direct
-    route's error is the one a user can act on as often as the fallback's)."""
-    failed = [f"{r.step}: {r.error}" for r in records if r.status == "failed"]
+    route's error is the one a user can act on as often as the fallback's), a program the
+    check refused among them (AOTI's that ran wrong, before the TorchScript fallback failed)."""
+    refused = [f"{r} (refused by the check)" for r in rejected]
+    failed = [*refused, *(f"{r.step}: {r.error}" for r in records if r.status == "failed")]
     if len(failed) < 2:
         return last
     message = "every route failed; " + "; ".join(failed)

@@ -135,3 +135,19 @@ def test_a_number_the_model_returns_is_compared_as_an_output(
     session = ort.InferenceSession(str(out))
     (got,) = session.run(None, {"x": np.zeros((3, 7), dtype=np.float32)})
     assert int(got) == 8
+
+
+def test_a_program_the_check_refused_is_named_when_the_fallback_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch.cond over a closure → AOTI: the compiled package fails the check, the TorchScript
+    fallback fails to trace; the error said only the fallback's failure, the AOTI route's
+    never (not even with --debug -v). Each route's failure is named."""
+    code, report, _ = convert_example(
+        "cond_closed_over_variable", "aoti", tmp_path, capsys, "--trust"
+    )
+    assert code != 0, report
+    message = report["error"]["message"]
+    assert "every route failed" in message and "refused by the check" in message, message
+    assert "aoti_compile" in message or "export" in message
+    assert "tracing failed" in message
