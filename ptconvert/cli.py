@@ -94,7 +94,7 @@ def cli(debug: bool, quiet: bool, verbose: bool) -> None:
       ptconvert formats                  list the formats ptconvert knows
       ptconvert completion bash          shell completion (eval "$(...)")
 
-    -q and -v work anywhere on the line.
+    --debug, -q and -v work anywhere on the line.
     """
     from ptconvert.plugins import load_plugins
 
@@ -238,8 +238,9 @@ def _bench_result(report: Any, src: str, options: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI and turn errors into messages and documented exit codes."""
     args = list(sys.argv[1:] if argv is None else argv)
-    as_json, debug = "--json" in args, "--debug" in args
-    # -q/-v anywhere on the line (click would take them only before the command)
+    as_json = "--json" in args
+    # --debug, -q and -v anywhere on the line (click would take them only before the command)
+    debug = _take(args, "", "--debug")
     quiet, verbose = _take(args, "-q", "--quiet"), _take(args, "-v", "--verbose")
     from ptconvert.quiet import quiet_libraries, set_verbose
 
@@ -261,8 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(code, int):  # a command's own exit code (click.exceptions.Exit)
             return code
     except PtconvertError as exc:
-        if debug:
-            raise
+        _traceback(debug)
         _report_error(exc.to_dict(), str(exc), exc.exit_code, as_json)
         return exc.exit_code
     except click.exceptions.Exit as exc:
@@ -284,11 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         return UsageError.exit_code
     except Exception as exc:  # a bug: say so plainly, with the traceback under --debug
         named = named_error(exc)  # unless the machine failed (no space, …) outside the API
-        if named is not None and not debug:
+        _traceback(debug)
+        if named is not None:
             _report_error(named.to_dict(), str(named), named.exit_code, as_json)
             return named.exit_code
-        if debug:
-            raise
         message = (
             f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)"
         )
@@ -303,17 +302,32 @@ def main(argv: list[str] | None = None) -> int:
     return SUCCESS
 
 
+def _traceback(debug: bool) -> None:
+    """--debug: the traceback of the exception being handled, on stderr, before its message;
+    the exit code stays the error's own (--debug changes only what is printed)."""
+    if debug:
+        import traceback
+
+        traceback.print_exc()
+
+
 def _take(args: list[str], short: str, long: str) -> bool:
-    """Remove the flag ``-x``/``--long`` from ``args`` (before a ``--``), also from a group of
-    short flags (``-qv``); whether it was there."""
-    letter, found = short[1], False
+    """Remove the flag ``-x``/``--long`` (``short`` may be empty) from ``args`` (before a
+    ``--``), also from a group of short flags (``-qv``); whether it was there."""
+    letter, found = short[1:2], False
     end = args.index("--") if "--" in args else len(args)
     for i in reversed(range(end)):
         arg = args[i]
         if arg == long:
             del args[i]
             found = True
-        elif arg[:1] == "-" and arg[1:2] != "-" and letter in arg and set(arg[1:]) <= set("qv"):
+        elif (
+            letter
+            and arg[:1] == "-"
+            and arg[1:2] != "-"
+            and letter in arg
+            and set(arg[1:]) <= set("qv")
+        ):
             rest = arg.replace(letter, "")  # a group of the global flags only: -qv, -vq
             args[i : i + 1] = [rest] if rest != "-" else []
             found = True

@@ -80,4 +80,5 @@ ParityStatus = Literal[
     "fail_to_run",
     "eager_nondeterministic",
     "nothing_compared",  # no batch size was run: a verdict without evidence is not a pass
+    "skipped",  # the eager model itself raised at this size: it says nothing of the program
 ]

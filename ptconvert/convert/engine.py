@@ -242,6 +242,7 @@ def _run_route(
                 edge = queue.pop(0)
                 t0 = time.perf_counter()
                 notes_before = notes_at[edge] = len(state.notes)
+                state.another_way = False  # only the capture that runs now may say it has one
                 state.writing, state.leads_to = not queue, edge.dst
                 try:
                     with progress.step(f"{edge.src} → {edge.dst} ({edge.label or edge.step})"):
@@ -266,7 +267,7 @@ def _run_route(
                     try:
                         replanned = _replan(node, to, d.format, opts, banned, exc)
                     except PtconvertError as last:
-                        raise _each_route(last, records) from None
+                        raise _each_route(last, records, rejected) from None
                     queue = list(replanned.edges)
                     continue
                 records.append(_record(edge, t0, "ok", state, notes_before))
@@ -300,6 +301,13 @@ def _run_route(
                 if capture is None or state.module is None or isinstance(exc, AccuracyMissed):
                     raise exc from None
                 rejected.append(f"{capture.step}: {exc.message}")
+                if state.another_way:  # the capture's next way (script refused: trace)
+                    state.another_way = False  # each way is refused once: no circles
+                    state.refused.append(exc.message)
+                    _forget_program(state)
+                    node, queue = "module", taken[cut:]
+                    route, taken = route[:cut], taken[:cut]
+                    continue
                 banned.add(capture)
                 try:
                     replanned = _replan("module", to, d.format, opts, banned, exc)
@@ -433,10 +441,14 @@ def _unstage(state: RunState) -> None:
     state.staged, state.companions, state.obsolete = None, [], []
 
 
-def _each_route(last: PtconvertError, records: list[StepRecord]) -> PtconvertError:
+def _each_route(
+    last: PtconvertError, records: list[StepRecord], rejected: list[str]
+) -> PtconvertError:
     """The last route's error, saying what each route that failed before it said (the direct
-    route's error is the one a user can act on as often as the fallback's)."""
-    failed = [f"{r.step}: {r.error}" for r in records if r.status == "failed"]
+    route's error is the one a user can act on as often as the fallback's), a program the
+    check refused among them (AOTI's that ran wrong, before the TorchScript fallback failed)."""
+    refused = [f"{r} (refused by the check)" for r in rejected]
+    failed = [*refused, *(f"{r.step}: {r.error}" for r in records if r.status == "failed")]
     if len(failed) < 2:
         return last
     message = "every route failed; " + "; ".join(failed)

@@ -33,15 +33,8 @@ from ptconvert.memory import FP64_BUDGET_BYTES
 from ptconvert.options import DYNAMIC_SPEC, Options
 from ptconvert.verify.fresh_load import FreshLoad
 from ptconvert.verify.judging import judge_program, stateful_sides
-from ptconvert.verify.parity import (
-    STATEFUL_CALLS,
-    VARIED_BATCHES,
-    EagerRuns,
-    ParityReport,
-    compare,
-    fresh_each_call,
-    watched_call,
-)
+from ptconvert.verify.model_state import STATEFUL_CALLS, fresh_each_call, watched_call
+from ptconvert.verify.parity import VARIED_BATCHES, EagerRuns, ParityReport, compare
 
 
 class RangeTooWide(VerificationError):
@@ -307,6 +300,8 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
             accuracy=by_accuracy,
         )
     report = judged.parity
+    if (skipped := report.skipped_note()) is not None:
+        state.notes.append(skipped)
     if judged.ranges is not None and judged.ranges.dims:
         _judge_ranges(state, to, judged.ranges, opts)
     if opts.batch_sizes and judged.dropped:

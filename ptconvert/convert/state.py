@@ -49,6 +49,11 @@ class RunState:
     # outside it: exported again with it, the file refuses the sizes outside
     bounds: Bounds = field(default_factory=dict)
     positional: list[str] | None = None  # the program takes these inputs positionally
+    # a capture with ways of its own (--method auto: script, else trace): the step says it has
+    # another way left (``another_way``); the check's refusals of the ways it took, which the
+    # engine runs it again after (``refused``), for the step to take the next
+    another_way: bool = False
+    refused: list[str] = field(default_factory=list)
     # model.axes.Axis made dynamic by default (not asked for): given up where a step cannot
     family_axes: list[Any] = field(default_factory=list)
     # the step that writes the output is the route's last: it writes ``output``

@@ -25,14 +25,20 @@ def leaf_name(path: str) -> str:
 
 
 def output_leaves(out: Any) -> dict[str, Any]:
-    """Every tensor of a model output by its pytree path (ModelOutput as a dict)."""
+    """Every tensor of a model output by its pytree path (ModelOutput as a dict); a number
+    (``x.shape[1] + 1``) as a 0-dim tensor: a program returns it so (ONNX: an int64 tensor),
+    and left out it made a right program's output "0 outputs became 1"."""
     import torch
 
     pytree = _compat.torch_api.pytree()
     if hasattr(out, "to_tuple") and hasattr(out, "keys"):  # transformers ModelOutput
         out = dict(out.items())
     pairs, _ = pytree.tree_flatten_with_path(out)
-    return {pytree.keystr(p) or "output": v for p, v in pairs if isinstance(v, torch.Tensor)}
+    return {
+        pytree.keystr(p) or "output": v if isinstance(v, torch.Tensor) else torch.tensor(v)
+        for p, v in pairs
+        if isinstance(v, (torch.Tensor, bool, int, float))
+    }
 
 
 @cache

@@ -35,12 +35,8 @@ from ptconvert.options import Options
 from ptconvert.report import Report
 from ptconvert.scan.guard import refuse_unsafe
 from ptconvert.verify.judging import judge_program, stateful_sides
-from ptconvert.verify.parity import (
-    STATEFUL_CALLS,
-    VARIED_BATCHES,
-    ParityReport,
-    state_changes,
-)
+from ptconvert.verify.model_state import STATEFUL_CALLS, state_changes
+from ptconvert.verify.parity import VARIED_BATCHES, ParityReport
 from ptconvert.verify.runtime import Runtime, Signature, open_runtime
 from ptconvert.verify.weights import WeightsCheck
 
@@ -442,6 +438,8 @@ def _verify(
     parity, ranges, batches = judged.parity, judged.ranges, [s.batch for s in judged.parity.sizes]
     if ranges is not None and ranges.status == "narrowed":
         notes.append("the program runs on part of the range torch reports: see ranges")
+    if (skipped := parity.skipped_note()) is not None:
+        notes.append(skipped)
     if parity.compared == 0:
         notes.append("nothing was compared: " + _nothing_compared(parity))
     report = VerifyReport(

@@ -22,13 +22,12 @@ from typing import Any
 
 from ptconvert import progress
 from ptconvert.errors import ModelRaisedError
+from ptconvert.verify.model_state import STATEFUL_CALLS, fresh_each_call
 from ptconvert.verify.parity import (
-    STATEFUL_CALLS,
     Determinism,
     EagerRuns,
     ParityReport,
     compare,
-    fresh_each_call,
     summarised,
 )
 
@@ -121,8 +120,9 @@ def judge_program(
     # (then its shape is probed on the example's own rows: a value a trace froze is not a size
     # the program rejects); None: eager failed at one of them, nothing is known
     known = None
-    if report is not None and all(s.status in ("pass", "fail_to_run") for s in report.sizes):
-        known = {shapes_of(runs.inputs[s.batch]): verdict(s) for s in report.sizes}
+    judged = [s for s in report.sizes if s.status != "skipped"] if report is not None else []
+    if report is not None and all(s.status in ("pass", "fail_to_run") for s in judged):
+        known = {shapes_of(runs.inputs[s.batch]): verdict(s) for s in judged}
     with progress.step("checking every dynamic dimension at its ends"):
         # probes are keyed by their index: each judgement starts its own eager outputs
         judge = partial(

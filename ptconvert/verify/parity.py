@@ -12,8 +12,8 @@ apart from a broken conversion. Cosine similarity is reported as a secondary mea
 The reference's calls go through ``run_model``: when the model itself raises on the example
 inputs (ids beyond its vocabulary …) that is a ``ModelRaisedError`` naming the inputs, not a
 verdict on the candidate. A model that changes its own state on every call (a counter buffer, a
-hidden state kept in an attribute) is found by ``state_changes`` and run through
-``fresh_each_call``, so that both sides start every call from the same (saved) state.
+hidden state kept in an attribute) is found by ``model_state.state_changes`` and run through
+``model_state.fresh_each_call``, so that both sides start every call from the same (saved) state.
 """
 
 from __future__ import annotations
@@ -21,11 +21,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any, Literal, get_args
 
 from ptconvert import _compat, progress
@@ -77,7 +75,22 @@ class ParityReport(Report):
 
     @property
     def failed(self) -> list[SizeResult]:
-        return [s for s in self.sizes if s.status != "pass"]
+        return [s for s in self.sizes if s.status not in ("pass", "skipped")]
+
+    @property
+    def skipped(self) -> list[SizeResult]:
+        """The sizes the eager model itself raised at (none compared there)."""
+        return [s for s in self.sizes if s.status == "skipped"]
+
+    def skipped_note(self) -> str | None:
+        """The report's note for the sizes skipped, or None."""
+        if not self.skipped:
+            return None
+        sizes = [s.batch for s in self.skipped]
+        return (
+            f"batch sizes {sizes} not compared: the eager model itself raised there "
+            f"({self.skipped[0].detail}), which says nothing of the program"
+        )
 
 
 VARIED_BATCHES = [1, 2, 3, 5, 7]  # 1, 2, primes in the middle: sizes a frozen shape misses
@@ -198,171 +211,6 @@ def run_model(fn: Callable[..., Any], inputs: dict[str, Any], who: str) -> Any:
         ) from exc
 
 
-# bookkeeping, never model state: nn.Module's own, and transformers' record of the warnings it
-# has logged once (a padded input without a mask sets it on the first call)
-_MODULE_INTERNALS = frozenset(
-    {
-        "_parameters",
-        "_buffers",
-        "_modules",
-        "_non_persistent_buffers_set",
-        "training",
-        "warnings_issued",
-    }
-)
-_UNTRACKED = object()  # a value whose change is not followed (an object, a function)
-
-
-def _snap(value: Any, depth: int = 0) -> Any:
-    """A copy of ``value`` to compare after a call: tensors, numbers, strings, None, and
-    containers of them; anything else is not followed."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if value is None or isinstance(value, (bool, int, float, complex, str)):
-        return value
-    if isinstance(value, (list, tuple)) and depth < 3 and len(value) <= 1000:
-        items = tuple(_snap(v, depth + 1) for v in value)
-        return _UNTRACKED if any(i is _UNTRACKED for i in items) else items
-    if isinstance(value, dict) and depth < 3 and len(value) <= 1000:
-        pairs = tuple((str(k), _snap(v, depth + 1)) for k, v in value.items())
-        return _UNTRACKED if any(v is _UNTRACKED for _, v in pairs) else pairs
-    return _UNTRACKED
-
-
-def _same_snap(a: Any, b: Any) -> bool:
-    import torch
-
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-            return False
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return False
-        same = a == b
-        if a.is_floating_point() or a.is_complex():
-            same |= a.isnan() & b.isnan()  # a NaN kept in a buffer is not a change
-        return bool(same.all())
-    if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(_same_snap(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return type(a) is type(b) and a == b
-
-
-def _module_state(module: Any) -> dict[str, tuple[str, Any]]:
-    """Buffers, and tensor/number attributes of the module and its submodules, by name."""
-    import torch
-
-    out: dict[str, tuple[str, Any]] = {}
-    for name, buf in module.named_buffers():
-        out[name] = ("buffer", _snap(buf))
-    for prefix, sub in module.named_modules():
-        if isinstance(sub, torch.jit.ScriptModule):
-            try:  # TorchScript keeps its attributes in C++: the debug iterator lists them
-                attrs = _compat.torch_api.jit_attributes(sub)
-            except Exception:  # a private API: without it only the buffers are followed
-                attrs = {}
-        else:
-            attrs = vars(sub)
-        for key, value in attrs.items():
-            full = f"{prefix}.{key}" if prefix else key
-            if key in _MODULE_INTERNALS or full in out or key.startswith("__"):
-                continue
-            snap = _snap(value)
-            if snap is not _UNTRACKED:
-                out[full] = ("attribute", snap)
-    return out
-
-
-def _shared_parameters(module: Any) -> dict[int, Any]:
-    """A deepcopy memo that keeps ``module``'s parameters as they are."""
-    params = getattr(module, "parameters", None)
-    if not callable(params) or not hasattr(module, "named_buffers"):
-        return {}
-    try:
-        return {id(p): p for p in params()}
-    except Exception:  # a module whose parameters cannot be listed: copied whole
-        return {}
-
-
-def state_changes(
-    module: Any, call_of: Callable[[Any], Callable[..., Any]], inputs: dict[str, Any], who: str
-) -> list[str] | None:
-    """The state of ``module`` that one call on ``inputs`` changes (``"calls (buffer)"``), found
-    on a copy so that ``module`` keeps its initial state; None when it cannot be copied. The
-    call goes through ``run_model``: a model that raises says so here."""
-    return watched_call(module, call_of, inputs, who)[0]
-
-
-def watched_call(
-    module: Any, call_of: Callable[[Any], Callable[..., Any]], inputs: dict[str, Any], who: str
-) -> tuple[list[str] | None, Any]:
-    """``state_changes`` and the call's outputs: (None, None) when ``module`` cannot be copied
-    (nothing ran). With no change, the outputs are what ``module`` itself gives on ``inputs``."""
-    import torch
-
-    try:
-        with warnings.catch_warnings():  # torch's deprecation notes from copying pytree specs
-            warnings.simplefilter("ignore")
-            # the parameters are shared, not copied (a call does not change them, and they
-            # are most of the memory); buffers and attributes, what a call may change, are
-            probe = copy.deepcopy(module, _shared_parameters(module))
-    except Exception:  # some modules cannot be copied: their state is then not checked
-        return None, None
-    before = _module_state(probe)
-    with torch.no_grad():
-        outputs = run_model(call_of(probe), copy.deepcopy(inputs), who)
-    after = _module_state(probe)
-    changed = []
-    for name in dict.fromkeys([*before, *after]):
-        old, new = before.get(name), after.get(name)
-        if old is None or new is None or not _same_snap(old[1], new[1]):
-            changed.append(f"{name} ({(old or new or ('state', None))[0]})")
-    return changed, outputs
-
-
-@cache
-def _fresh_class() -> type:
-    import torch
-
-    class FreshEachCall(torch.nn.Module):
-        """Runs a fresh copy of ``pristine`` on every call (a cast casts the pristine copy)."""
-
-        def __init__(
-            self, pristine: Any, call_of: Callable[[Any], Callable[..., Any]], calls: int
-        ) -> None:
-            super().__init__()
-            self.pristine = pristine
-            self.call_of = call_of
-            self.calls = calls
-
-        def forward(self, **kwargs: Any) -> Any:
-            with warnings.catch_warnings():  # as in state_changes: copying warns, not the model
-                warnings.simplefilter("ignore")
-                fresh = copy.deepcopy(self.pristine)
-            call = self.call_of(fresh)
-            if self.calls == 1:
-                return call(**kwargs)
-            # several calls in a row: the state each call leaves is what the next one computes
-            # with, so a wrong state update shows in the later outputs
-            return {f"call {i + 1}": call(**copy.deepcopy(kwargs)) for i in range(self.calls)}
-
-    return FreshEachCall
-
-
-STATEFUL_CALLS = 3  # a stateful model is compared over this many calls in a row
-
-
-def fresh_each_call(
-    module: Any, call_of: Callable[[Any], Callable[..., Any]], calls: int = 1
-) -> Any:
-    """An ``nn.Module`` that calls ``call_of(copy.deepcopy(module))``: every call of a stateful
-    model starts from the state it was saved with; with ``calls`` > 1 it makes that many calls
-    in a row from there and returns each one's outputs (``{"call 1": …, "call 2": …}``)."""
-    return _fresh_class()(module, call_of, calls)
-
-
 def compare(
     reference: Any,
     candidate: Callable[..., Any],
@@ -395,6 +243,7 @@ def compare(
     # the size eager runs twice at goes first, at the thread count it was chosen for (the sizes
     # before it in ``batches`` ran already: no size raises earlier than it would in order)
     order = sorted(dict.fromkeys(batches), key=lambda b: b != twice_at)
+    raised: ModelRaisedError | None = None
     with progress.bar("batch sizes compared", len(order)) as advance:
         for i, b in enumerate(order):
             for hook in list(_BETWEEN) if i else []:
@@ -402,11 +251,29 @@ def compare(
             known = runs.inputs.get(b)
             inputs = known if known is not None else make_inputs(b)
             again = determinism == "each" or (determinism == "once" and b == twice_at)
-            done[b] = _compare_size(
-                b, inputs, reference, candidate, ref64, tols, atol, rtol, again, runs, accuracy
-            )
+            try:
+                done[b] = _compare_size(
+                    b, inputs, reference, candidate, ref64, tols, atol, rtol, again, runs, accuracy
+                )
+            except ModelRaisedError as exc:
+                # eager rejects this size (an assert on it, an input that must agree with a
+                # default): nothing to compare the program with there, no verdict on it
+                raised = raised or exc
+                done[b] = SizeResult(b, "skipped", detail=_raised(exc))
             advance()
+    if raised is not None and all(s.status == "skipped" for s in done.values()):
+        raise raised  # at no size: the model's own failure is the news
     return summarised([done[b] for b in batches], ref64 is not None, tols)
+
+
+def _raised(exc: ModelRaisedError) -> str:
+    """What the model raised (``AssertionError: 1 is greater than 2``), without the words on
+    the example inputs: it raised on inputs resized for the check."""
+    cause = exc.__cause__
+    if cause is None:
+        return exc.message.split(" (inputs: ")[0][:200]
+    first = (str(cause).strip().splitlines() or [""])[0][:200]
+    return type(cause).__name__ + (f": {first}" if first else "")
 
 
 _BETWEEN: list[Callable[[], None]] = []  # run before each size, never within one
@@ -442,8 +309,9 @@ def summarised(
     """The verdict over ``sizes``: the first that did not pass, or a pass (never one without
     any size compared)."""
     compared = sum(1 for s in sizes if s.status in COMPARED)
-    status: ParityStatus = next((s.status for s in sizes if s.status != "pass"), "pass")
-    if not sizes:  # no evidence: never a pass
+    judged = [s for s in sizes if s.status != "skipped"]
+    status: ParityStatus = next((s.status for s in judged if s.status != "pass"), "pass")
+    if not judged:  # no evidence: never a pass
         status = "nothing_compared"
     return ParityReport(status, sizes, fp64_reference, dict(tolerance), compared)
 

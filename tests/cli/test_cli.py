@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ptconvert.cli import main
 from tests.conftest import run_cli
 
@@ -71,6 +73,22 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
         text=True,
     )
     assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_anywhere_changes_only_what_is_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    """--debug was refused after the arguments ("No such option") and turned an error's exit
+    code into 1 (the exception re-raised): it is taken anywhere, like -q and -v, and prints
+    the traceback beside the error's own message and code."""
+    p = tmp_path / "empty.bin"
+    p.write_bytes(b"")
+    args = ["--debug", "info", str(p)] if where == "before" else ["info", str(p), "--debug"]
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 3, err  # the empty file's own code, as without --debug
+    assert "Traceback" in err and "error:" in err and "No such option" not in err
 
 
 def _modules_after(code: str) -> set[str]:

@@ -227,11 +227,11 @@ def onnx_export(state: RunState, opts: Options) -> None:
         program = _export(state.exported, opts)
     except Exception as exc:
         if not _eager_attention(state, opts):
-            raise _failure(exc, state) from None
+            raise _failure(exc, state) from exc
         try:  # the same model with the attention transformers writes out in plain ops
             program = _export(state.exported, opts)
         except Exception as again:
-            raise _failure(again, state) from None
+            raise _failure(again, state) from again
         state.notes.append(
             "torch.onnx could not translate the model's fused attention (scaled_dot_product_"
             f"attention: {_reason(exc)}); exported again with attn_implementation='eager'"

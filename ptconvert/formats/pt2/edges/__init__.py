@@ -7,6 +7,7 @@ from ptconvert.atomic import guarded_file
 from ptconvert.convert.graph import Edge
 from ptconvert.convert.state import RunState
 from ptconvert.convert.steps import program_read
+from ptconvert.errors import UnsupportedConversionError
 from ptconvert.formats.pt2 import ExportedProgramFormat
 from ptconvert.model.build import program_sample_inputs
 from ptconvert.options import Options
@@ -49,7 +50,27 @@ def save_pt2(state: RunState, opts: Options) -> None:
         guarded_file(state.output) as fh,
         records_in_place(),
     ):
-        torch.export.save(state.exported, fh)
+        try:
+            torch.export.save(state.exported, fh)
+        except Exception as exc:
+            if fh.error is not None or type(exc).__name__ != "SerializeError":
+                raise  # a failed write (guarded_file's error), or not torch's refusal
+            raise _unserializable(exc, state) from exc
+
+
+def _unserializable(exc: Exception, state: RunState) -> UnsupportedConversionError:
+    """torch.export's serializer refuses a node the export kept (Python's ``round`` on a
+    dynamic size is not among the symbolic operators it can write): the program runs in
+    memory, but has no .pt2 form."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    node = (lines[0].split(" in graph")[0] if lines else "")[:200]
+    why = lines[-1][:200] if len(lines) > 1 else ""
+    return UnsupportedConversionError(
+        f"torch.export.save cannot serialize this program: {node}" + (f" ({why})" if why else ""),
+        path=state.src,
+        hint="compute the size with torch operations the serializer knows (// instead of "
+        "round(), int(), math functions), or export it with static shapes (no --dynamic-batch)",
+    )
 
 
 def program_weights(state: RunState, opts: Options) -> None:

@@ -28,7 +28,24 @@ def script(state: RunState, opts: Options) -> None:
         import torch
 
         with guarded_file(state.output) as fh:  # a failed write must not abort the process
-            torch.jit.save(state.scripted, fh)
+            try:
+                torch.jit.save(state.scripted, fh)
+            except RuntimeError as exc:
+                if fh.error is not None:  # the write failed: guarded_file's error
+                    raise
+                raise _unsaveable(exc, state.src) from exc
+
+
+def _unsaveable(exc: RuntimeError, src: Path) -> UnsupportedConversionError:
+    """A program torch.jit.save refuses: a trace that kept a Python call (an
+    autograd.Function's ``apply``) runs in memory but cannot be written."""
+    first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")[:300]
+    return UnsupportedConversionError(
+        f"torch.jit.save cannot save this program: {first}",
+        path=src,
+        hint="a Python call the trace kept (a torch.autograd.Function, a Python op) has no "
+        "TorchScript form: export the model instead (--to pt2), or make it scriptable",
+    )
 
 
 def ts_to_exported(state: RunState, opts: Options) -> None:

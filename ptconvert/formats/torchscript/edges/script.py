@@ -1,10 +1,11 @@
 """module → TorchScript: ``script`` keeps control flow, ``trace`` records one execution.
 
-``--method auto`` scripts first and falls back to tracing, saying so. Tracer warnings are kept
-as notes. A trace is traced again on the example with its values moved (``check_inputs``): a
-value the trace froze (``n = int(x[0].item())``) gives another graph there, and the trace is
-refused; the parity check after the conversion runs the result at other batch sizes, which is
-where a trace that froze a branch or a shape shows itself.
+``--method auto`` scripts first and falls back to tracing, saying so: when scripting fails, and
+when the check refuses the scripted program (the engine runs the step again, ``state.refused``).
+Tracer warnings are kept as notes. A trace is traced again on the example with its values
+moved (``check_inputs``): a value the trace froze (``n = int(x[0].item())``) gives another graph
+there, and the trace is refused; the parity check after the conversion runs the result at other
+batch sizes, which is where a trace that froze a branch or a shape shows itself.
 """
 
 from __future__ import annotations
@@ -27,11 +28,16 @@ def to_torchscript(state: RunState, opts: Options) -> Any:
     import torch
 
     errors: list[str] = []
-    if opts.method in ("auto", "script"):
+    state.another_way = False
+    if state.refused:  # the check refused the scripted program: --method auto traces now
+        errors.append(f"script: the check refused its program: {state.refused[-1]}")
+    elif opts.method in ("auto", "script"):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
-                return torch.jit.script(state.module)
+                scripted = torch.jit.script(state.module)
+            state.another_way = opts.method == "auto"  # a wrong script is traced instead
+            return scripted
         except Exception as exc:  # scripting fails on unsupported Python in many ways
             errors.append(f"script: {type(exc).__name__}: {script_reason(exc)}")
             if opts.method == "script":
@@ -69,7 +75,11 @@ def to_torchscript(state: RunState, opts: Options) -> Any:
     tracer = sorted(
         {str(w.message).splitlines()[0] for w in caught if "Tracer" in type(w.message).__name__}
     )
-    if errors:
+    if state.refused:
+        state.notes.append(
+            f"the scripted program failed the parity check ({state.refused[-1]}); traced instead"
+        )
+    elif errors:
         state.notes.append(f"scripting failed, traced instead ({errors[0]})")
     state.notes += [f"tracer warning: {t}" for t in tracer]
     return traced
@@ -79,12 +89,17 @@ def moved(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """``args`` with each tensor's values rolled by one place: the same shapes, dtypes and
     values (ids stay inside the vocabulary, a mask stays 0/1), each at another position. The
     check the batch sizes make cannot show a frozen value when the inputs' rows repeat (an
-    ``--example-inputs`` file is repeated to other batch sizes)."""
+    ``--example-inputs`` file is repeated to other batch sizes). A one-value number (what
+    ``.item()`` reads, a size among them: ``torch.zeros(x.item(), 5)``) has no other place to
+    roll to: its value itself is moved by one, towards zero (a size stays a size)."""
     import torch
 
-    return tuple(
-        a.flatten().roll(1).view_as(a).clone() if isinstance(a, torch.Tensor) else a for a in args
-    )
+    def move(a: torch.Tensor) -> torch.Tensor:
+        if a.numel() == 1 and a.dtype != torch.bool:
+            return (a + (-1 if a.item() > 0 else 1)).to(a.dtype)
+        return a.flatten().roll(1).view_as(a).clone()
+
+    return tuple(move(a) if isinstance(a, torch.Tensor) else a for a in args)
 
 
 def _frozen(exc: Exception, errors: list[str], src: Any) -> VerificationError:

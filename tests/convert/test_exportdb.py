@@ -1,0 +1,153 @@
+"""Verdicts on models nobody here wrote: torch's own ExportDB examples
+(``torch._export.db.examples``), converted as a user would (``--model module:Class`` and the
+example's own inputs in a file). A wrong artifact never exits 0; a correct one is not refused
+for a probe that makes the eager model itself fail; each route's failure is named."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ptconvert.errors import UnsupportedConversionError, VerificationError
+from tests.conftest import run_cli
+
+EXAMPLES = "torch._export.db.examples"
+
+
+def example(name: str) -> Any:
+    """The ExportDB example ``name``'s module (its ``model`` and ``example_args``)."""
+    return importlib.import_module(f"{EXAMPLES}.{name}")
+
+
+def convert_example(
+    name: str, to: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str
+) -> tuple[int, Any, Path]:
+    """``ptconvert --model EXAMPLES.name:Class --to to --example-inputs FILE``: the example's
+    tensors saved under its forward's names; (exit code, JSON report, output path)."""
+    import inspect
+
+    from safetensors.torch import save_file
+
+    mod = example(name)
+    names = list(inspect.signature(mod.model.forward).parameters)
+    inputs = tmp_path / f"{name}.safetensors"
+    save_file({n: a.contiguous() for n, a in zip(names, mod.example_args, strict=False)}, inputs)
+    out = tmp_path / f"{name}.out"
+    args = ["--model", f"{EXAMPLES}.{name}:{type(mod.model).__name__}", "--to", to]
+    args += ["--example-inputs", str(inputs), "-o", str(out), "--no-cache", *extra]
+    code, report, _ = run_cli(args, capsys)
+    return code, report, out
+
+
+def test_a_trace_that_froze_a_size_read_by_item_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``torch.zeros((x.item(), 5))``: scripting fails, the trace records ``zeros([4, 5])``.
+    Rolling a one-value tensor leaves it as it was, so the trace check saw the same graph and
+    the file (shape (4, 5) at x=2) passed; the value itself moved shows the frozen size."""
+    name = "constrain_as_size_example"
+    code, report, out = convert_example(name, "torchscript", tmp_path, capsys)
+    assert code == VerificationError.exit_code, report
+    assert "froze a value" in report["error"]["message"]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "name", ["dynamic_shape_assert", "list_contains", "nested_function", "optional_input"]
+)
+def test_a_size_the_eager_model_rejects_is_skipped_not_a_refusal(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The check resized dim 0 of inputs the model asserts on (``x.shape[0] > 2``), that are
+    not batched, or that must agree with a default argument; eager raised there and the
+    conversion was refused, blaming the example inputs given. Eager failing at a size says
+    nothing of the artifact: the size is skipped, with a note, and the file is eager's."""
+    import torch
+
+    code, report, out = convert_example(name, "torchscript", tmp_path, capsys)
+    assert code == 0, report
+    assert any("the eager model itself raised there" in n for n in report["notes"]), report
+    assert any(s["status"] == "skipped" for s in report["parity"]["sizes"])
+    mod = example(name)
+    torch.testing.assert_close(
+        torch.jit.load(str(out))(*mod.example_args), mod.model(*mod.example_args)
+    )
+
+
+def test_auto_traces_when_the_check_refuses_the_scripted_program(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A decorated forward (``func(*args) + 1``): torch.jit.script compiles the undecorated
+    function and gives other numbers; ``--method auto`` stopped at the check's refusal though
+    its hint's ``--method trace`` works. The check's refusal of one way is the next way's turn."""
+    import torch
+
+    code, report, out = convert_example("decorator", "torchscript", tmp_path, capsys)
+    assert code == 0, report
+    assert any("scripted program failed the parity check" in n for n in report["notes"])
+    mod = example("decorator")
+    got = torch.jit.load(str(out))(*mod.example_args)
+    torch.testing.assert_close(got, mod.model(*mod.example_args))
+
+
+@pytest.mark.parametrize(
+    ("name", "to", "extra", "says"),
+    [
+        # Python's round on a dynamic size: not among the serializer's symbolic operators
+        ("dynamic_shape_round", "pt2", ["--dynamic-batch"], "torch.export.save cannot serialize"),
+        # the trace keeps the autograd.Function as a Python call torch.jit.save refuses
+        ("autograd_function", "torchscript", [], "torch.jit.save cannot save"),
+    ],
+)
+def test_a_program_torch_cannot_save_is_a_named_refusal(
+    name: str,
+    to: str,
+    extra: list[str],
+    says: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Both exited 1, "internal error", with torch's exception: what torch's writer refuses
+    is unsupported content (exit 4), said in one line with a hint."""
+    code, report, out = convert_example(name, to, tmp_path, capsys, *extra)
+    assert code == UnsupportedConversionError.exit_code, report
+    error = report["error"]
+    assert says in error["message"] and "\n" not in error["message"] and error["hint"]
+    assert not out.exists()
+
+
+def test_a_number_the_model_returns_is_compared_as_an_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``return x.shape[1] + 1`` with dim 1 dynamic: torch.onnx writes the number as an int64
+    output, right at every size; the check left eager's number out of its outputs ("0 outputs
+    became 1"), refused the file, and the route after it ended in the exporter's error."""
+    import numpy as np
+    import onnxruntime as ort
+
+    code, report, out = convert_example(
+        "scalar_output", "onnx", tmp_path, capsys, "--dynamic", "x:1"
+    )
+    assert code == 0, report
+    session = ort.InferenceSession(str(out))
+    (got,) = session.run(None, {"x": np.zeros((3, 7), dtype=np.float32)})
+    assert int(got) == 8
+
+
+def test_a_program_the_check_refused_is_named_when_the_fallback_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch.cond over a closure → AOTI: the compiled package fails the check, the TorchScript
+    fallback fails to trace; the error said only the fallback's failure, the AOTI route's
+    never (not even with --debug -v). Each route's failure is named."""
+    code, report, _ = convert_example(
+        "cond_closed_over_variable", "aoti", tmp_path, capsys, "--trust"
+    )
+    assert code != 0, report
+    message = report["error"]["message"]
+    assert "every route failed" in message and "refused by the check" in message, message
+    assert "aoti_compile" in message or "export" in message
+    assert "tracing failed" in message
