@@ -30,8 +30,6 @@ import functools
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 # The modules convert/, options, scan/ and verify/ share their names with API functions: they are
 # imported first (cheap: their __init__ is empty), then the names are bound to the functions,
 # each wrapped so that it still leads into its module: ``ptconvert.verify(...)`` verifies, and
@@ -54,6 +52,7 @@ from ptconvert.api import (
     optimize,
     plan,
 )
+from ptconvert.deps import VERSION as __version__
 
 
 class _Entry:

@@ -123,6 +123,7 @@ def _install_hint(top: str) -> str:
 # hint must never name that distribution (pip would install that one). Until this one is
 # published, an extra is installed from the source checkout.
 DISTRIBUTION = "torch-ptconvert"
+VERSION = "0.1.0"  # ptconvert.__version__ (pyproject's): read here, never from the metadata
 
 
 def extra_hint(extra: str) -> str:

@@ -22,6 +22,7 @@ OTHER_PROJECT = re.compile(r"pip install\s+['\"]?ptconvert(?![\w-])")
 def test_the_distribution_is_not_the_index_s_other_ptconvert() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["name"] == deps.DISTRIBUTION != "ptconvert"
+    assert project["version"] == deps.VERSION == ptconvert.__version__
     assert project["scripts"] == {"ptconvert": "ptconvert.cli:entry"}
     # the extras' own reference names this distribution
     assert all(

@@ -155,12 +155,12 @@ def _cpu() -> str | None:
 def _versions() -> dict[str, str | None]:
     from importlib.metadata import PackageNotFoundError, version
 
-    from ptconvert import __version__  # its distribution is named otherwise (deps.DISTRIBUTION)
+    from ptconvert.deps import VERSION  # its distribution is named otherwise (DISTRIBUTION)
 
     found: dict[str, str | None] = {"python": "{}.{}".format(*sys.version_info[:2])}
     for name in keyed_packages():
         try:
-            found[name] = version(name) if name != "ptconvert" else __version__
+            found[name] = version(name) if name != "ptconvert" else VERSION
         except PackageNotFoundError:
             found[name] = None
     import torch

@@ -34,6 +34,7 @@ from ptconvert.convert.output_naming import (
     writes_directory,
 )
 from ptconvert.convert.planning import available_needs, check_memory, estimate_memory, inapplicable
+from ptconvert.convert.precision import refuse_unheld_precision
 from ptconvert.convert.program_check import RangeTooWide, first_call, started_early, verify_program
 from ptconvert.convert.same_format import copy_cannot_change, verified_copy
 from ptconvert.convert.state import RunState, StepRecord
@@ -103,8 +104,7 @@ def convert_program(
         return verified_copy(src, d, out, started, opts.force, opts.load_timeout)
     if weights:
         refuse_shards(to, opts.max_shard_size, src)
-        if opts.quantize:  # weights are written from weights: no quantizer on that route
-            _check_quantize(to, FORMATS_BY_NAME[to], opts.quantize, opts.dtype)
+        refuse_unheld_precision(to, opts)  # weights from weights: no quantizer on that route
     # a program its client loads from a folder (optimum's model.onnx beside config.json) is
     # written as that folder, unless -o names a file of its format
     name = "" if weights else client_file(d, to)
@@ -512,40 +512,11 @@ def _check_space(route: Plan, out: Path) -> None:
 
 def _check_before_work(to: str, opts: Options) -> None:
     """What the target needs of this machine and can hold, said before anything runs."""
-    target = FORMATS_BY_NAME.get(to)
-    if opts.dtype and target is not None and opts.dtype not in target.dtypes:
-        raise UnsupportedConversionError(
-            f"--to {to} cannot hold --dtype {opts.dtype}: {target.dtypes_why}",
-            hint=f"{to} takes --dtype {' or '.join(target.dtypes)}",
-        )
-    if opts.quantize and target is not None:
-        _check_quantize(to, target, opts.quantize, opts.dtype)
+    refuse_unheld_precision(to, opts)
     if opts.device != "cpu":
         from ptconvert.verify.check import require_device
 
         require_device(opts.device)
-
-
-def _check_quantize(to: str, target: Any, scheme: str, dtype: str | None) -> None:
-    """``--quantize`` refused before any work where the target does not write the scheme (the
-    hint names the targets that do) or with a half precision (the quantizers take float32)."""
-    if scheme not in target.quantize_schemes:
-        why = (
-            target.quantize_why
-            if target.kind == "program"
-            else "quantized weights files are not there yet; --dtype casts"
-        )
-        takers = sorted(f.name for f in FORMATS_BY_NAME.values() if scheme in f.quantize_schemes)
-        raise UnsupportedConversionError(
-            f"--to {to} cannot hold --quantize {scheme}: {why}",
-            hint=f"--quantize {scheme} is written by --to {' or '.join(takers)}",
-        )
-    if dtype not in (None, "float32"):
-        raise UnsupportedConversionError(
-            f"--quantize {scheme} with --dtype {dtype} is not there yet: the quantized program "
-            "keeps float32 activations",
-            hint="leave out --dtype, or convert with --dtype alone",
-        )
 
 
 @contextmanager
