@@ -446,12 +446,15 @@ def _each_route(
 ) -> PtconvertError:
     """The last route's error, saying what each route that failed before it said (the direct
     route's error is the one a user can act on as often as the fallback's), a program the
-    check refused among them (AOTI's that ran wrong, before the TorchScript fallback failed)."""
+    check refused among them (AOTI's that ran wrong, before the TorchScript fallback failed):
+    then the error is the check's (exit 6), whatever stopped the routes after it."""
     refused = [f"{r} (refused by the check)" for r in rejected]
     failed = [*refused, *(f"{r.step}: {r.error}" for r in records if r.status == "failed")]
     if len(failed) < 2:
         return last
     message = "every route failed; " + "; ".join(failed)
+    if rejected:  # a program was written and computed something else: that is the finding
+        return VerificationError(message, path=last.path, hint=last.hint)
     try:
         return type(last)(message, path=last.path, hint=last.hint)
     except TypeError:  # a class of its own signature: its message alone

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from ptconvert.formats import FORMATS_BY_NAME
 from ptconvert.memory import FP64_BUDGET_BYTES
 from ptconvert.options import DYNAMIC_SPEC, Options
 from ptconvert.verify.fresh_load import FreshLoad
-from ptconvert.verify.judging import judge_program, stateful_sides
+from ptconvert.verify.judging import batches_to_compare, judge_program, stateful_sides
 from ptconvert.verify.model_state import STATEFUL_CALLS, fresh_each_call, watched_call
 from ptconvert.verify.parity import VARIED_BATCHES, EagerRuns, ParityReport, compare
 
@@ -64,15 +65,11 @@ def check_seconds(steps_seconds: float) -> float:
 def batches_by_cost(
     example_seconds: float | None, example_batch: int, seconds: float
 ) -> tuple[list[int], list[int]]:
-    """The default sizes compared (1, 2, 3 always; the larger primes while the estimated time
-    of comparing them fits ``seconds``) and those left out."""
-    kept: list[int] = []
-    left: list[int] = []
-    for b in VARIED_BATCHES:
-        extra = [k for k in kept if k > 3] + [b]  # 1, 2 and 3 are not optional
-        fits = _compare_cost(example_seconds, example_batch, extra)
-        (kept if b <= 3 or fits <= seconds else left).append(b)
-    return kept, left
+    """The default sizes compared (``judging.batches_to_compare``'s, by the estimated time of
+    comparing them) and those left out."""
+    cost = partial(_compare_cost, example_seconds, example_batch)
+    kept, _ = batches_to_compare(None, True, example_batch, cost=cost, seconds=seconds)
+    return kept, [b for b in VARIED_BATCHES if b not in kept]
 
 
 def _compare_cost(example_seconds: float | None, example_batch: int, sizes: list[int]) -> float:
@@ -251,24 +248,15 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
     # several sizes (and so several input draws): a frozen branch or shape shows at one of them
     exported = state.exported is not None
     any_dynamic, batch_dynamic = dynamism(state)
-    batches = [state.inputs.batch]
-    if opts.batch_sizes and not batch_dynamic:
-        state.notes.append(
-            f"compared at batch {state.inputs.batch} only, not at --batch-sizes: the program's "
-            "batch is static (--dynamic-batch makes it dynamic)"
-        )
-    if batch_dynamic and opts.batch_sizes:
-        batches = list(dict.fromkeys(opts.batch_sizes))
-    elif batch_dynamic:
-        batches, left = batches_by_cost(
-            state.example_seconds, state.inputs.batch, check_seconds(state.steps_seconds)
-        )
-        if left:
-            state.notes.append(
-                f"compared at batch sizes {batches}: {left} would take about "
-                f"{_compare_cost(state.example_seconds, state.inputs.batch, left):.0f} s more "
-                "(sizes are chosen by the model's call time; --batch-sizes chooses them)"
-            )
+    example_batch, example_seconds = state.inputs.batch, state.example_seconds
+    batches, said = batches_to_compare(
+        opts.batch_sizes,
+        batch_dynamic,
+        example_batch,
+        cost=lambda sizes: _compare_cost(example_seconds, example_batch, sizes),
+        seconds=check_seconds(state.steps_seconds),
+    )
+    state.notes += said
     changed = state.changes
     if changed:
         reference, candidate, reset = stateful_sides(

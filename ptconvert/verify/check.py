@@ -34,9 +34,9 @@ from ptconvert.model.inputs import pinned
 from ptconvert.options import Options
 from ptconvert.report import Report
 from ptconvert.scan.guard import refuse_unsafe
-from ptconvert.verify.judging import judge_program, stateful_sides
+from ptconvert.verify.judging import batches_to_compare, judge_program, stateful_sides
 from ptconvert.verify.model_state import STATEFUL_CALLS, state_changes
-from ptconvert.verify.parity import VARIED_BATCHES, ParityReport
+from ptconvert.verify.parity import ParityReport
 from ptconvert.verify.runtime import Runtime, Signature, open_runtime
 from ptconvert.verify.weights import WeightsCheck
 
@@ -369,15 +369,14 @@ def _verify(
         )
     # sizes both sides take: a fixed-shape reference (an ONNX graph of batch 2) fixes them too
     dynamic = cand.dynamic and ref.dynamic
-    batches = batch_sizes or (VARIED_BATCHES if dynamic else [inputs.batch])
-    if not batch_sizes and dynamic and cand.max_batch and cand.max_batch not in batches:
-        # the maximum of a bounded range is a size where off-by-one specialisations show
-        batches = sorted(b for b in {*batches, cand.max_batch} if b <= cand.max_batch)
+    batches, said = batches_to_compare(
+        batch_sizes, dynamic, inputs.batch, max_batch=None if batch_sizes else cand.max_batch
+    )
     binding = bind_inputs(list(inputs.at(inputs.batch)), ref, cand, input_map)
     if cand.exported is not None:  # only the inputs whose dim 0 is its dynamic batch resize
         inputs = pinned(inputs, _unbatched(cand.exported, binding, inputs))
     make = binding.make(inputs.at)
-    notes = list(binding.notes)
+    notes = [*binding.notes, *said]
     if binding.left_out:
         notes.append(
             f"not fed to either side (the candidate does not take them): {binding.left_out}"

@@ -4,7 +4,9 @@ what it wrote (``convert/program_check``) and ``ptconvert verify`` judges a fore
 
 1. a stateful reference (a call changes its buffers): both sides compared from their saved
    state, ``STATEFUL_CALLS`` calls in a row when the candidate can be reset (``stateful_sides``);
-2. the batch sizes compared, eager's outputs kept in one ``EagerRuns``;
+2. the batch sizes compared, chosen by one policy (``batches_to_compare``: the example's for a
+   static batch, the sizes asked for, else 1, 2, 3 and larger while they are cheap), eager's
+   outputs kept in one ``EagerRuns``;
 3. every dynamic dim of the program probed at its ends and between (``verify.ranges``), the
    sizes compared already taken as judged;
 4. the sizes inside the range that holds compared (those missing run now), the others left out.
@@ -24,12 +26,53 @@ from ptconvert import progress
 from ptconvert.errors import ModelRaisedError
 from ptconvert.verify.model_state import STATEFUL_CALLS, fresh_each_call
 from ptconvert.verify.parity import (
+    VARIED_BATCHES,
     Determinism,
     EagerRuns,
     ParityReport,
     compare,
     summarised,
 )
+
+
+def batches_to_compare(
+    asked: list[int] | None,
+    dynamic: bool,
+    example: int,
+    *,
+    cost: Callable[[list[int]], float] | None = None,
+    seconds: float | None = None,
+    max_batch: int | None = None,
+) -> tuple[list[int], list[str]]:
+    """The batch sizes a check compares, and notes on those it leaves: the one policy of a
+    conversion's check and of ``ptconvert verify``. A static batch: the example's only (sizes
+    asked for are not sizes the program takes: said). Sizes asked for (``--batch-sizes``): those.
+    Else ``VARIED_BATCHES``: 1, 2 and 3 always, the larger ones while ``cost`` (seconds to
+    compare a list of sizes) fits ``seconds``; at most ``max_batch``, which is compared too
+    (where an off-by-one specialisation shows)."""
+    if not dynamic:
+        said = [
+            f"compared at batch {example} only, not at --batch-sizes: the program's batch is "
+            "static (--dynamic-batch makes it dynamic)"
+        ]
+        return [example], said if asked else []
+    if asked:
+        return list(dict.fromkeys(asked)), []
+    kept: list[int] = []
+    left: list[int] = []
+    for b in VARIED_BATCHES:
+        extra = [k for k in kept if k > 3] + [b]  # 1, 2 and 3 are not optional
+        fits = cost is None or seconds is None or cost(extra) <= seconds
+        (kept if b <= 3 or fits else left).append(b)
+    notes = []
+    if left and cost is not None:
+        notes.append(
+            f"compared at batch sizes {kept}: {left} would take about {cost(left):.0f} s more "
+            "(sizes are chosen by the model's call time; --batch-sizes chooses them)"
+        )
+    if max_batch:
+        kept = sorted(b for b in {*kept, max_batch} if b <= max_batch)
+    return kept, notes
 
 
 @dataclass

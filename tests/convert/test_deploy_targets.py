@@ -559,6 +559,7 @@ def test_the_written_file_is_run_in_a_fresh_process_scalars_included(tmp_path, c
 
     swap_step(monkeypatch, "script", tampered)
     code, report, _ = run_cli([*args, "-o", str(tmp_path / "bad.ts"), "--no-cache"], capsys)
+    # refused by the check (exit 6) whatever the fallback then did (--method auto traces next)
     assert code == 6, report
     assert "loaded in a fresh process, differs from eager" in report["error"]["message"]
     assert not (tmp_path / "bad.ts").exists()

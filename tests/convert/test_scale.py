@@ -25,6 +25,21 @@ def test_the_default_sizes_are_chosen_by_the_models_call_time_and_the_steps() ->
     assert program_check.check_seconds(100.0) == 100.0 * program_check.CHECK_SHARE
 
 
+def test_one_batch_policy_for_a_conversion_and_verify() -> None:
+    """``judging.batches_to_compare``: both checks choose their sizes by it."""
+    from ptconvert.verify.judging import batches_to_compare
+
+    static, said = batches_to_compare([1, 8], False, 2)
+    assert static == [2] and "the program's batch is static" in said[0]
+    assert batches_to_compare(None, False, 2) == ([2], [])
+    assert batches_to_compare([8, 1, 8], True, 2) == ([8, 1], [])
+    assert batches_to_compare(None, True, 2) == ([1, 2, 3, 5, 7], [])
+    # a bounded range: its maximum compared, nothing above it
+    assert batches_to_compare(None, True, 2, max_batch=4)[0] == [1, 2, 3, 4]
+    slow, said = batches_to_compare(None, True, 2, cost=lambda sizes: sum(sizes), seconds=5.0)
+    assert slow == [1, 2, 3, 5] and "[7] would take about 7 s more" in said[0]
+
+
 def test_probes_reach_above_the_example_as_far_as_the_steps_allow() -> None:
     from ptconvert.verify.probes import DEFAULT_BUDGET
 
