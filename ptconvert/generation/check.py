@@ -4,7 +4,8 @@ transformers' ``generate(do_sample=False)`` on the eager model, at the tolerance
 one table (``verify.parity.TOLERANCES``). A mismatch is a ``VerificationError`` (exit 6).
 
 Two greedy runs part ways legitimately where the reference's two best logits are closer than the
-tolerance (a tie): that row is compared up to the tie and no further, and the report says so."""
+tolerance (a tie): that row is compared up to the tie and no further, and the report says so.
+How one run is judged against transformers' is ``verify.judging.judge_generation``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ptconvert.generation.runner import greedy
 from ptconvert.generation.static_cache import BATCHES
 from ptconvert.generation.targets import Stepper
 from ptconvert.report import Report
+from ptconvert.verify.judging import GenerationRun, judge_generation
 
 PROMPT_LENGTHS = (3, 7)
 FEATURE_INPUTS = (1, 2)  # a speech model's: two different feature inputs (its frames are fixed)
@@ -24,21 +26,10 @@ NEW_TOKENS = 16
 
 
 @dataclass
-class RunResult(Report):
-    batch: int
-    prompt_length: int  # a speech model's: the feature input's number (FEATURE_INPUTS)
-    new_tokens: int
-    status: str  # pass | noise (within eager's fp64 error) | tie | fail_tokens | fail_logits
-    max_abs_error: float = 0.0
-    distinct_tokens: int = 0
-    detail: str = ""
-
-
-@dataclass
 class GenerationCheck(Report):
     status: str  # pass | fail
     tolerance: float
-    runs: list[RunResult] = field(default_factory=list)
+    runs: list[GenerationRun] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -118,73 +109,6 @@ def gold_logits(model: Any, input_ids: Any, reference: Any, **inputs: Any) -> li
     return [logits[:, k] for k in range(steps)]
 
 
-def _noise(ours: Any, theirs: Any, gold: Any, tolerance: float) -> bool:
-    """Outside allclose but no further from the float64 truth than eager is (parity's rule:
-    RMSE against fp64 at most 2× eager's, 3× for fewer than 1000 values, plus tol/10)."""
-
-    def rmse(x: Any) -> float:
-        return float(((x.double() - gold.double()) ** 2).mean().sqrt())
-
-    multiplier = 3.0 if ours.numel() < 1000 else 2.0
-    return rmse(ours) <= multiplier * rmse(theirs) + tolerance / 10
-
-
-def compare_run(
-    mine: Any,
-    reference: Any,
-    prompt_length: int,
-    batch: int,
-    tolerance: float,
-    gold: Any = None,
-) -> RunResult:
-    """One greedy run against transformers': tokens row by row, logits step by step. A step's
-    logits outside allclose pass when ``gold()`` (the float64 logits per step, or None) says
-    they are as close to the truth as eager's."""
-    import torch
-
-    truth: list[Any] | None = None
-
-    got = mine.sequences[:, -len(mine.logits) :]  # the new tokens of each
-    want = reference.sequences[:, -len(reference.logits) :]
-    steps = min(len(mine.logits), len(reference.logits))
-    worst, status, detail = 0.0, "pass", ""
-    for row in range(batch):
-        for k in range(steps):
-            ours, theirs = mine.logits[k][row].float(), reference.logits[k][row].float()
-            error = float((ours - theirs).abs().max())
-            worst = max(worst, error)
-            if not torch.allclose(ours, theirs, atol=tolerance, rtol=tolerance):
-                if truth is None and gold is not None:
-                    truth = gold() or []
-                if truth and _noise(ours, theirs, truth[k][row], tolerance):
-                    status = "noise" if status == "pass" else status
-                    continue
-                return RunResult(
-                    batch, prompt_length, steps, "fail_logits", worst, _distinct(got),
-                    f"row {row}, new token {k}: logits differ by up to {error:.3g} "
-                    f"(tolerance {tolerance:g})",
-                )  # fmt: skip
-            if int(got[row, k]) != int(want[row, k]):
-                best = float(theirs.max())
-                if float(theirs[int(got[row, k])]) >= best - tolerance * (1 + abs(best)):
-                    status = "tie"
-                    detail = (
-                        f"row {row}, new token {k}: {int(got[row, k])} and transformers' "
-                        f"{int(want[row, k])} tie within the tolerance; compared up to there"
-                    )
-                    break
-                return RunResult(
-                    batch, prompt_length, steps, "fail_tokens", worst, _distinct(got),
-                    f"row {row}, new token {k}: {int(got[row, k])}, transformers chose "
-                    f"{int(want[row, k])}",
-                )  # fmt: skip
-    return RunResult(batch, prompt_length, steps, status, worst, _distinct(got), detail)
-
-
-def _distinct(tokens: Any) -> int:
-    return len(set(tokens.flatten().tolist()))
-
-
 def check_generation(
     model: Any,
     stepper: Stepper,
@@ -214,7 +138,7 @@ def check_generation(
             def gold(ids: Any = ids, reference: Any = reference, keywords: Any = keywords) -> Any:
                 return gold_logits(model, ids, reference, **keywords)
 
-            runs.append(compare_run(mine, reference, length, batch, tolerance, gold))
+            runs.append(judge_generation(mine, reference, length, batch, tolerance, gold))
     check = GenerationCheck("pass", tolerance, runs)
     failed = [r for r in runs if r.status.startswith("fail")]
     if failed:

@@ -12,7 +12,8 @@ what it wrote (``convert/program_check``) and ``ptconvert verify`` judges a fore
 4. the sizes inside the range that holds compared (those missing run now), the others left out.
 
 What a failure means is the caller's: a conversion exports again with the range that holds or
-refuses; ``verify`` reports.
+refuses; ``verify`` reports. A generation export is judged by ``judge_generation`` ("generates
+like transformers": tokens and each step's logits, precision noise told by the fp64 logits).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 from ptconvert import progress
 from ptconvert.errors import ModelRaisedError
+from ptconvert.report import Report
 from ptconvert.verify.model_state import STATEFUL_CALLS, fresh_each_call
 from ptconvert.verify.parity import (
     VARIED_BATCHES,
@@ -203,3 +205,84 @@ def judge_program(
     assert report is not None
     parity = summarised([done[b] for b in held], report.fp64_reference, report.tolerance)
     return Judgement(parity, ranges, [b for b in batches if b not in held])
+
+
+@dataclass
+class GenerationRun(Report):
+    """One greedy run of a generation export against transformers' (``judge_generation``)."""
+
+    batch: int
+    prompt_length: int  # a speech model's: the feature input's number (FEATURE_INPUTS)
+    new_tokens: int
+    status: str  # pass | noise (within eager's fp64 error) | tie | fail_tokens | fail_logits
+    max_abs_error: float = 0.0
+    distinct_tokens: int = 0
+    detail: str = ""
+
+
+def _noise(ours: Any, theirs: Any, gold: Any, tolerance: float) -> bool:
+    """Outside allclose but no further from the float64 truth than eager is (parity's rule:
+    RMSE against fp64 at most 2× eager's, 3× for fewer than 1000 values, plus tol/10)."""
+
+    def rmse(x: Any) -> float:
+        return float(((x.double() - gold.double()) ** 2).mean().sqrt())
+
+    multiplier = 3.0 if ours.numel() < 1000 else 2.0
+    return rmse(ours) <= multiplier * rmse(theirs) + tolerance / 10
+
+
+def judge_generation(
+    mine: Any,
+    reference: Any,
+    prompt_length: int,
+    batch: int,
+    tolerance: float,
+    gold: Any = None,
+) -> GenerationRun:
+    """ "Generates like transformers": one greedy run (``mine``: sequences and each step's
+    logits) against transformers' (``reference``), tokens row by row, logits step by step. A step's
+    logits outside allclose pass when ``gold()`` (the float64 logits per step, or None) says
+    they are as close to the truth as eager's."""
+    import torch
+
+    truth: list[Any] | None = None
+
+    got = mine.sequences[:, -len(mine.logits) :]  # the new tokens of each
+    want = reference.sequences[:, -len(reference.logits) :]
+    steps = min(len(mine.logits), len(reference.logits))
+    worst, status, detail = 0.0, "pass", ""
+    for row in range(batch):
+        for k in range(steps):
+            ours, theirs = mine.logits[k][row].float(), reference.logits[k][row].float()
+            error = float((ours - theirs).abs().max())
+            worst = max(worst, error)
+            if not torch.allclose(ours, theirs, atol=tolerance, rtol=tolerance):
+                if truth is None and gold is not None:
+                    truth = gold() or []
+                if truth and _noise(ours, theirs, truth[k][row], tolerance):
+                    status = "noise" if status == "pass" else status
+                    continue
+                return GenerationRun(
+                    batch, prompt_length, steps, "fail_logits", worst, _distinct(got),
+                    f"row {row}, new token {k}: logits differ by up to {error:.3g} "
+                    f"(tolerance {tolerance:g})",
+                )  # fmt: skip
+            if int(got[row, k]) != int(want[row, k]):
+                best = float(theirs.max())
+                if float(theirs[int(got[row, k])]) >= best - tolerance * (1 + abs(best)):
+                    status = "tie"
+                    detail = (
+                        f"row {row}, new token {k}: {int(got[row, k])} and transformers' "
+                        f"{int(want[row, k])} tie within the tolerance; compared up to there"
+                    )
+                    break
+                return GenerationRun(
+                    batch, prompt_length, steps, "fail_tokens", worst, _distinct(got),
+                    f"row {row}, new token {k}: {int(got[row, k])}, transformers chose "
+                    f"{int(want[row, k])}",
+                )  # fmt: skip
+    return GenerationRun(batch, prompt_length, steps, status, worst, _distinct(got), detail)
+
+
+def _distinct(tokens: Any) -> int:
+    return len(set(tokens.flatten().tolist()))
