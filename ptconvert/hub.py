@@ -5,7 +5,8 @@ transformers' ``from_pretrained`` find them (README, "Models from the Hugging Fa
 The rules, in order:
 
 1. a path that exists here always wins: ``acme/tiny-gpt2`` is that folder when there is one
-   (so is ``dir/model.bin`` whose ``dir`` exists: a missing file, not an id);
+   (so is ``dir/model.bin`` when ``dir`` exists or the name ends in a model file's suffix:
+   a missing file, not an id; ``hf://`` says it is an id);
 2. an id is looked up in the cache (``--cache-dir``, else ``HF_HUB_CACHE``, else
    ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``) with no network at all;
 3. only when the cache lacks it and the network is allowed (``HF_HUB_OFFLINE`` unset) is the
@@ -30,6 +31,8 @@ from ptconvert.errors import HubModelNotFoundError, UsageError
 _NAME = r"[A-Za-z0-9_](?:[\w.-]*[A-Za-z0-9_])?"
 _ID = re.compile(rf"^(?P<repo>{_NAME}/{_NAME})(?:@(?P<rev>[^\s@]+))?$")
 _HF_ID = re.compile(rf"^(?P<repo>(?:{_NAME}/)?{_NAME})(?:@(?P<rev>[^\s@]+))?$")
+# a name ending so names a model file: ``dir/model.bin`` missing is a path, never looked up
+_FILE_SUFFIXES = (".bin", ".pt", ".pth", ".pt2", ".safetensors", ".onnx", ".pte", ".gguf", ".ckpt")
 _TRUE = {"1", "on", "yes", "true"}  # huggingface_hub's truthy environment values
 
 
@@ -88,8 +91,10 @@ def resolve(
     if parsed is None:
         return None
     repo_id, at = parsed
-    if not text.startswith("hf://") and Path(repo_id.split("/")[0]).is_dir():
-        return None  # dir/model.bin with dir here: a path, missing (the usual message)
+    if not text.startswith("hf://") and (
+        Path(repo_id.split("/")[0]).is_dir() or repo_id.lower().endswith(_FILE_SUFFIXES)
+    ):
+        return None  # a path, missing: the command says so as it says it of any file
     if at and revision and at != revision:
         raise UsageError(f"{text} names revision {at!r} and --revision says {revision!r}")
     revision = at or revision or "main"

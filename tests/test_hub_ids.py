@@ -164,6 +164,9 @@ def test_a_local_folder_named_like_an_id_wins(offline: Path, hub: Path) -> None:
     with pytest.raises(ptconvert.errors.InputError, match="no such file") as caught:
         ptconvert.describe("acme/model.bin")
     assert caught.value.kind != "hub_model_not_found"
+    with pytest.raises(ptconvert.errors.InputError, match="no such file") as caught:
+        ptconvert.describe("elsewhere/model.safetensors")  # a model file's name: never an id
+    assert caught.value.kind != "hub_model_not_found"
 
 
 def test_outputs_of_a_snapshot_given_as_a_path_go_to_the_current_folder(
