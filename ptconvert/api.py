@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def _named_errors(fn: F) -> F:
@@ -80,6 +81,25 @@ def _shows_keywords(cls: type[VerifyKeywords | BenchKeywords]) -> Callable[[F], 
     return show
 
 
+def _source(
+    src: str | Path, revision: str | None = None, cache_dir: str | Path | None = None
+) -> tuple[str | Path, list[str]]:
+    """Where every command's source enters: a Hugging Face Hub id (``owner/name``,
+    ``hf://owner/name``) resolved to its snapshot in the Hub cache (``hub.resolve``: a local
+    path always wins), with the note its report carries; anything else as it was given."""
+    from ptconvert.hub import resolve
+
+    found = resolve(src, revision, cache_dir)
+    return (src, []) if found is None else (found.snapshot, [found.note])
+
+
+def _noted(report: T, notes: list[str]) -> T:
+    """``report`` with ``notes`` (where the source came from) first among its own."""
+    if notes:
+        report.notes[:0] = notes  # type: ignore[attr-defined]
+    return report
+
+
 @_named_errors
 def options(base: Options | None = None, **overrides: Any) -> Options:
     """``base`` (or the defaults) with ``overrides`` applied: Options fields, and a target's own
@@ -103,6 +123,8 @@ def options(base: Options | None = None, **overrides: Any) -> Options:
         opts.target_options = {**opts.target_options, **given}
     if opts.example_inputs is not None:
         opts.example_inputs = Path(opts.example_inputs)
+    if opts.cache_dir is not None:
+        opts.cache_dir = Path(opts.cache_dir)
     opts.validate()
     for cls in dict.fromkeys(own.values()):
         values: Any = opts.of(cls)
@@ -138,10 +160,13 @@ def convert(
 
     load_plugins()
     checked = options(opts, **overrides)
+    hub: list[str] = []
+    if src is not None:
+        src, hub = _source(src, checked.revision, checked.cache_dir)
     if checked.task in GENERATION_TASKS and src is not None:  # with its cache, by generating
         from ptconvert.generation.convert import convert as export_for_generation
 
-        return export_for_generation(src, to, output, checked)
+        return _noted(export_for_generation(src, to, output, checked), hub)
     if src is None:  # code alone: no default name, but the suffix rule holds
         said: list[str] = []
         if output is not None and not names_folder(output):
@@ -150,9 +175,7 @@ def convert(
         report.notes[:0] = said
         return report
     src, output, said = _output_name(src, to, output, checked)
-    report = run(src, to, output, checked)
-    report.notes[:0] = said
-    return report
+    return _noted(run(src, to, output, checked), [*hub, *said])
 
 
 def _output_name(
@@ -274,14 +297,10 @@ def convert_every(
     from ptconvert.convert.every import convert_every as run
 
     load_plugins()
-    return run(
-        src,
-        out_dir,
-        options(opts, **overrides),
-        batch_sizes=batch_sizes,
-        repeats=repeats,
-        warmup=warmup,
-    )
+    checked = options(opts, **overrides)
+    src, hub = _source(src, checked.revision, checked.cache_dir)
+    report = run(src, out_dir, checked, batch_sizes=batch_sizes, repeats=repeats, warmup=warmup)
+    return _noted(report, hub)
 
 
 @_named_errors
@@ -307,14 +326,10 @@ def optimize(
     from ptconvert.convert.optimize import optimize as run
 
     load_plugins()
-    return run(
-        src,
-        output,
-        options(opts, **overrides),
-        batch_sizes=batch_sizes,
-        repeats=repeats,
-        warmup=warmup,
-    )
+    checked = options(opts, **overrides)
+    src, hub = _source(src, checked.revision, checked.cache_dir)
+    report = run(src, output, checked, batch_sizes=batch_sizes, repeats=repeats, warmup=warmup)
+    return _noted(report, hub)
 
 
 @_named_errors
@@ -329,18 +344,25 @@ def plan(src: str | Path, to: str, opts: Options | None = None, **overrides: Any
 
     load_plugins()
     checked = options(opts, **overrides)
+    src, hub = _source(src, checked.revision, checked.cache_dir)
     if checked.task in GENERATION_TASKS:
         from ptconvert.generation.convert import plan as generation_plan
 
-        return generation_plan(src, to, checked)
-    return plan_for(src, to, checked)
+        return _noted(generation_plan(src, to, checked), hub)
+    return _noted(plan_for(src, to, checked), hub)
 
 
 @_named_errors
 def scan(
-    paths: str | Path | Iterable[str | Path], *, allow: Sequence[str] = (), jobs: int = 1
+    paths: str | Path | Iterable[str | Path],
+    *,
+    allow: Sequence[str] = (),
+    jobs: int = 1,
+    revision: str | None = None,
+    cache_dir: str | Path | None = None,
 ) -> ScanReport:
-    """Scan pickle-based files (and directories, recursively) without executing them.
+    """Scan pickle-based files (and directories, recursively) without executing them; a
+    Hugging Face Hub id scans its snapshot in the Hub cache (``revision``, ``cache_dir``).
 
     >>> report = ptconvert.scan("model.bin")
     >>> report.verdict            # "clean" | "needs-code" | "dangerous" | "error"
@@ -349,8 +371,12 @@ def scan(
     from ptconvert.scan.scanner import scan as run
 
     load_plugins()
-    items = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    return run(items, allow=allow, jobs=jobs)
+    items, hub = [], []
+    for item in [paths] if isinstance(paths, (str, Path)) else list(paths):
+        path, said = _source(item, revision, cache_dir)
+        items.append(path)
+        hub += said
+    return _noted(run(items, allow=allow, jobs=jobs), hub)
 
 
 @_shows_keywords(VerifyKeywords)
@@ -373,7 +399,8 @@ def verify(
     own, overrides = split_keywords(VerifyKeywords, overrides)
     device = own["device"]
     checked = options(opts, **overrides, **({"device": device} if device else {}))
-    return run(reference, candidate, checked, **{**own, "device": checked.device})
+    reference, hub = _source(reference, checked.revision, checked.cache_dir)
+    return _noted(run(reference, candidate, checked, **{**own, "device": checked.device}), hub)
 
 
 @_shows_keywords(BenchKeywords)
@@ -403,16 +430,19 @@ def bench(artifact: str | Path, opts: Options | None = None, **overrides: Any) -
     own, overrides = split_keywords(BenchKeywords, overrides)
     device = own["device"]
     checked = options(opts, **overrides, **({"device": device} if device else {}))
+    hub: list[str] = []
+    if own["reference"] is not None:  # the eager source: a Hub id too
+        own["reference"], hub = _source(own["reference"], checked.revision, checked.cache_dir)
     keywords = BenchKeywords(**{**own, "device": checked.device})
     export = generation_export(Path(artifact))
     if export is not None:  # the verify layer cannot import generation/: dispatched here
-        return bench_generation(str(artifact), checked, keywords, export=export)
+        return _noted(bench_generation(str(artifact), checked, keywords, export=export), hub)
     if keywords.prompt_length is not None or keywords.new_tokens is not None:
         raise UsageError(
             "--prompt-length and --new-tokens time a generation export (--task …-with-past)",
             path=artifact,
         )
-    return bench_artifact(str(artifact), checked, keywords)
+    return _noted(bench_artifact(str(artifact), checked, keywords), hub)
 
 
 @_named_errors
@@ -425,8 +455,11 @@ def format_names() -> list[str]:
 
 
 @_named_errors
-def detect(path: str | Path) -> Detection:
-    """Recognise ``path`` from its content (plugins' formats included), reading nothing else.
+def detect(
+    path: str | Path, *, revision: str | None = None, cache_dir: str | Path | None = None
+) -> Detection:
+    """Recognise ``path`` from its content (plugins' formats included), reading nothing else;
+    a Hugging Face Hub id, its snapshot in the Hub cache.
 
     >>> ptconvert.detect("pytorch_model.bin")
     Detection(path=PosixPath('pytorch_model.bin'), format='pt', layout='zip')
@@ -434,13 +467,16 @@ def detect(path: str | Path) -> Detection:
     from ptconvert import formats
 
     load_plugins()
-    return formats.detect(path)
+    return formats.detect(_source(path, revision, cache_dir)[0])
 
 
 @_named_errors
-def describe(path: str | Path) -> FileInfo:
+def describe(
+    path: str | Path, *, revision: str | None = None, cache_dir: str | Path | None = None
+) -> FileInfo:
     """What ``path`` holds (tensors, signature, what loading it would import), without
-    executing anything in it: the ``info`` command.
+    executing anything in it: the ``info`` command. A Hugging Face Hub id (``owner/name``)
+    describes its snapshot in the Hub cache (``revision``, ``cache_dir``; a note names it).
 
     >>> ptconvert.describe("model.pt2").metadata["call"]
     'prog(x) → a tensor'
@@ -448,11 +484,12 @@ def describe(path: str | Path) -> FileInfo:
     from ptconvert import formats
 
     load_plugins()
+    path, hub = _source(path, revision, cache_dir)
     info = formats.describe(path)
     from ptconvert.generation.tasks import describe_task
 
     describe_task(info)
-    return info
+    return _noted(info, hub)
 
 
 @_named_errors

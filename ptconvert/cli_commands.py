@@ -20,6 +20,9 @@ from ptconvert.errors import (
 )
 from ptconvert.options import BenchKeywords, Options, VerifyKeywords
 
+# --revision and --cache-dir, for the commands that take no other Options (info, scan)
+hub_options = flags(Options, names=("revision", "cache_dir"))
+
 
 def examples(*lines: str) -> str:
     """A command's --help epilog: its examples, kept as written (click rewraps otherwise)."""
@@ -44,17 +47,20 @@ def show(report: Any, as_json: bool, renderer: str) -> None:
     epilog=examples(
         "ptconvert info pytorch_model.bin",
         "ptconvert info model.pt2 --json",
+        "ptconvert info acme/tiny-gpt2 --revision v1",
     )
 )
 @click.argument("path", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-def info(path: str, as_json: bool) -> None:
-    """Describe a model file or directory without executing anything in it."""
+@hub_options
+def info(path: str, as_json: bool, **hub: Any) -> None:
+    """Describe a model file or directory (or a Hugging Face Hub id's snapshot in the Hub
+    cache) without executing anything in it."""
     from ptconvert import describe
 
     progress.set_quiet(as_json)
     with progress.step(f"reading {path}"):
-        result = describe(path)
+        result = describe(path, **read_flags(Options, hub))
     show(result, as_json, "render_info")
 
 
@@ -102,14 +108,19 @@ def formats(as_json: bool, graph: str | None) -> None:
     epilog=examples(
         "ptconvert scan model.bin",
         "ptconvert scan downloads/ -j 4 --json",
+        "ptconvert scan acme/tiny-gpt2 --cache-dir /data/hf-cache",
     )
 )
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("-j", "jobs", type=int, default=1, help="Scan with N processes.")
 @click.option("--allow", multiple=True, help="Extend the allowlist with module.Name.")
-def scan(paths: tuple[str, ...], as_json: bool, jobs: int, allow: tuple[str, ...]) -> None:
-    """Scan pickle-based files for code that would run when they are loaded.
+@hub_options
+def scan(
+    paths: tuple[str, ...], as_json: bool, jobs: int, allow: tuple[str, ...], **hub: Any
+) -> None:
+    """Scan pickle-based files for code that would run when they are loaded (a Hugging Face
+    Hub id: its snapshot in the Hub cache).
 
     Exit code 0 when every file is clean, 10 when any is dangerous, 3 when any cannot be read
     completely, 11 when any needs user code (or runs native code) to load.
@@ -117,7 +128,7 @@ def scan(paths: tuple[str, ...], as_json: bool, jobs: int, allow: tuple[str, ...
     from ptconvert.api import scan as run_scan
 
     progress.set_quiet(as_json)
-    report = run_scan(paths, allow=allow, jobs=jobs)
+    report = run_scan(paths, allow=allow, jobs=jobs, **read_flags(Options, hub))
     show(report, as_json, "render_scan")
     code = {
         "clean": SUCCESS,

@@ -99,6 +99,14 @@ class UnknownFormatError(InputError):
     kind = "unknown_format"
 
 
+class HubModelNotFoundError(InputError):
+    """A Hugging Face Hub id (``owner/name``) that is neither a local path nor in the Hub cache,
+    and could not be downloaded (offline, or the Hub refused it): the message names the id, the
+    revision and the cache searched (``ptconvert.hub``)."""
+
+    kind = "hub_model_not_found"
+
+
 class UnsupportedConversionError(PtconvertError):
     """No converter reaches the requested target, or the input holds something it cannot carry."""
 

@@ -204,6 +204,27 @@ class Options:
             "stay an error.",
         ),
     )
+    # a Hugging Face Hub id as the source (hub.py): which snapshot, in which cache
+    revision: str | None = field(
+        default=None,
+        metadata=flag(
+            "--revision",
+            group="model",
+            help="A Hugging Face Hub id as the source (owner/name): its branch, tag or commit "
+            "(default main).",
+        ),
+    )
+    cache_dir: Path | None = field(
+        default=None,
+        metadata=flag(
+            "--cache-dir",
+            group="model",
+            type=Path,
+            parse="path",
+            help="A Hub id: the huggingface_hub cache that holds it (default HF_HUB_CACHE, else "
+            "~/.cache/huggingface/hub).",
+        ),
+    )
     # --- what a conversion is asked for (no group) ---
     force: bool = field(default=False, metadata=flag("--force", help="Replace an existing output."))
     verify: bool = field(
@@ -425,6 +446,8 @@ class Options:
         length = self.cache_length
         if length is not None and (not isinstance(length, int) or length < 2):
             raise UsageError(f"cache_length is an integer of 2 or more, got {length!r}")
+        if self.revision is not None and not isinstance(self.revision, str):
+            raise UsageError(f"revision is a branch, tag or commit, got {self.revision!r}")
         if not isinstance(self.seed, int):
             raise UsageError(f"seed is an integer, got {self.seed!r}")
         return self

@@ -168,6 +168,8 @@ def render_every(report: Any, console: Console | None = None) -> None:
             console.print(f"{r.format}: {escape(_path_of(r.route))}")
         else:
             console.print(f"{r.format}: {r.status}: {escape(r.reason)}")
+    for note in report.notes:
+        console.print(f"note: {escape(note)}")
     done = sum(1 for r in report.rows if r.status == "ok")
     console.print(
         f"{escape(report.source)} ({report.source_format}) → {done} formats in "
@@ -208,6 +210,8 @@ def render_scan(report: Any, console: Console | None = None) -> None:
     for f in report.files:
         for note in f.notes:
             console.print(f"note: {escape(f.path)}: {escape(note)}")
+    for note in report.notes:
+        console.print(f"note: {escape(note)}")
     counts = ", ".join(f"{n} {k}" for k, n in report.counts.items() if n)
     console.print(f"verdict: {report.verdict} ({counts or 'no files'})")
 
@@ -301,6 +305,8 @@ def render_plan(payload: dict[str, Any], console: Console | None = None) -> None
         console.print(f"task: {escape(payload['task'])} (exported with its cache)")
     if payload.get("check"):
         console.print(f"check: {escape(payload['check'])}")
+    for note in payload.get("notes", []):
+        console.print(f"note: {escape(note)}")
     for what, words in payload.get("dynamic", {}).items():
         console.print(f"dynamic: {escape(what)}: {escape(words)}")
     need, free = payload.get("memory_estimate_bytes"), payload.get("memory_available_bytes")

@@ -189,6 +189,8 @@ def _another_value(f: dataclasses.Field[Any], kind: Any, tmp_path: Path) -> Any:
         return [*(default or []), 4]
     if base is list:
         return [*default, "x:4x8:float32"]
+    if base is Path:
+        return tmp_path
     if base is dict:
         return {**default, "changed": "1"}
     raise AssertionError(f"Options.{f.name}: give this test a changed value of {kind}")

@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
         "options",
         "memory",
         "spawn",
+        "hub",  # Hugging Face Hub ids resolved in the Hub cache (huggingface_hub imported lazily)
         "_compat",  # the declared hooks on torch's and transformers' private APIs
     },
     {"pickles"},  # pickles read without running them: the symbolic machine, the allowlist

@@ -35,6 +35,9 @@ NOT_IN_KEY: dict[str, str] = {
     "cache": "whether to use the cache at all",
     "load_timeout": "how long a load may take before it is stopped, not what is loaded",
     "target_options": "a target's own options are keyed by their target only (key_of)",
+    # the key hashes the files of the snapshot they chose (the source the key is of)
+    "revision": "which snapshot a Hub id names: the key hashes that snapshot's files",
+    "cache_dir": "where a Hub id's snapshot is: the key hashes that snapshot's files",
 }
 
 # Packages whose version changes what a conversion writes (when installed): these, and the

@@ -50,6 +50,7 @@ class EveryFormatReport(Report):
     baselines: dict[str, dict[int, float]] = field(default_factory=dict)  # eager, torch.compile
     bench: Any = None  # the verify.bench.BenchReport of every contender
     exit_code: int = 0  # 0, or the exit code of the first format that failed
+    notes: list[str] = field(default_factory=list)  # where the source came from (a Hub id)
 
 
 def convert_every(

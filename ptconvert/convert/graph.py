@@ -188,6 +188,7 @@ class Plan(Report):
     dynamic: dict[str, str] = field(default_factory=dict)
     task: str | None = None  # a generation export's task (--task …-with-past)
     check: str = ""  # what the check will do, when the route says it beforehand
+    notes: list[str] = field(default_factory=list)  # the snapshot a Hub id named
 
     @property
     def runnable(self) -> bool:
@@ -215,6 +216,7 @@ class Plan(Report):
             "dynamic": self.dynamic,
             "task": self.task,
             "check": self.check,
+            "notes": self.notes,
         }
 
     def describe(self) -> list[str]:

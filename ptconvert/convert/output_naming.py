@@ -24,8 +24,25 @@ def _suffix(fmt: str) -> str:
     return known.suffix if known else f".{fmt}"
 
 
+def beside(src: Path, name: str | None = None) -> Path:
+    """``name`` (else ``src``'s own) beside ``src``, where a default output goes; for a folder of
+    the Hugging Face Hub cache (a snapshot, or a file in one) in the current folder instead,
+    the snapshot named after its repository (``./tiny-gpt2-safetensors``): the cache is
+    huggingface_hub's, a store of downloads ptconvert does not write into."""
+    from ptconvert.hub import snapshot_of
+
+    name = name or src.name
+    found = snapshot_of(src)
+    if found is None:
+        return src.with_name(name)
+    snapshot, repo = found
+    if Path(os.path.abspath(src)) == snapshot and name.startswith(snapshot.name):
+        name = repo + name[len(snapshot.name) :]
+    return Path(name)
+
+
 def default_output(src: Path, to: str) -> Path:
-    return src.with_name(src.name.split(".")[0] + _suffix(to))
+    return beside(src, src.name.split(".")[0] + _suffix(to))
 
 
 def weight_targets() -> list[str]:
@@ -42,8 +59,8 @@ def weights_output(d: Detection, fmt: str, as_directory: bool) -> Path:
         return folder_output(src, fmt)
     container = d.handler.named_after(src)
     if container != src:
-        return container.parent / f"{container.name}-{fmt}"
-    return src.with_suffix(FORMATS_BY_NAME[fmt].suffix)
+        return beside(container, f"{container.name}-{fmt}")
+    return beside(src, src.with_suffix(FORMATS_BY_NAME[fmt].suffix).name)
 
 
 def writes_directory(
@@ -88,7 +105,7 @@ def output_for(src: Path, to: str, opts: Options) -> Path:
 def folder_output(src: Path, to: str) -> Path:
     """A folder written beside ``src`` without ``-o`` (a directory's weights, a client's folder,
     a seq2seq export): ``NAME-safetensors``, ``NAME-onnx``, …"""
-    return src.with_name(f"{src.name.split('.')[0]}-{to}")
+    return beside(src, f"{src.name.split('.')[0]}-{to}")
 
 
 def names_folder(output: str | Path) -> bool:

@@ -39,6 +39,7 @@ from ptconvert.errors import InputError
 from ptconvert.formats import FORMATS
 from ptconvert.formats.base import Format
 from ptconvert.formats.onnx import is_onnx
+from ptconvert.hub import links_into_blobs
 from ptconvert.pickles.machine import run_pickle
 from ptconvert.report import Verdict
 
@@ -268,7 +269,10 @@ def _escapes(base: Path, location: str) -> bool:
     loc = location.replace("\\", "/")
     if not loc or loc.startswith("/") or re.match(r"^[A-Za-z]:", loc) or ".." in loc.split("/"):
         return True
-    return not (base / loc).resolve().is_relative_to(base)  # symlinks resolved
+    target = (base / loc).resolve()  # symlinks resolved
+    # in huggingface_hub's cache every file of a snapshot links to its blob, one folder up:
+    # a link there stays within the model's own files (hub.links_into_blobs)
+    return not (target.is_relative_to(base) or links_into_blobs(base, target))
 
 
 def _decompressor(head: bytes) -> tuple[str, Callable[[], object]] | None:

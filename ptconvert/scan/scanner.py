@@ -59,6 +59,7 @@ class ScanReport(Report):
     verdict: Verdict
     files: list[FileScan]
     counts: dict[str, int]
+    notes: list[str] = field(default_factory=list)  # the snapshot a Hub id named
 
 
 def scan_file(path: str | Path, allowed: frozenset[str] = frozenset()) -> FileScan:
