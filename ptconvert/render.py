@@ -24,6 +24,16 @@ def _spec(s: IOSpec) -> str:
     return f"{s.name}: {s.dtype or '?'}{shape}"
 
 
+def _dtype_words(dtype: str, h: dict[str, int]) -> str:
+    """``float16 ×120 (12,582,912 el., 24.0 MiB)``: tensors, elements, bytes where known."""
+    stored = f", {size_text(h['bytes'])}" if "bytes" in h else ""
+    return f"{dtype} ×{h['tensors']} ({h['elements']:,} el.{stored})"
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{name} ×{n}" for name, n in counts.items())
+
+
 def render_info(info: FileInfo, console: Console | None = None) -> None:
     console = console or Console()
     t = Table(show_header=False, box=None, pad_edge=False)
@@ -42,12 +52,12 @@ def render_info(info: FileInfo, console: Console | None = None) -> None:
         t.add_row("tensors", f"{info.tensors:,}")
         t.add_row("parameters", f"{info.parameters or 0:,}")
     if info.dtypes:
-        t.add_row(
-            "dtypes",
-            ", ".join(
-                f"{d}: {h['tensors']} ({h['elements']:,} el.)" for d, h in info.dtypes.items()
-            ),
-        )
+        t.add_row("dtypes", ", ".join(_dtype_words(d, h) for d, h in info.dtypes.items()))
+    if info.quantized is not None:
+        q = info.quantized
+        words = [f"ops: {_counts(q.ops)}"] if q.ops else []
+        words += [f"weights: {_counts(q.weights)}"] if q.weights else []
+        t.add_row("quantized", "\n".join(words))
     if info.largest:
         t.add_row(
             "largest",

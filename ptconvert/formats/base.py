@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from ptconvert.archive import ZipArchive, is_zip, open_zip
 from ptconvert.errors import CorruptFileError, UnsupportedConversionError, VerificationError
 from ptconvert.formats.program import IOSpec, Program
+from ptconvert.formats.torch_objects import DTYPE_SIZES
 from ptconvert.report import Report
 
 if TYPE_CHECKING:
@@ -88,6 +89,23 @@ class TensorEntry:
 
 
 @dataclass
+class Quantization:
+    """What in a file is quantized, counted: ``ops`` the quantized operators of its program by
+    name (ONNX's MatMulInteger, DynamicQuantizeLinear, QLinear*; a pte's quantized kernels),
+    ``weights`` its quantized tensors by how each is stored (``int8``: the integer weights of
+    those operators; GGUF's block types; ``torchao.Int8Tensor``: a pt2's tensor subclass)."""
+
+    ops: dict[str, int] = field(default_factory=dict)
+    weights: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: Quantization) -> None:
+        """Count another file's as well (the shards of one set)."""
+        for mine, theirs in ((self.ops, other.ops), (self.weights, other.weights)):
+            for key, n in theirs.items():
+                mine[key] = mine.get(key, 0) + n
+
+
+@dataclass
 class FileInfo(Report):
     """What ``ptconvert info`` reports about a file or directory."""
 
@@ -98,7 +116,9 @@ class FileInfo(Report):
     files: list[dict[str, Any]] = field(default_factory=list)
     tensors: int | None = None
     parameters: int | None = None
+    # per dtype: tensors, elements and the bytes they are stored in (no bytes: a size unknown)
     dtypes: dict[str, dict[str, int]] = field(default_factory=dict)
+    quantized: Quantization | None = None  # None: nothing in the file is quantized
     largest: list[TensorEntry] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     shards: list[str] = field(default_factory=list)
@@ -115,20 +135,31 @@ class FileInfo(Report):
         self,
         entries: Iterable[tuple[str, str, list[int | str], int]],
         aliases: frozenset[str] = frozenset(),
+        nbytes: Mapping[str, int] | None = None,
     ) -> None:
         """Fill tensor count, parameter count, dtype histogram and the largest tensors.
 
         ``aliases`` names tensors that share their data with another listed tensor (tied
-        weights): they count as tensors but not again as parameters.
+        weights): they count as tensors but not again as parameters. ``nbytes`` gives the
+        stored size of tensors whose dtype does not say it (quantized blocks, a tensor
+        subclass's storages); the others take elements × the dtype's size, and a dtype of no
+        known size has no ``bytes`` in the histogram.
         """
         items = [TensorEntry(n, d, list(s), int(k)) for n, d, s, k in entries]
         self.tensors = len(items)
         self.parameters = sum(t.numel for t in items if t.name not in aliases)
         hist: dict[str, dict[str, int]] = {}
+        unsized: set[str] = set()  # a dtype with a tensor of unknown size: its total is unknown
         for t in items:
-            h = hist.setdefault(t.dtype, {"tensors": 0, "elements": 0})
+            h = hist.setdefault(t.dtype, {"tensors": 0, "elements": 0, "bytes": 0})
             h["tensors"] += 1
             h["elements"] += t.numel
+            size = (nbytes or {}).get(t.name, t.numel * DTYPE_SIZES.get(t.dtype, -1))
+            h["bytes"] += size
+            if size < 0:
+                unsized.add(t.dtype)
+        for dtype in unsized:
+            del hist[dtype]["bytes"]
         self.dtypes = dict(sorted(hist.items()))
         self.largest = heapq.nlargest(5, items, key=lambda t: (t.numel, t.name))
 
@@ -137,10 +168,20 @@ class FileInfo(Report):
         self.tensors = (self.tensors or 0) + (other.tensors or 0)
         self.parameters = (self.parameters or 0) + (other.parameters or 0)
         for dtype, h in other.dtypes.items():
-            mine = self.dtypes.setdefault(dtype, {"tensors": 0, "elements": 0})
+            mine = self.dtypes.get(dtype)
+            if mine is None:
+                self.dtypes[dtype] = dict(h)
+                continue
             mine["tensors"] += h["tensors"]
             mine["elements"] += h["elements"]
+            if "bytes" in mine and "bytes" in h:
+                mine["bytes"] += h["bytes"]
+            else:
+                mine.pop("bytes", None)
         self.dtypes = dict(sorted(self.dtypes.items()))
+        if other.quantized is not None:
+            self.quantized = self.quantized or Quantization()
+            self.quantized.add(other.quantized)
         self.largest = heapq.nlargest(
             5, [*self.largest, *other.largest], key=lambda t: (t.numel, t.name)
         )

@@ -159,7 +159,8 @@ def test_info_names_types_as_gguf_does_without_the_gguf_package(
         "float32", "float16", "bfloat16", "float64", "int8", "int16", "int32", "int64",
         "Q8_0", "Q4_0", "Q4_K",
     }  # fmt: skip
-    assert info["dtypes"]["Q4_K"] == {"tensors": 1, "elements": 512}
+    assert info["dtypes"]["Q4_K"] == {"tensors": 1, "elements": 512, "bytes": 288}  # 2 blocks
+    assert info["quantized"] == {"ops": {}, "weights": {"Q4_0": 1, "Q4_K": 1, "Q8_0": 1}}
     meta = info["metadata"]
     assert (meta["GGUF.version"], meta["GGUF.tensor_count"]) == (3, 11)
     assert meta["general.architecture"] == "testarch"
@@ -199,8 +200,8 @@ def test_info_of_llama_cpps_own_files(capsys: pytest.CaptureFixture[str]) -> Non
     code, info, _ = run_cli(["info", str(FIXTURES / "tiny-llama-q8_0.gguf")], capsys)
     assert code == 0, info
     assert info["dtypes"] == {
-        "Q8_0": {"tensors": 16, "elements": 106112},
-        "float32": {"tensors": 5, "elements": 320},
+        "Q8_0": {"tensors": 16, "elements": 106112, "bytes": 106112 // 32 * 34},
+        "float32": {"tensors": 5, "elements": 320, "bytes": 1280},
     }
     assert info["metadata"]["tokenizer.ggml.tokens"] == "<array of 253 string>"
     assert info["notes"][0] == (

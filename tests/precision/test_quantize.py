@@ -16,6 +16,7 @@ import torch
 import ptconvert
 from tests.conftest import run_cli
 from tests.generation.conftest import build
+from tests.precision.llama3m import VOCAB, build_llama_3m
 
 MLP_SPEC = {"model": "fixtures.models:MLP", "inputs": ["x:2x8:float32"]}
 
@@ -69,20 +70,7 @@ def test_an_onnx_int8_holds_integer_matmuls_and_is_judged_by_accuracy(
 
 @pytest.mark.slow  # a 3.9 M-parameter Llama exported twice (~60 s); the tiny one above is fast
 def test_a_3m_llama_onnx_int8_is_at_most_0_4_of_float32_and_close(tmp_path: Path) -> None:
-    import transformers as t
-
-    config = t.LlamaConfig(
-        vocab_size=2000,
-        hidden_size=256,
-        intermediate_size=688,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(0)
-    directory = tmp_path / "llama3m"
-    t.LlamaForCausalLM(config).save_pretrained(directory)
+    directory = build_llama_3m(tmp_path / "llama3m")
     full, quantized = tmp_path / "f.onnx", tmp_path / "q.onnx"
     ptconvert.convert(directory, "onnx", full, dynamic_batch=True, verify=False, cache=False)
     report = ptconvert.convert(
@@ -91,7 +79,7 @@ def test_a_3m_llama_onnx_int8_is_at_most_0_4_of_float32_and_close(tmp_path: Path
     assert quantized.stat().st_size <= 0.4 * full.stat().st_size
     assert _ops(quantized)["MatMulInteger"] == 29  # 7 Linear a layer, and the head
     assert report.accuracy is not None and report.quantized is not None
-    _onnx_logits_close(quantized, directory, 2000)
+    _onnx_logits_close(quantized, directory, VOCAB)
 
 
 def test_a_pt2_int8_holds_int8_weights_loaded_by_torch_export(

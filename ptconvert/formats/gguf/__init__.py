@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ptconvert import _compat
 from ptconvert.deps import require
 from ptconvert.errors import UnsupportedConversionError
-from ptconvert.formats.base import FileInfo, Format, Probe, file_entry
+from ptconvert.formats.base import FileInfo, Format, Probe, Quantization, file_entry
 from ptconvert.formats.gguf_file import (
     FILE_TYPES,
     GGML_TYPES,
@@ -79,7 +79,10 @@ class GgufFormat(Format):
     def info(self, path: Path, layout: str) -> FileInfo:
         header = header_of(path)
         info = FileInfo(str(path), self.name, layout, path.stat().st_size, [file_entry(path)])
-        info.add_tensors((t.name, t.label, list(t.shape), t.numel) for t in header.tensors)
+        info.add_tensors(
+            ((t.name, t.label, list(t.shape), t.numel) for t in header.tensors),
+            nbytes={t.name: t.nbytes for t in header.tensors},  # blocks: scales with the values
+        )
         meta = header.metadata
         info.metadata = {
             "GGUF.version": header.version,
@@ -96,6 +99,7 @@ class GgufFormat(Format):
         info.notes.append(", ".join(words))
         quantized = Counter(t.type_name for t in header.quantized)
         if quantized:
+            info.quantized = Quantization(weights=dict(sorted(quantized.items())))
             n = sum(quantized.values())
             info.notes.append(
                 f"{n} quantized tensor{'s' if n != 1 else ''} ({summary(quantized)}): a "

@@ -30,6 +30,7 @@ from ptconvert.formats.base import (
 )
 from ptconvert.formats.isolated import IsolatedRuntime
 from ptconvert.formats.onnx.options import OnnxOptions
+from ptconvert.formats.onnx.quantized import quantization
 from ptconvert.formats.onnx.runtime import load as load_runtime
 from ptconvert.formats.program import Program, Signature
 from ptconvert.formats.reference import Ref, Reference, torch_ref
@@ -184,6 +185,9 @@ class OnnxFormat(Format):
             "ops": dict(ops.most_common()),
         }
         info.add_tensors(entries)
+        # initializers of the main graph by name: the weights its quantized operators take
+        dtypes = {t.name: ONNX_DTYPES.get(t.data_type, str(t.data_type)) for t in graph.initializer}
+        info.quantized = quantization(graph, ops, dtypes)
         held = [e for e in entries if e[0].startswith(("Constant ", "subgraph "))]
         if held:
             info.notes.append(

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -22,10 +23,11 @@ from typing import Any
 from ptconvert import _compat
 from ptconvert.archive import ZipArchive, open_zip
 from ptconvert.errors import CorruptFileError, UnsupportedConversionError
-from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, file_entry
+from ptconvert.formats.base import FileInfo, Format, IOSpec, Probe, Quantization, file_entry
 from ptconvert.formats.checkpoint import PickledCheckpoint
 from ptconvert.formats.checkpoint_weights import read_checkpoint_weights
 from ptconvert.formats.program import Program, Signature, by_position
+from ptconvert.formats.pt2.subclasses import pickled_weight
 from ptconvert.formats.reference import Reference, program_reference
 from ptconvert.formats.torch_objects import DTYPE_SIZES, StorageRef, TensorRef
 from ptconvert.formats.weightset import WeightSet, weights_from_tensors
@@ -277,15 +279,20 @@ class ExportedProgramFormat(Format):
         if weights_cfg is not None:
             cfg = _read_json(archive, weights_cfg, path).get("config", {})
             entries = []
+            nbytes: dict[str, int] = {}  # a quantized weight's: its storages'
+            quantized = Counter[str]()
             for pname, w in cfg.items():
                 meta = w.get("tensor_meta", {})
                 shape = [_dim(s) for s in meta.get("sizes", [])]
                 dtype = SCALAR_TYPES.get(int(meta.get("dtype", 0)), "unknown")
                 numel = math.prod(int(s) for s in shape if isinstance(s, int))
+                label = _pickled(archive, weights_cfg, pname, w, info, nbytes)
+                if label is not None:  # a quantized weight: named by its class, not its dtype
+                    dtype, quantized[label] = label, quantized[label] + 1
                 entries.append((pname, dtype, shape, numel))
-                if w.get("use_pickle"):
-                    info.notes.append(f"weight {pname!r} is stored as a pickle")
-            info.add_tensors(entries)
+            info.add_tensors(entries, nbytes=nbytes)
+            if quantized:
+                info.quantized = Quantization(weights=dict(sorted(quantized.items())))
         if any("sample_inputs/" in m.name for m in archive.members):
             info.notes.append("holds sample inputs (a torch.save pickle)")
         # torch registers builtins, collections and its own types: others need their module
@@ -297,6 +304,29 @@ class ExportedProgramFormat(Format):
                 "types registered first (ptconvert registers transformers' own when it loads it)"
             )
         return info
+
+
+def _pickled(
+    archive: ZipArchive,
+    config: str,
+    pname: str,
+    entry: dict[str, Any],
+    info: FileInfo,
+    nbytes: dict[str, int],
+) -> str | None:
+    """A quantized tensor subclass's label (its storages' bytes put in ``nbytes``) for a weight
+    stored as one; None for another weight, with a note if it is a pickle nonetheless."""
+    if not entry.get("use_pickle"):
+        return None
+    member = archive.member(config.rsplit("/", 1)[0] + "/" + str(entry.get("path_name")))
+    found = pickled_weight(archive, member) if member is not None else None
+    if found is None or not found.quantized:
+        what = f" of {found.subclass}" if found is not None and found.subclass else ""
+        info.notes.append(f"weight {pname!r} is stored as a pickle{what}")
+        return None
+    if found.nbytes is not None:
+        nbytes[pname] = found.nbytes
+    return found.label
 
 
 def _spec(text: Any) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from ptconvert.formats.base import (
     IOSpec,
     Need,
     Probe,
+    Quantization,
     file_entry,
     installed,
 )
@@ -145,6 +146,7 @@ class PteFormat(Format):
                 (c.name or f"constant {i}", c.dtype, list[int | str](c.sizes), math.prod(c.sizes))
                 for i, c in enumerate(constants)
             )
+        info.quantized = _quantization(program.methods)
         if any(isinstance(t, PteTensor) and t.dynamism != "static" for t in forward.inputs):
             info.notes.append(
                 "dynamic inputs: their sizes are the upper bounds ExecuTorch planned memory "
@@ -171,6 +173,25 @@ class PteFormat(Format):
             dynamic=dynamic,
             max_batch=first.sizes[0] if dynamic and first is not None else None,
         )
+
+
+# constants of these dtypes are quantized values: the q* always, 8-bit integers beside quantized
+# ops (a delegate's quantized weights are in its payload, which is not read)
+_QUANTIZED_DTYPES = ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
+_BYTE_DTYPES = ("int8", "uint8")
+
+
+def _quantization(methods: list[PteMethod]) -> Quantization | None:
+    """The quantized kernels the methods call (``quantized_decomposed::dequantize_per_channel``,
+    …) and their quantized constants by dtype; None when there is neither."""
+    ops = Counter[str]()
+    for m in methods:
+        ops.update({op: n for op, n in m.portable_ops.items() if "quantize" in op.lower()})
+    kinds = _QUANTIZED_DTYPES + (_BYTE_DTYPES if ops else ())
+    weights = Counter(c.dtype for m in methods for c in m.constants if c.dtype in kinds)
+    if not ops and not weights:
+        return None
+    return Quantization(dict(ops.most_common()), dict(sorted(weights.items())))
 
 
 def _one(values: list[Any]) -> Any:
