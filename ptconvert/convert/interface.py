@@ -25,6 +25,11 @@ def interface(
 
     sample = state.inputs.at(state.inputs.batch)
     names = state.positional or list(sample)
+    if target.takes_leaves:  # the inputs the program takes: a nested one's leaves, named
+        from ptconvert.formats.isolated import flat_inputs
+
+        names = list(flat_inputs({n: sample.get(n) for n in names}))
+        sample = flat_inputs(sample)
     # a program captured by torch.export binds by keyword or by position, as it was captured;
     # TorchScript binds either way
     exported = state.exported is not None

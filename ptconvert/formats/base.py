@@ -227,6 +227,9 @@ class Format:
     warm_line: ClassVar[str] = ""
     runs_native_code: ClassVar[bool] = False  # loading runs compiled code (needs --trust)
     isolated: ClassVar[bool] = False  # `open` runs the program in a process of its own
+    # a nested input (a tuple, list or dict of tensors) is taken as its leaves, each named as
+    # torch.onnx names them (``tuple0_0``: isolated.flat_inputs)
+    takes_leaves: ClassVar[bool] = False
     # the file refuses sizes outside the ranges its dynamic dims were exported with (a .pt2's
     # guards, an AOTI package's input checks): a range can be narrowed in it; ONNX cannot
     bounds_dims: ClassVar[bool] = False

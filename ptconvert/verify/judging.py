@@ -26,7 +26,7 @@ from typing import Any
 from ptconvert import progress
 from ptconvert.errors import ModelRaisedError
 from ptconvert.report import Report
-from ptconvert.verify.model_state import STATEFUL_CALLS, fresh_each_call
+from ptconvert.verify.model_state import STATEFUL_CALLS, attributes_restored, fresh_each_call
 from ptconvert.verify.parity import (
     VARIED_BATCHES,
     Determinism,
@@ -140,6 +140,8 @@ def judge_program(
     from ptconvert.verify.ranges import batch_sizes_that_hold, check_program
 
     runs = eager if eager is not None else EagerRuns(made_by=make)
+    # the sizes and probes each start from the reference's own attributes (Swin's window)
+    reference = attributes_restored(reference)
     dynamic = ranged is not None and bool(dynamic_dims(ranged))
     report: ParityReport | None = None
     try:

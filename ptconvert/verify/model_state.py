@@ -178,3 +178,45 @@ def fresh_each_call(
     model starts from the state it was saved with; with ``calls`` > 1 it makes that many calls
     in a row from there and returns each one's outputs (``{"call 1": …, "call 2": …}``)."""
     return _fresh_class()(module, call_of, calls)
+
+
+@cache
+def _restoring_class() -> type:
+    import torch
+
+    class AttributesRestored(torch.nn.Module):
+        """Calls ``inner`` and puts back the attributes the call set on it or its submodules."""
+
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, **kwargs: Any) -> Any:
+            saved = [
+                (sub, dict(vars(sub)))
+                for sub in self.inner.modules()
+                if not isinstance(sub, torch.jit.ScriptModule)
+            ]
+            try:
+                return self.inner(**kwargs)
+            finally:  # a call that raised halfway leaves what it set, too
+                for sub, attrs in saved:
+                    now = vars(sub)
+                    if len(now) != len(attrs) or any(now.get(k) is not v for k, v in attrs.items()):
+                        now.clear()
+                        now.update(attrs)
+
+    return AttributesRestored
+
+
+def attributes_restored(module: Any) -> Any:
+    """``module`` (an ``nn.Module``) as one whose every call starts from the attributes it had
+    before: a call at one size may rebind a Python attribute the next size computes with
+    (transformers' Swin shrinks its window to a small input's resolution and keeps it: every
+    later probe compared the program with that window, or raised), which the first call's
+    ``state_changes`` never sees. Buffers changed in place are ``fresh_each_call``'s."""
+    import torch
+
+    if not isinstance(module, torch.nn.Module) or isinstance(module, torch.jit.ScriptModule):
+        return module
+    return _restoring_class()(module)

@@ -561,7 +561,10 @@ def test_the_written_file_is_run_in_a_fresh_process_scalars_included(tmp_path, c
     code, report, _ = run_cli([*args, "-o", str(tmp_path / "bad.ts"), "--no-cache"], capsys)
     # refused by the check (exit 6) whatever the fallback then did (--method auto traces next)
     assert code == 6, report
-    assert "loaded in a fresh process, differs from eager" in report["error"]["message"]
+    message = report["error"]["message"]
+    assert "loaded in a fresh process, differs from eager" in message
+    # the refused program named beside what stopped the route tried after it
+    assert "every route failed" in message and "(refused by the check)" in message
     assert not (tmp_path / "bad.ts").exists()
 
 

@@ -137,17 +137,57 @@ def test_a_number_the_model_returns_is_compared_as_an_output(
     assert int(got) == 8
 
 
-def test_a_program_the_check_refused_is_named_when_the_fallback_fails(
+@pytest.mark.slow  # AOTInductor's compile: 30-60 s here
+def test_a_package_exported_positionally_takes_its_inputs_by_forwards_names(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """torch.cond over a closure → AOTI: the compiled package fails the check, the TorchScript
-    fallback fails to trace; the error said only the fallback's failure, the AOTI route's
-    never (not even with --debug -v). Each route's failure is named."""
+    """torch.cond over a closure → AOTI: a package exported positionally was fed the example's
+    inputs in the file's order (safetensors lists ``x`` before ``pred``), and the check refused
+    it ("input_handles[0]: unmatched dtype, expected kBool, got 6"). The package names forward's
+    inputs in its metadata; the runtime feeds them in that order."""
+    import torch
+
     code, report, _ = convert_example(
         "cond_closed_over_variable", "aoti", tmp_path, capsys, "--trust"
     )
-    assert code != 0, report
-    message = report["error"]["message"]
-    assert "every route failed" in message and "refused by the check" in message, message
-    assert "aoti_compile" in message or "export" in message
-    assert "tracing failed" in message
+    assert code == 0, report
+    assert report["interface"]["call"] == "prog(pred, x)", report["interface"]
+    prog = torch._inductor.aoti_load_package(report["output"])
+    x, model = torch.randn(3, 2), example("cond_closed_over_variable").model
+    for pred in (torch.tensor(True), torch.tensor(False)):
+        torch.testing.assert_close(prog(pred, x), model(pred, x))
+
+
+def test_the_interface_names_the_leaves_an_onnx_session_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``forward(self, pos0, tuple0, *myargs, mykw0, **mykwargs)`` → ONNX: the exporter
+    flattens ``tuple0`` into ``tuple0_0`` and ``tuple0_1``; the report's ``call`` and ``inputs``
+    named ``tuple0``, which the session does not take (and ``example`` left it out)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    (tmp_path / "fwk.py").write_text(
+        f"import torch\nfrom {EXAMPLES}.fn_with_kwargs import FnWithKwargs  # noqa: F401\n\n\n"
+        "def example_inputs(batch_size):\n"
+        "    g = torch.Generator().manual_seed(batch_size)\n"
+        "    def r():\n"
+        "        return torch.randn(batch_size, 4, generator=g)\n"
+        '    return {"pos0": r(), "tuple0": (r(), r()), "mykw0": r(), "input0": r(), '
+        '"input1": r()}\n'
+    )
+    out = tmp_path / "fwk.onnx"
+    args = ["--model", f"{tmp_path / 'fwk.py'}:FnWithKwargs", "--to", "onnx", "-o", str(out)]
+    code, report, _ = run_cli([*args, "--no-cache"], capsys)
+    assert code == 0, report
+    session = ort.InferenceSession(str(out))
+    taken = [i.name for i in session.get_inputs()]
+    interface = report["interface"]
+    assert (
+        interface["inputs"]
+        == taken
+        == ["pos0", "tuple0_0", "tuple0_1", "mykw0", "input0", "input1"]
+    )
+    assert all(f'"{n}"' in interface["call"] for n in taken), interface["call"]
+    assert list(interface["example"]) == taken
+    session.run(None, {n: np.ones(interface["example"][n], np.float32) for n in taken})

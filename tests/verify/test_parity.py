@@ -250,3 +250,35 @@ def test_determinism_is_judged_at_one_thread_count() -> None:
     finally:
         torch.set_num_threads(before)
     assert report.status == "pass" and runs.deterministic
+
+
+class ShrinksItsWindow(nn.Module):
+    """As transformers' Swin: an input smaller than the window shrinks the window, and the
+    module keeps it (``self.window_size = min(input_resolution)``) for every later call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.window = 4
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] < self.window:
+            self.window = x.shape[0]
+        return x * self.window
+
+
+def test_each_size_starts_from_the_references_own_attributes() -> None:
+    """The check's reference was the module the previous size had changed: after batch 1 its
+    window was 1, and every later size compared the program with that (Swin → pt2: a program
+    refused, or sizes said to fail where eager "raised"). Each call starts from the attributes
+    the reference had."""
+    from ptconvert.verify.judging import judge_program
+
+    make = _inputs()
+    model, pristine = ShrinksItsWindow(), ShrinksItsWindow()
+
+    def program(x: torch.Tensor) -> torch.Tensor:  # the module at each size, from its start
+        return copy.deepcopy(pristine)(x)
+
+    judgement = judge_program(model, program, make, [1, 4, 7], None, lambda: make(4))
+    assert judgement.parity.status == "pass", judgement.parity
+    assert model.window == 4

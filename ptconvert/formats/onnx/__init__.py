@@ -76,6 +76,7 @@ class OnnxFormat(Format):
     priority = 10
     kind = "program"
     isolated = True
+    takes_leaves = True  # the exporter flattens nested inputs (feats_image, extra_0)
     packages = ("onnx", "onnxruntime", "onnxscript")
     extra = "onnx"
     options_class = OnnxOptions
@@ -121,7 +122,9 @@ class OnnxFormat(Format):
         require_installed("onnxruntime")  # said here, not in the child
         path = self.graph_file(path)
         declared = self.info(path, "protobuf").inputs or []
-        runtime = IsolatedRuntime(self.name, str(path), device, load=load_runtime, flat=True)
+        runtime = IsolatedRuntime(
+            self.name, str(path), device, load=load_runtime, flat=self.takes_leaves
+        )
         names = runtime.input_names
         signature = None if names is None else Signature(names, list(names), source="ONNX inputs")
         # a graph whose inputs all have a fixed first dim takes that batch size only

@@ -30,6 +30,7 @@ from ptconvert._compat import inductor
 from ptconvert.convert.state import Bounds, RunState
 from ptconvert.errors import UnsupportedConversionError, named_error
 from ptconvert.formats.aoti.options import AotiOptions
+from ptconvert.formats.aoti.runtime import INPUT_NAMES
 from ptconvert.options import Options
 from ptconvert.quiet import quiet_torch
 from ptconvert.verify.check import require_device
@@ -85,7 +86,7 @@ def _compile(state: RunState, opts: Options) -> None:
     try:
         with quiet_torch(), checked_inputs(ones, [n for n, _ in user_inputs(ep)]):
             inductor.compile_and_package(
-                ep, package_path=str(package), inductor_configs=inductor_configs(opts)
+                ep, package_path=str(package), inductor_configs=named_inputs(ep, opts)
             )
         os.replace(package, state.output)
     except OSError as exc:  # the filesystem (no space, read-only …): said as such, exit 9
@@ -116,6 +117,7 @@ def _compile(state: RunState, opts: Options) -> None:
 # the generated .cpp files end with the compile command as a comment, and the library holds
 # the headers' __FILE__ names: paths still, a few dozen (docs: README, "Outputs").
 LINE_TABLES = "aot_inductor.enable_line_tables"
+METADATA = "aot_inductor.metadata"  # strings the package keeps, read back by get_metadata()
 
 
 def inductor_configs(opts: Options) -> dict[str, Any]:
@@ -123,6 +125,21 @@ def inductor_configs(opts: Options) -> dict[str, Any]:
     configs = dict(opts.of(AotiOptions).aoti_options)
     if not opts.keep_debug_info:
         configs.setdefault(LINE_TABLES, False)
+    return configs
+
+
+def named_inputs(ep: Any, opts: Options) -> dict[str, Any]:
+    """The compile's configs with forward's positional input names in the package's metadata
+    (``runtime.INPUT_NAMES``): its call spec counts them but does not name them."""
+    configs = inductor_configs(opts)
+    signature = ep.module_call_graph[0].signature if ep.module_call_graph else None
+    names = list(getattr(signature, "forward_arg_names", None) or [])
+    spec = ep.call_spec.in_spec
+    count = spec.children()[0].num_children if spec is not None and spec.num_children else 0
+    if count and len(names) >= count:
+        metadata = dict(configs.get(METADATA) or {})
+        metadata.setdefault(INPUT_NAMES, ",".join(names[:count]))
+        configs[METADATA] = metadata
     return configs
 
 
