@@ -257,8 +257,10 @@ def render_conversion(report: Any, console: Console | None = None) -> None:
     if report.dynamic_range and not report.interface:
         for where, words in report.dynamic_range.items():
             console.print(f"dynamic: {escape(where)}: {escape(words)}")
-    for note in report.notes:
-        console.print(f"note: {escape(note)}")
+    shown = {n for s in report.steps for n in s.notes or []}
+    for note in report.notes:  # each once: a step's are in its row already
+        if note not in shown:
+            console.print(f"note: {escape(note)}")
     if report.parity is not None:
         console.print(parity_table(report.parity))
     if report.accuracy is not None:

@@ -351,6 +351,21 @@ def test_report_tables_fit_the_terminal_without_cutting_a_number(width: int) -> 
             assert "10.012–50.988" in text
 
 
+def test_a_conversion_says_each_note_once() -> None:
+    """A step's notes are in its row of the step table; the report's other notes follow as
+    ``note:`` lines (each note was printed twice: 45 lines for one ONNX conversion)."""
+    import dataclasses
+
+    report = _reports()["render_conversion"]
+    step_note, own_note = "ONNX opset 20, checked with onnx.checker", "a note of the report's own"
+    steps = [dataclasses.replace(report.steps[0], notes=[step_note]), *report.steps[1:]]
+    report = dataclasses.replace(report, steps=steps, notes=[step_note, own_note])
+    console = Console(width=120, record=True, color_system=None, file=io.StringIO())
+    render.render_conversion(report, console)
+    text = console.export_text()
+    assert text.count(step_note) == 1 and f"note: {own_note}" in text, text
+
+
 def test_a_table_too_wide_is_stacked_with_its_key_columns_again() -> None:
     parity = _reports()["render_verify_parity"]
     console = Console(width=60, record=True, color_system=None, file=io.StringIO())
