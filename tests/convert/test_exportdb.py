@@ -135,6 +135,11 @@ def test_a_number_the_model_returns_is_compared_as_an_output(
     session = ort.InferenceSession(str(out))
     (got,) = session.run(None, {"x": np.zeros((3, 7), dtype=np.float32)})
     assert int(got) == 8
+    # dim 1 static: the output is a constant, which torch.onnx cannot write; the hint says what
+    # to do (it said "--opset may help")
+    (tmp_path / "static").mkdir()
+    code, report, _ = convert_example("scalar_output", "onnx", tmp_path / "static", capsys)
+    assert code == 4 and "--dynamic NAME:AXIS" in report["error"]["hint"], report
 
 
 @pytest.mark.slow  # AOTInductor's compile: 30-60 s here

@@ -177,11 +177,23 @@ def _reason(exc: BaseException) -> str:
     return f"{type(inner).__name__}: {line}"[:400]
 
 
+# torch.onnx's failure on an output that is a Python number (a size the export fixed): no
+# operator is missing, so --opset cannot help
+_NUMBER_OUTPUT = re.compile(r"'(int|float|bool)' object has no attribute 'name'")
+
+
 def _failure(exc: BaseException, state: RunState) -> UnsupportedConversionError:
+    reason = _reason(exc)
+    hint = "an operator without an ONNX translation fails here; --opset may help"
+    if _NUMBER_OUTPUT.search(reason):
+        hint = (
+            "the program returns a Python number fixed at export (an ONNX output is a tensor): "
+            "make the size it is computed from dynamic (--dynamic NAME:AXIS), or return a tensor"
+        )
     return UnsupportedConversionError(
-        f"torch.onnx cannot export this program: {_reason(exc)}",
+        f"torch.onnx cannot export this program: {reason}",
         path=state.src,
-        hint="an operator without an ONNX translation fails here; --opset may help",
+        hint=hint,
     )
 
 
