@@ -93,6 +93,12 @@ def _source(
     return (src, []) if found is None else (found.snapshot, [found.note])
 
 
+def _target(to: str) -> str:
+    from ptconvert.convert.graph import target_name
+
+    return target_name(to)
+
+
 def _noted(report: T, notes: list[str]) -> T:
     """``report`` with ``notes`` (where the source came from) first among its own."""
     if notes:
@@ -125,6 +131,10 @@ def options(base: Options | None = None, **overrides: Any) -> Options:
         opts.example_inputs = Path(opts.example_inputs)
     if opts.cache_dir is not None:
         opts.cache_dir = Path(opts.cache_dir)
+    for name in ("inputs", "dynamic", "allow"):  # one spec as a string, as one CLI flag gives it
+        value = getattr(opts, name)
+        if isinstance(value, (str, tuple)):
+            setattr(opts, name, [value] if isinstance(value, str) else list(value))
     opts.validate()
     for cls in dict.fromkeys(own.values()):
         values: Any = opts.of(cls)
@@ -159,6 +169,7 @@ def convert(
     from ptconvert.convert.output_naming import names_folder, program_suffixed
 
     load_plugins()
+    to = _target(to)
     checked = options(opts, **overrides)
     hub: list[str] = []
     if src is not None:
@@ -262,7 +273,7 @@ def convert_many(
     load_plugins()
     return run(
         src_dir,
-        to,
+        _target(to),
         out_dir,
         options(opts, **overrides),
         jobs=jobs,
@@ -343,6 +354,7 @@ def plan(src: str | Path, to: str, opts: Options | None = None, **overrides: Any
     from ptconvert.convert.planning import plan_for
 
     load_plugins()
+    to = _target(to)
     checked = options(opts, **overrides)
     src, hub = _source(src, checked.revision, checked.cache_dir)
     if checked.task in GENERATION_TASKS:

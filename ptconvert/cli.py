@@ -145,14 +145,15 @@ def convert(src: str | None, to: str | None, optimize: bool, as_json: bool, **op
     from ptconvert.convert.batch_discovery import is_batch
 
     batch = {k: options.pop(k) for k in ("jobs", "keep_going", "executor", "ray_address")}
-    if src is None and (optimize or to == "all" or options["bench"]):
+    every = to is not None and to.strip().lower() == "all"
+    if src is None and (optimize or every or options["bench"]):
         raise UsageError("--optimize, --to all and --bench take a SRC (a checkpoint or folder)")
     if optimize and src is not None:
         _optimize(src, to, as_json, options)
         return
     if to is None:
         raise UsageError("say the target: --to FORMAT (see `ptconvert formats`), or --optimize")
-    if to == "all" and src is not None:
+    if every and src is not None:
         _convert_every(src, as_json, options)
         return
     if src is not None and is_batch(src):

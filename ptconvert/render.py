@@ -7,6 +7,7 @@ errors, are ``render_table.py``'s; the progress display while a command runs is
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -236,15 +237,23 @@ def render_conversion(report: Any, console: Console | None = None) -> None:
     if report.generation is not None:
         _render_generation(report, console)
         return
-    console.print(
+    console.print(  # paths whole (soft-wrapped): one line to copy
         f"[bold]{escape(report.source)}[/bold] ({report.source_format}) → "
-        f"[bold]{escape(report.output)}[/bold] ({report.target_format}) in {report.seconds:.1f} s"
+        f"{report.target_format} in {report.seconds:.1f} s",
+        soft_wrap=True,
     )
-    t = Grid("step", "route", "status", "seconds", "notes", fixed=(2, 3))
-    for s in report.steps:
-        notes = "\n".join([*(s.notes or []), *([s.error] if s.error else [])])
-        t.add_row(s.step, s.route, s.status, f"{s.seconds:.2f}", escape(notes))
-    console.print(t)
+    steps = " → ".join(s.step for s in report.steps)
+    if report.cached:  # its steps ran when the entry was filled (its note says): not timed here
+        console.print(f"route: {steps}")
+    else:
+        t = Grid("step", "route", "status", "seconds", fixed=(2, 3))
+        for s in report.steps:
+            t.add_row(s.step, s.route, s.status, f"{s.seconds:.2f}")
+        console.print(t)
+    errors = [f"{s.step}: {s.error}" for s in report.steps if s.error]
+    notes = [*(n for s in report.steps for n in s.notes or []), *errors, *report.notes]
+    for note in dict.fromkeys(notes):  # each once
+        console.print(f"note: {escape(note)}")
     if report.interface:
         outputs = report.interface["outputs"]
         console.print(f"load: {escape(report.interface['load'])}")
@@ -257,16 +266,13 @@ def render_conversion(report: Any, console: Console | None = None) -> None:
     if report.dynamic_range and not report.interface:
         for where, words in report.dynamic_range.items():
             console.print(f"dynamic: {escape(where)}: {escape(words)}")
-    shown = {n for s in report.steps for n in s.notes or []}
-    for note in report.notes:  # each once: a step's are in its row already
-        if note not in shown:
-            console.print(f"note: {escape(note)}")
     if report.parity is not None:
         console.print(parity_table(report.parity))
     if report.accuracy is not None:
         console.print(f"accuracy: {escape(report.accuracy.summary())}")
     if report.quantized is not None:
         console.print(f"quantized: {escape(report.quantized.summary())}")
+    console.print(f"output: [bold]{escape(report.output)}[/bold]", soft_wrap=True)  # last: seen
 
 
 def _render_generation(report: Any, console: Console) -> None:
@@ -415,37 +421,46 @@ def render_bench(report: Any, console: Console | None = None) -> None:
 
 
 def parity_table(parity: Any) -> Grid:
-    """One row per batch size and output: errors against eager and against the fp64 run (the
-    output named by its path, ``past.0``; "outside" also holds a size's detail)."""
-    t = Grid(
-        "batch",
-        "output",
-        "status",
-        "max abs",
-        "max rel",
-        "RMSE vs fp64",
-        "eager RMSE",
-        "outside",
-        fixed=(0, 2, 3, 4, 5, 6),
-        keys=2,
-    )
-    for s in parity.sizes:
-        if not s.outputs:
-            t.add_row(str(s.batch), "-", s.status, "", "", "", "", escape(s.detail))
+    """Errors against eager and against the fp64 run, per output (named by its path,
+    ``past.0``): the sizes that passed in one row an output, their worst errors; a size that
+    did not pass in rows of its own. "outside" and "detail" only when some row has one."""
+    passed = [s for s in parity.sizes if s.status == "pass" and s.outputs]
+    worst: dict[str, list[Any]] = {}
+    for s in passed:
         for o in s.outputs:
-            rm = "-" if o.rmse_vs_fp64 is None else error_text(o.rmse_vs_fp64)
-            em = "-" if o.eager_rmse_vs_fp64 is None else error_text(o.eager_rmse_vs_fp64)
-            t.add_row(
-                str(s.batch),
-                escape(leaf_name(o.name)),
-                o.status,
-                error_text(o.max_abs_error),
-                error_text(o.max_rel_error),
-                rm,
-                em,
-                f"{o.outside_tolerance:.1%}",
-            )
+            worst.setdefault(o.name, []).append(o)
+    batches = ",".join(str(s.batch) for s in passed)
+    rows = [(batches, "pass", _worst(results), "") for results in worst.values()]
+    for s in (s for s in parity.sizes if s not in passed):
+        rows += [(str(s.batch), o.status, o, o.detail) for o in s.outputs]
+        rows += [] if s.outputs else [(str(s.batch), s.status, None, s.detail)]
+    outside = any(r is not None and r.outside_tolerance for _, _, r, _ in rows)
+    detail = any(d for *_, d in rows)
+    headers = ["batch", "output", "status", "max abs", "max rel", "RMSE vs fp64", "eager RMSE"]
+    headers += ["outside"] * outside + ["detail"] * detail
+    t = Grid(*headers, fixed=(2, 3, 4, 5, 6, 7) if outside else (2, 3, 4, 5, 6), keys=2)
+    for size, status, r, words in rows:
+        cells = ["-", status, "", "", "", ""] + [""] * outside
+        if r is not None:
+            rm = "-" if r.rmse_vs_fp64 is None else error_text(r.rmse_vs_fp64)
+            em = "-" if r.eager_rmse_vs_fp64 is None else error_text(r.eager_rmse_vs_fp64)
+            cells = [escape(leaf_name(r.name)), status, error_text(r.max_abs_error)]
+            cells += [error_text(r.max_rel_error), rm, em]
+            cells += [f"{r.outside_tolerance:.1%}"] * outside
+        t.add_row(size, *cells, *[escape(words)] * detail)
     return t
+
+
+def _worst(results: list[Any]) -> Any:
+    """One output's largest errors over the sizes that passed (eager's RMSE: at the same size
+    as the candidate's largest)."""
+    top = max(results, key=lambda o: o.rmse_vs_fp64 or 0.0)
+    return dataclasses.replace(
+        top,
+        max_abs_error=max(o.max_abs_error for o in results),
+        max_rel_error=max(o.max_rel_error for o in results),
+        outside_tolerance=max(o.outside_tolerance for o in results),
+    )
 
 
 def render_optimize(report: Any, console: Console | None = None) -> None:

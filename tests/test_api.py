@@ -176,7 +176,7 @@ def test_bad_batch_sizes_are_a_usage_error(
     [
         ({"strict": "bogus"}, "strict='bogus' is not one of auto, strict, non-strict"),
         ({"max_shard_size": 300}, "max_shard_size is a size such as '5GB'"),
-        ({"inputs": "x:2x8:float32"}, "inputs is a list of strings"),
+        ({"inputs": [2, 8]}, "inputs is a list of strings"),
         ({"dynamic": ["x"]}, "--dynamic 'x' is not NAME:AXIS[:MIN:MAX]"),
         ({"device": "tpu"}, "device='tpu' is not one of cpu, cuda"),
         # a target's own options (Format.options_class), checked the same way
@@ -190,6 +190,24 @@ def test_option_values_are_checked_as_the_cli_checks_them(
 ) -> None:
     with pytest.raises(ptconvert.UsageError, match=re.escape(said)):
         ptconvert.plan(samples["mlp_zip"], "pt2", model="fixtures.models:MLP", **keywords)
+
+
+def test_one_input_spec_as_a_string_and_a_target_in_capitals_are_taken(
+    samples: dict[str, Path],
+) -> None:
+    """Issue 44: ``inputs="x:2x8:float32"`` was refused and ``--to ONNX`` unknown."""
+    p = ptconvert.plan(
+        samples["mlp_zip"], "PT2", model="fixtures.models:MLP", inputs="x:2x8:float32"
+    )
+    assert p.dst == "pt2" and p.runnable, p.missing
+
+
+def test_an_unknown_target_lists_only_the_targets_a_route_writes(samples: dict[str, Path]) -> None:
+    with pytest.raises(ptconvert.UsageError, match="unknown target format 'foo'") as caught:
+        ptconvert.plan(samples["mlp_zip"], "foo")
+    listed = str(caught.value).split("known:")[1]
+    assert "onnx" in listed and "gguf" in listed
+    assert "hf" not in listed.replace(",", " ").split() and "sharded" not in listed
 
 
 def test_plan_checks_the_inputs_the_conversion_would_parse(samples: dict[str, Path]) -> None:

@@ -31,7 +31,7 @@ from ptconvert.model.wrappers import named_outputs, positional_names
 from ptconvert.options import DYNAMIC_SPEC, ExportMode, Options
 from ptconvert.quiet import quiet_torch
 
-AXES_NOTE = "dynamic with --dynamic-batch (optimum's names): "
+AXES_NOTE = "dynamic with --dynamic-batch: "
 
 
 def family_axes(module: Any, opts: Options, sample: dict[str, Any]) -> list[Axis]:
@@ -220,10 +220,9 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
         module = named_outputs(module, names or list(inputs.at(1)))
         names = None
         state.notes.append(
-            "exported a wrapper whose outputs are a plain dict of named tensors (loads without "
-            "transformers)"
-            + (", with use_cache=False: cache objects are not pytrees" if module.no_cache else "")
-            + "; it takes its inputs by keyword, as transformers models are called"
+            "exported a wrapper: outputs a dict of tensors (loads without transformers)"
+            + (", use_cache=False (caches are not pytrees)" if module.no_cache else "")
+            + ", inputs by keyword"
         )
     batch = inputs.batch
     if opts.dynamic_batch and batch < 2:

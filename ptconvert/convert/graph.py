@@ -156,6 +156,20 @@ def file_nodes() -> list[str]:
     return [*(f.name for f in FORMATS), *_PLUGIN_NODES]
 
 
+def target_name(name: str) -> str:
+    """``--to``'s format as registered: matched without case (``--to ONNX`` is onnx), as
+    users type the names they see in the docs; an unknown name is returned as given."""
+    wanted = name.strip().lower()
+    return next((node for node in file_nodes() if node.lower() == wanted), name)
+
+
+def _written_targets() -> list[str]:
+    """The targets a route writes (not those another target's option writes: hf, sharded)."""
+    from ptconvert.formats import FORMATS_BY_NAME
+
+    return [n for n in file_nodes() if not getattr(FORMATS_BY_NAME.get(n), "written_by", None)]
+
+
 def register_edge(edge: Edge, step: Step | None = None) -> None:
     """Add a converter (a plugin's): ``step(state, options)`` runs the edge (or ``edge.run``). A
     node it names that is not a stage becomes a file node (a target ``--to`` accepts)."""
@@ -257,7 +271,8 @@ def plan(
     """The cheapest route from ``src`` to ``dst`` given the needs that are met."""
     nodes = file_nodes()
     if dst not in nodes:
-        raise UsageError(f"unknown target format {dst!r} (known: {', '.join(nodes)})")
+        listed = ", ".join(_written_targets())
+        raise UsageError(f"unknown target format {dst!r} (known: {listed})")
     path = _search(src, dst, have, banned, relax=False)
     if path is not None:
         return Plan(src, dst, path)

@@ -61,7 +61,7 @@ def interface(
             + f" ({why})"
         )
     if exported:
-        accepts += [f"{where}: {words}" for where, words in state.dynamic_range.items()]
+        accepts += _grouped(state.dynamic_range)
     return {
         "load": (target.folder_load_line if folder else target.load_line).replace("\n", "; "),
         "call": target.call_line(args),
@@ -71,3 +71,17 @@ def interface(
         "outputs": outputs,
         "accepts": accepts,
     }
+
+
+def _grouped(dynamic_range: dict[str, str]) -> list[str]:
+    """``input_ids dim 0: batch 1 or more`` and the same for ``attention_mask``: one line
+    naming both (a BERT's three inputs said the same three times)."""
+    same: dict[tuple[str, str], list[str]] = {}
+    for where, words in dynamic_range.items():
+        name, _, dim = where.rpartition(" dim ")
+        key = (f"dim {dim}", words) if name else (where, words)
+        same.setdefault(key, []).append(name or "")
+    return [
+        f"{', '.join(n for n in names if n)} {where}: {words}".lstrip()
+        for (where, words), names in same.items()
+    ]

@@ -423,3 +423,28 @@ def test_bash_completes_a_command_before_files(tmp_path: Path) -> None:
         env={**os.environ, "PATH": path},
     )
     assert run.stdout.split() == ["verify"], run
+
+
+def test_a_piped_onnx_conversion_fits_a_screen_and_a_cached_rerun_says_so(
+    samples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 44: one BERT → ONNX printed 45 lines, its notes twice, the output path scrolled
+    off; a cached rerun showed the original step times. ≤ 30 lines, none twice, the output
+    last; a rerun from the cache shows its route, untimed, and says it came from the cache."""
+    from ptconvert.cli import main
+
+    out = tmp_path / "bert-onnx"
+    args = [str(samples["hf_bert"]), "--to", "ONNX", "--dynamic-batch", "-o", str(out)]
+    texts = []
+    for _ in range(2):
+        assert main([*args, "--force"]) == 0
+        texts.append(capsys.readouterr().out)
+    for text in texts:
+        lines = text.rstrip("\n").splitlines()
+        assert len(lines) <= 30, text
+        twice = [line for line in set(lines) if lines.count(line) > 1 and line.strip()]
+        assert not twice, text
+        assert lines[-1] == f"output: {out}", text
+    assert "step " in texts[0] and "route: " not in texts[0] and "from the cache" not in texts[0]
+    assert "route: read_weights → " in texts[1] and "from the cache" in texts[1], texts[1]
+    assert "step " not in texts[1], texts[1]

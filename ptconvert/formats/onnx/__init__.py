@@ -96,10 +96,9 @@ class OnnxFormat(Format):
     load_line = "import onnxruntime\nsess = onnxruntime.InferenceSession(p)"
     folder_file = "model.onnx"  # optimum's name for the graph in its folder
     folder_client = "optimum's ORTModelFor<Task>.from_pretrained"
-    folder_load_line = (
-        "from optimum.onnxruntime import ORTModelFor<Task>\n"
-        "model = ORTModelFor<Task>.from_pretrained(p)  # or "
-        "onnxruntime.InferenceSession(f'{p}/model.onnx')"
+    folder_load_line = (  # sess: what the call line runs
+        "import onnxruntime\nsess = onnxruntime.InferenceSession(f'{p}/model.onnx')"
+        "  # optimum: ORTModelFor<Task>.from_pretrained(p)"
     )
 
     def graph_file(self, path: Path) -> Path:

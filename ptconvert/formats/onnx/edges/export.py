@@ -231,6 +231,21 @@ def _weight_bytes(ep: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if hasattr(t, "element_size"))
 
 
+def _dims_named(ep: Any, names: dict[Any, str]) -> str:
+    """``; dynamic dims named batch_size (dim 0), …``: the names clients see (the inputs a name
+    spans are said when it is not all of them)."""
+    named: dict[tuple[str, int], list[str]] = {}  # one entry a name and axis
+    for d in _named(ep, names):
+        named.setdefault((names[d.symbol], d.axis), []).append(d.input)
+    if not named:
+        return ""
+    every = max(named.values(), key=len)
+    return "; dynamic dims named " + ", ".join(
+        f"{n} (dim {axis}" + ("" if i == every else f" of {', '.join(i)}") + ")"
+        for (n, axis), i in named.items()
+    )
+
+
 def onnx_export(state: RunState, opts: Options) -> None:
     require("onnx")
     require("onnxscript")
@@ -254,11 +269,6 @@ def onnx_export(state: RunState, opts: Options) -> None:
     # always: a size TorchScript's converter fixed comes as a symbolic dim named "2", which
     # onnxruntime would take any size for (and compute the traced size's numbers with)
     _rename_dims(program.model, names)
-    if names:
-        state.notes.append(
-            "dynamic dims named in the ONNX graph: "
-            + ", ".join(f"{d.input}[{d.axis}] → {names[d.symbol]}" for d in _named(ep, names))
-        )
     if opts.keep_debug_info:  # else ``_export`` stripped it
         state.notes.append(
             "debug info kept (--keep-debug-info): each node's stack trace names source files "
@@ -294,6 +304,7 @@ def onnx_export(state: RunState, opts: Options) -> None:
     opset = program.model.opset_imports.get("")
     state.notes.append(
         f"ONNX opset {opset}, checked with onnx.checker"
+        + _dims_named(ep, names)
         + (
             "; graph optimised with onnxscript's optimizer"
             if own.onnx_optimize or opts.quantize
