@@ -1,11 +1,12 @@
-# Quick start: `make demo` and `make test` set up .venv themselves on a fresh machine.
+# Quick start: `make demo` and `make test` set up .venv themselves on a fresh machine; `make docs`
+# builds the manual (docs/, mkdocs.yml) into site/.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 DEMO_DIR ?= demo-out
 
-.PHONY: setup test test-fast test-slow test-slow-all test-newest test-clients lint demo bench bench-programs clean
+.PHONY: setup test test-fast test-slow test-slow-all test-newest test-clients lint docs demo bench bench-programs clean
 
 setup: $(STAMP)
 
@@ -15,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	# this project was installed as "ptconvert" before its distribution took its own name
 	# (torch-ptconvert: the index's ptconvert is another project): that install goes first
 	$(BIN)/python -m pip uninstall -q -y ptconvert
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[all,test]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[all,test,docs]'
 	touch $(STAMP)
 
 # pytest-xdist workers; TEST_WORKERS=0 runs in this process (pdb, -x)
@@ -75,6 +76,13 @@ lint: setup
 	$(BIN)/ruff format --check ptconvert tests fixtures benchmarks tools
 	$(BIN)/mypy
 
+# the manual as a site: docs/ (one page per format and target), the CLI reference rendered from
+# the click commands (mkdocs-click), the API reference from the docstrings (mkdocstrings); every
+# warning (a broken link or anchor, a page left out of mkdocs.yml's nav) fails it (not with
+# --quiet: mkdocs then counts no warning)
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 demo: setup
 	$(BIN)/python -m fixtures.build $(DEMO_DIR) > $(DEMO_DIR).list
 	@for f in $$(cat $(DEMO_DIR).list); do echo "== ptconvert info $$f"; $(BIN)/ptconvert info "$$f" || exit 1; done
@@ -105,4 +113,4 @@ bench-programs: setup
 	$(BIN)/python benchmarks/onnx.py
 
 clean:
-	rm -rf $(VENV) $(NEWEST) .venv-optimum .clients $(DEMO_DIR) $(DEMO_DIR).list .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(NEWEST) .venv-optimum .clients site $(DEMO_DIR) $(DEMO_DIR).list .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -192,7 +192,7 @@ def convert(
 def _output_name(
     src: str | Path, to: str, output: str | Path | None, opts: Options
 ) -> tuple[Path, Path | None, list[str]]:
-    """Where ``-o`` puts the output (README, "Outputs and failures"): an existing folder or a
+    """Where ``-o`` puts the output (docs/outputs.md): an existing folder or a
     name ending in ``/`` takes the output under its default name (a file output; a folder
     output, a Hugging Face directory's weights or the folder a program's client loads, is that
     folder); a program's file name without

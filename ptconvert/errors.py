@@ -1,8 +1,8 @@
 """One exception hierarchy for the whole tool.
 
-Each class carries the CLI exit code it maps to (the table in README.md) and a message that names
-the file, says what is wrong and what to do next. The CLI prints ``str(error)`` (or its JSON form)
-and exits with ``error.exit_code``; tracebacks only with ``--debug``.
+Each class carries the CLI exit code it maps to (the table in docs/exit-codes.md) and a message
+that names the file, says what is wrong and what to do next. The CLI prints ``str(error)`` (or its
+JSON form) and exits with ``error.exit_code``; tracebacks only with ``--debug``.
 """
 
 from __future__ import annotations

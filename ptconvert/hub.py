@@ -1,6 +1,6 @@
 """Models named by a Hugging Face Hub id (``owner/name``, ``hf://owner/name``, either with
 ``@revision``) resolved to a snapshot folder of huggingface_hub's cache, as optimum-cli and
-transformers' ``from_pretrained`` find them (README, "Models from the Hugging Face Hub cache").
+transformers' ``from_pretrained`` find them (docs/hub.md).
 
 The rules, in order:
 

@@ -156,8 +156,8 @@ def optimize(
 
 
 def _destination(src: Path, output: str | Path | None, fmt: str) -> tuple[Path, list[str]]:
-    """Where the artifact of ``fmt`` goes if kept, by ``convert``'s rule for ``-o`` (README,
-    "Outputs and failures"; api._output_name): none or a folder, the default name (in it); a
+    """Where the artifact of ``fmt`` goes if kept, by ``convert``'s rule for ``-o``
+    (docs/outputs.md; api._output_name): none or a folder, the default name (in it); a
     name without ``fmt``'s suffix gets it, said in the note returned."""
     from ptconvert.convert.output_naming import default_output, names_folder, program_suffixed
 

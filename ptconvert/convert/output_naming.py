@@ -109,13 +109,13 @@ def folder_output(src: Path, to: str) -> Path:
 
 
 def names_folder(output: str | Path) -> bool:
-    """``-o`` names a folder: one that exists, or a name ending in ``/`` (README, "Outputs and
-    failures": the output takes its default name inside it)."""
+    """``-o`` names a folder: one that exists, or a name ending in ``/`` (docs/outputs.md: the
+    output takes its default name inside it)."""
     return str(output).endswith(os.sep) or Path(output).is_dir()
 
 
 def program_suffixed(out: Path, to: str, *, chosen: bool = False) -> tuple[Path, list[str]]:
-    """``-o``'s rule for a program (README, "Outputs and failures"): a file name without a
+    """``-o``'s rule for a program (docs/outputs.md): a file name without a
     suffix of the target format gets its first one where the format's loader refuses it
     otherwise (torch.export.load and aoti_load_package want ``.pt2``), and for any program
     format ptconvert ``chosen`` (``--optimize``: the user could not name it); weights, other

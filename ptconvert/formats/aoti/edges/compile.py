@@ -115,7 +115,7 @@ def _compile(state: RunState, opts: Options) -> None:
 # path it was compiled from (this machine's venv and Inductor cache); two thirds of a small
 # package's bytes. Left out unless --keep-debug-info (or --aoti-option sets it). What stays:
 # the generated .cpp files end with the compile command as a comment, and the library holds
-# the headers' __FILE__ names: paths still, a few dozen (docs: README, "Outputs").
+# the headers' __FILE__ names: paths still, a few dozen (docs/outputs.md).
 LINE_TABLES = "aot_inductor.enable_line_tables"
 METADATA = "aot_inductor.metadata"  # strings the package keeps, read back by get_metadata()
 
