@@ -94,11 +94,11 @@ demo: setup
 	$(BIN)/ptconvert $(DEMO_DIR)/hf-llama --to pt2 --dynamic-batch --force
 	@echo "== ptconvert $(DEMO_DIR)/hf-bert --to onnx --dynamic-batch (run on onnxruntime, verified)"
 	$(BIN)/ptconvert $(DEMO_DIR)/hf-bert --to onnx --dynamic-batch --force
+	@echo "== ptconvert plan $(DEMO_DIR)/mlp.pt --to pt2 (what is missing, and how to provide it)"
+	@$(BIN)/ptconvert plan $(DEMO_DIR)/mlp.pt --to pt2 || echo "(exit code $$?: the route needs what is listed: --model and --input below)"
 	@echo "== ptconvert $(DEMO_DIR)/mlp.pt --to all (every format the graph reaches, each verified, timed)"
 	$(BIN)/ptconvert $(DEMO_DIR)/mlp.pt --to all -o $(DEMO_DIR)/every-format --force \
 		--model fixtures.models:MLP --input x:2x8:float32 --dynamic-batch
-	@echo "== ptconvert plan $(DEMO_DIR)/mlp.pt --to pt2 (what is missing, and how to provide it)"
-	@$(BIN)/ptconvert plan $(DEMO_DIR)/mlp.pt --to pt2 || echo "(exit code $$?: a route needs what is listed)"
 
 bench: setup
 	$(BIN)/python benchmarks/startup.py

@@ -174,10 +174,13 @@ def render_every(report: Any, console: Console | None = None) -> None:
             ratio(r.vs_compile),
         )
     console.print(t)
+    kept = [r.format for r in report.rows if r.status == "ok" and not r.route]
+    if kept:  # an interrupted run's finished formats (its manifest): their routes ran then
+        console.print(f"kept from an earlier run, complete and verified: {', '.join(kept)}")
     for r in report.rows:
-        if r.status == "ok":
+        if r.status == "ok" and r.route:
             console.print(f"{r.format}: {escape(_path_of(r.route))}")
-        else:
+        elif r.status != "ok":
             console.print(f"{r.format}: {r.status}: {escape(r.reason)}")
     for note in report.notes:
         console.print(f"note: {escape(note)}")

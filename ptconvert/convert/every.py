@@ -8,10 +8,11 @@ into one folder; the programs that pass are timed on the same inputs beside eage
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from ptconvert import progress
 from ptconvert.atomic import disk_size
 from ptconvert.errors import (
     MissingRequirementError,
@@ -62,6 +63,7 @@ def convert_every(
     repeats: int = 10,
     warmup: int = 2,
 ) -> EveryFormatReport:
+    from ptconvert.convert.batch_manifest import MANIFEST, Manifest, output_key
     from ptconvert.convert.engine import convert
     from ptconvert.convert.optimize import speedup, time_beside_eager
     from ptconvert.convert.output_naming import output_for
@@ -78,17 +80,28 @@ def convert_every(
     source_format = detect(src).format
     rows: list[FormatRow] = []
     failures: list[PtconvertError] = []
-    for fmt in FORMATS:
-        if fmt.name == source_format:
-            continue
+    # an interrupted run's finished formats are kept, as a folder of models' are (its manifest)
+    manifest = Manifest(out_dir / MANIFEST)
+    # not the layouts another target's option writes (hf, sharded): no route of their own
+    targets = [f for f in FORMATS if f.name != source_format and not f.written_by]
+    for k, fmt in enumerate(targets, 1):
         try:  # no route at all, or one written by another target's option: not for --to all
             plan_for(src, fmt.name, opts)
         except (UsageError, UnsupportedConversionError) as exc:
             rows.append(FormatRow(fmt.name, "skipped", _first_line(exc)))
             continue
         out = out_dir / output_for(src, fmt.name, opts).name
+        key = output_key(src, fmt.name, out, opts)
+        done = manifest.complete(fmt.name, key, out, fmt.name, opts.verify)
+        if done is not None:
+            kept = "kept from an earlier run, complete and verified (--force converts it again)"
+            rows.append(FormatRow(fmt.name, "ok", kept, str(out), [], disk_size(out), done))
+            continue
+        # an output an earlier run wrote (and nobody changed since) is replaced without --force
+        ours = replace(opts, force=opts.force or manifest.wrote(fmt.name, out, fmt.name))
         try:
-            report = convert(src, fmt.name, out, opts)
+            with progress.step(f"{k}/{len(targets)}: {fmt.name}"):
+                report = convert(src, fmt.name, out, ours)
         except MissingRequirementError as exc:  # a route exists, what it needs is not here
             rows.append(FormatRow(fmt.name, "skipped", _first_line(exc)))
             continue
@@ -96,6 +109,7 @@ def convert_every(
             failures.append(exc)
             rows.append(FormatRow(fmt.name, "failed", _first_line(exc)))
             continue
+        manifest.record(fmt.name, key, out, fmt.name, report.check)
         route = list(getattr(report, "route", []) or [f"{source_format} → {fmt.name}"])
         rows.append(FormatRow(fmt.name, "ok", "", str(out), route, disk_size(out), report.check))
     reference = open_runtime(src, opts)
