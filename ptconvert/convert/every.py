@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from ptconvert import progress
 from ptconvert.atomic import disk_size
@@ -95,7 +95,8 @@ def convert_every(
         done = manifest.complete(fmt.name, key, out, fmt.name, opts.verify)
         if done is not None:
             kept = "kept from an earlier run, complete and verified (--force converts it again)"
-            rows.append(FormatRow(fmt.name, "ok", kept, str(out), [], disk_size(out), done))
+            check = cast(Check, done)  # as the manifest recorded it
+            rows.append(FormatRow(fmt.name, "ok", kept, str(out), [], disk_size(out), check))
             continue
         # an output an earlier run wrote (and nobody changed since) is replaced without --force
         ours = replace(opts, force=opts.force or manifest.wrote(fmt.name, out, fmt.name))
