@@ -408,11 +408,9 @@ def render_bench(report: Any, console: Console | None = None) -> None:
         )
     console.print(t)
     for row in report.speedups:
-        parts = [
-            f"{k.removeprefix('artifact_vs_')} {v:.2f}×" for k, v in row.items() if k != "batch"
-        ]
-        if parts:
-            console.print(f"batch {row['batch']}: artifact speedup vs " + ", ".join(parts))
+        parts = [_speedup_words(row, other) for other in ("eager", "torch.compile")]
+        if any(parts):
+            console.print(f"batch {row['batch']}: artifact vs " + "; ".join(p for p in parts if p))
     for name, why in report.skipped.items():
         console.print(f"not timed: {name} ({escape(why)})")
     for note in getattr(report, "notes", []):
@@ -421,6 +419,19 @@ def render_bench(report: Any, console: Console | None = None) -> None:
         f"{report.threads} threads, {report.repeats} interleaved rounds, "
         f"peak RSS {report.peak_rss_mib:.0f} MiB"
     )
+
+
+def _speedup_words(row: dict[str, Any], other: str) -> str:
+    """``eager 2.31× faster (1.9–2.7×)``, or ``eager 1.05×, within noise (0.80–1.31×)``: a
+    speedup is said only when the spread of the timings keeps it away from 1."""
+    ratio = row.get(f"artifact_vs_{other}")
+    if ratio is None:
+        return ""
+    low, high = row.get(f"artifact_vs_{other}_range") or (ratio, ratio)
+    spread = f"{low:.2f}–{high:.2f}×"
+    if low <= 1 <= high:
+        return f"{other} {ratio:.2f}×, within noise ({spread})"
+    return f"{other} {ratio:.2f}× {'faster' if ratio > 1 else 'slower'} ({spread})"
 
 
 def parity_table(parity: Any) -> Grid:

@@ -127,13 +127,7 @@ def bench(
             report.timings.append(
                 Timing(name, b, round(first[name], 4), med, p25, p75, len(values), peaks.get(name))
             )
-        medians = {t.runtime: t.median_ms for t in report.timings if t.batch == b}
-        row: dict[str, Any] = {"batch": b}
-        if "artifact" in medians:
-            for other in ("eager", "torch.compile"):
-                if other in medians:
-                    row[f"artifact_vs_{other}"] = round(medians[other] / medians["artifact"], 3)
-        report.speedups.append(row)
+        report.speedups.append(_speedups(b, [t for t in report.timings if t.batch == b]))
     report.peak_rss_mib = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return report
 
@@ -217,6 +211,24 @@ def bench_artifact(artifact: str, opts: Options, keywords: BenchKeywords) -> Ben
     )
 
 
+def _speedups(batch: int, timings: list[Timing]) -> dict[str, Any]:
+    """The artifact against eager and torch.compile at one batch size: the ratio of medians,
+    and its spread (``_range``: the others' p25 over the artifact's p75 to their p75 over its
+    p25). A range holding 1 is within the noise: no speedup to headline."""
+    at = {t.runtime: t for t in timings}
+    row: dict[str, Any] = {"batch": batch}
+    mine = at.get("artifact")
+    for other in ("eager", "torch.compile"):
+        if mine is None or other not in at or not mine.median_ms:
+            continue
+        theirs = at[other]
+        row[f"artifact_vs_{other}"] = round(theirs.median_ms / mine.median_ms, 3)
+        if mine.p25_ms > 0 and mine.p75_ms > 0:
+            low, high = theirs.p25_ms / mine.p75_ms, theirs.p75_ms / mine.p25_ms
+            row[f"artifact_vs_{other}_range"] = [round(low, 3), round(high, 3)]
+    return row
+
+
 def plot(report: BenchReport, path: str) -> None:
     """Median latency (p25–p75 as error bars) per runtime and batch size, as a PNG."""
     from ptconvert.atomic import atomic_path
@@ -235,8 +247,9 @@ def plot(report: BenchReport, path: str) -> None:
         ys = [t.median_ms for t in rows]
         err = [[t.median_ms - t.p25_ms for t in rows], [t.p75_ms - t.median_ms for t in rows]]
         ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=runtime)
+    ax.set_yscale("log")  # runtimes apart by orders of magnitude stay readable
     ax.set_xlabel("batch size")
-    ax.set_ylabel("latency per call (ms, median)")
+    ax.set_ylabel("latency per call (ms, median, log scale)")
     ax.set_title(f"{report.artifact} ({report.threads} threads, {report.device})")
     ax.legend()
     fig.tight_layout()
