@@ -165,6 +165,27 @@ def test_the_key_follows_content_and_the_options_that_change_the_artifact(
     assert inputs["versions"]["torch"] == str(torch.__version__)
 
 
+def test_a_source_is_hashed_once_a_process_and_again_when_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45: the manifest's key, the cache's lookup and each target of ``--to all`` hashed
+    the whole source again; now once, until its bytes (size, mtime, inode) change."""
+    src = tmp_path / "m.pt"
+    torch.save(MLP().state_dict(), src)
+    reads: list[Path] = []
+    hash_file = cache_key._hash_file
+    monkeypatch.setattr(cache_key, "_hash_file", lambda p, h: reads.append(p) or hash_file(p, h))
+    first = cache_key.cache_key(detect(src), "pt2", tmp_path / "o.pt2", Options(**SPEC))[0]
+    again = cache_key.cache_key(detect(src), "onnx", tmp_path / "o.onnx", Options(**SPEC))[0]
+    assert reads.count(src) == 1 and first != again
+    state = MLP().state_dict()
+    state["fc1.bias"] += 1  # the same size, other bytes
+    torch.save(state, src)
+    os.utime(src, ns=(1, 1))  # even at an older mtime
+    changed = cache_key.cache_key(detect(src), "pt2", tmp_path / "o.pt2", Options(**SPEC))[0]
+    assert reads.count(src) == 2 and changed != first
+
+
 def _another_value(f: dataclasses.Field[Any], kind: Any, tmp_path: Path) -> Any:
     """A value of the option's type other than its default."""
     default = getattr(Options(), f.name)

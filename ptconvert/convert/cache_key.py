@@ -72,11 +72,25 @@ def _hash_file(path: Path, h: Any) -> int:
     return size
 
 
+# a file's digest per process, by its identity and stat: the batch manifest's key, the cache's
+# lookup and each target of ``--to all`` read one source's bytes once, not once each
+_DIGESTS: dict[tuple[str, int, int, int], tuple[bytes, int]] = {}
+
+
+def _file_digest(path: Path) -> tuple[bytes, int]:
+    """The file's sha256 and size (hashed again only when its size, mtime or inode changed)."""
+    st = path.stat()
+    identity = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    if identity not in _DIGESTS:
+        h = hashlib.sha256()
+        size = _hash_file(path, h)
+        _DIGESTS[identity] = (h.digest(), size)
+    return _DIGESTS[identity]
+
+
 def _content(path: Path) -> str | None:
     try:
-        h = hashlib.sha256()
-        _hash_file(path, h)
-        return h.hexdigest()
+        return _file_digest(path)[0].hex()
     except OSError:  # the conversion says what is wrong with it
         return None
 
@@ -253,9 +267,9 @@ def key_of(
     files = _source_files(d)
     for name, path in files:
         source.update(f"{len(name)}:{name}:".encode())
-        file_hash = hashlib.sha256()
-        total += _hash_file(path, file_hash)
-        source.update(file_hash.digest())
+        digest, size = _file_digest(path)
+        total += size
+        source.update(digest)
     options = {
         f.name: getattr(opts, f.name)
         for f in dataclasses.fields(Options)
