@@ -96,6 +96,23 @@ def walk_source(path: Path) -> Iterator[Stream]:
         yield _from_byte_0(str(path), mm)
 
 
+def opens_as_archive(path: Path) -> bool:
+    """Whether a loader opens the file as an archive, a compressed stream or an array (zip,
+    7z, tar, gzip/zlib/bz2/xz/lzma, npy), as the walk does: a model file even when it holds no
+    pickle. The first bytes decide, and tarfile where they are not enough."""
+    mm = _map(path)
+    if mm is None:
+        return False
+    with mm:
+        head = bytes(mm[:512])
+        return (
+            is_zip(head)
+            or head.startswith((b"7z\xbc\xaf\x27\x1c", b"\x93NUMPY"))
+            or _decompressor(head) is not None
+            or tar_opens(mm)
+        )
+
+
 def _map(path: Path) -> mmap.mmap | None:
     with open(path, "rb") as fh:
         size = fh.seek(0, 2)
