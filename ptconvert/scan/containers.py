@@ -167,7 +167,7 @@ def _walk_bytes(
     known = False
     if depth == 0 and path is not None and data_format(head, path) is not None:
         known = True
-        yield from _onnx_external_data(label, head, path)
+        yield from _onnx_external_data(label, head, path, data)
     inflate = _decompressor(head)
     if inflate is not None:
         kind, make = inflate
@@ -252,10 +252,14 @@ def data_format(head: bytes, path: Path) -> Format | None:
     return next((f for f in FORMATS if f.holds_no_pickle(head, path)), None)
 
 
-def _onnx_external_data(label: str, head: bytes, path: Path) -> Iterator[Problem]:
+def _onnx_external_data(
+    label: str, head: bytes, path: Path, data: bytes | mmap.mmap
+) -> Iterator[Problem]:
     """ONNX initializers name external files; a location outside the model's folder would make
-    the runtime read (and a converter copy) any file on the machine."""
-    if not is_onnx(head):
+    the runtime read (and a converter copy) any file on the machine. A file naming none holds
+    no ``location`` key (protobuf keeps strings as they are): onnx (a second to import) is not
+    needed to say so."""
+    if not is_onnx(head) or data.find(b"location") < 0:
         return
     try:
         import onnx

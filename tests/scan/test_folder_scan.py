@@ -139,3 +139,29 @@ def test_the_gate_sees_a_py_file_become_code_when_a_config_names_it(tmp_path: Pa
     (tmp_path / "config.json").write_text(json.dumps({"auto_map": {"AutoModel": "handler.H"}}))
     with pytest.raises(NeedsTrustError, match=r"handler\.py"):
         guard(tmp_path)
+
+
+def test_an_onnx_file_without_external_data_is_scanned_without_importing_onnx(
+    tmp_path: Path,
+) -> None:
+    """Importing onnx takes about a second: a model that names no external file (no
+    ``location`` key anywhere in it) needs no parse to say it reads none."""
+    import subprocess
+    import sys
+
+    from fixtures.scan_corpus import _onnx_external, _pb
+
+    inline = _pb(1, 4) + _pb(2, 1) + _pb(8, b"w") + _pb(9, bytes(16))  # raw_data in the file
+    graph = _pb(1, _pb(1, b"w") + _pb(2, b"y") + _pb(4, b"Identity")) + _pb(5, inline)
+    model = _pb(1, 8) + _pb(2, b"test") + _pb(7, graph) + _pb(8, _pb(2, 17))
+    (tmp_path / "model.onnx").write_bytes(model)
+    (tmp_path / "escape").mkdir()
+    (tmp_path / "escape" / "model.onnx").write_bytes(_onnx_external("../secret.bin"))
+    probe = (
+        "import sys; from ptconvert.scan.scanner import scan_file\n"
+        f"r = scan_file({str(tmp_path / 'model.onnx')!r})\n"
+        "print(r.verdict, 'onnx' in sys.modules)\n"
+        f"print(scan_file({str(tmp_path / 'escape' / 'model.onnx')!r}).verdict)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["clean", "False", "dangerous"], out
