@@ -280,7 +280,9 @@ def scan(
     exclude: Iterable[str] = (),
 ) -> ScanReport:
     """Scan files and directories (recursively, the files ``include``/``exclude`` select) with
-    ``jobs`` processes. The report lists the files a loader reads; the rest are ``skipped``."""
+    ``jobs`` processes. The report lists the files named and the files of a folder that a
+    loader reads; the folders' other files are ``skipped``."""
+    paths = list(paths)
     allowed = frozenset(allow)
     files = expand(paths, include, exclude)
     results: list[FileScan] = []
@@ -301,8 +303,10 @@ def scan(
             for f, size in zip(files, sizes, strict=True):
                 results.append(scan_file(f, allowed))
                 advance(size)
-    skipped = [r.path for r in results if not r.model]
-    results = [r for r in results if r.model]
+    # a file a folder holds is listed when a loader reads it; a file named is listed anyway
+    named = {str(p) for p in map(Path, paths) if not p.is_dir()}
+    skipped = [r.path for r in results if not r.model and r.path not in named]
+    results = [r for r in results if r.model or r.path in named]
     counts: dict[str, int] = {k: sum(1 for r in results if r.verdict == k) for k in SEVERITY_ORDER}
     worst = max((SEVERITY_ORDER[r.verdict] for r in results), default=0)
     overall = next(k for k, v in SEVERITY_ORDER.items() if v == worst)
