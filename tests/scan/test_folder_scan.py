@@ -165,3 +165,31 @@ def test_an_onnx_file_without_external_data_is_scanned_without_importing_onnx(
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["clean", "False", "dangerous"], out
+
+
+def test_a_folder_scan_imports_nothing_it_does_not_use(model_folder: Path) -> None:
+    """Start-up is most of a folder scan's time (issue 44: within 2x picklescan): the scan of
+    a plain model folder imports no ML library and none of the process machinery that
+    conversions use."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\nfrom ptconvert.cli import main\n"
+        f"code = main(['scan', {str(model_folder)!r}, '--json'])\n"
+        "print(code, *sorted(sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    code, *modules = out.stdout.split("\n")[-2].split()
+    assert code == "0", out.stdout[-2000:]
+    heavy = {"torch", "numpy", "onnx", "transformers", "multiprocessing", "concurrent.futures"}
+    assert not heavy & set(modules)
+
+
+def test_a_file_named_is_listed_whatever_it_holds(model_folder: Path) -> None:
+    """Skipping is for the files a folder holds: a file named on the command line is the
+    user's question, answered in the listing."""
+    readme = model_folder / "README.md"
+    report = scan([readme, model_folder / "logs"])
+    assert [f.path for f in report.files] == [str(readme)] and report.files[0].verdict == "clean"
+    assert len(report.skipped) == 3
