@@ -77,7 +77,7 @@ def model_folder(root: Path) -> Path:
     return root
 
 
-def folder_timings(cmds: dict[str, list[str]], work: Path, repeats: int = 9) -> None:
+def folder_timings(cmds: dict[str, list[str]], work: Path, repeats: int = 15) -> None:
     folder = model_folder(work / "model")
     n = sum(1 for p in folder.rglob("*") if p.is_file())
     print(f"model folder: {n} files, 2 model files; median of {repeats}:")
@@ -87,8 +87,14 @@ def folder_timings(cmds: dict[str, list[str]], work: Path, repeats: int = 9) -> 
         "import ptconvert.cli": [*py, "import ptconvert.cli"],
         "… and rich (the table)": [*py, "import ptconvert.cli, ptconvert.render"],
     }
-    times = {name: timed([*cmd, str(folder)], repeats) for name, cmd in cmds.items()}
-    times |= {name: timed(cmd, repeats) for name, cmd in parts.items()}
+    runs = {name: [*cmd, str(folder)] for name, cmd in cmds.items()} | parts
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):  # round-robin: a busy machine's drift falls on every command alike
+        for name, cmd in runs.items():
+            t = time.perf_counter()
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            samples[name].append(time.perf_counter() - t)
+    times = {name: statistics.median(xs) for name, xs in samples.items()}
     for name, secs in times.items():
         print(f"  {name:24} {secs:6.3f} s")
     for name in ("ptconvert", "ptconvert (table)"):
