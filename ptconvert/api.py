@@ -372,9 +372,13 @@ def scan(
     jobs: int = 1,
     revision: str | None = None,
     cache_dir: str | Path | None = None,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
 ) -> ScanReport:
-    """Scan pickle-based files (and directories, recursively) without executing them; a
-    Hugging Face Hub id scans its snapshot in the Hub cache (``revision``, ``cache_dir``).
+    """Scan pickle-based files (and directories, recursively: the files ``include`` and
+    ``exclude`` globs select) without executing them; a Hugging Face Hub id scans its snapshot
+    in the Hub cache (``revision``, ``cache_dir``). A directory's files that no loader reads
+    (logs, READMEs, plain configs: decided by their content) are listed in ``skipped``.
 
     >>> report = ptconvert.scan("model.bin")
     >>> report.verdict            # "clean" | "needs-code" | "dangerous" | "error"
@@ -388,7 +392,8 @@ def scan(
         path, said = _source(item, revision, cache_dir)
         items.append(path)
         hub += said
-    return _noted(run(items, allow=allow, jobs=jobs), hub)
+    report = run(items, allow=allow, jobs=jobs, include=include, exclude=exclude)
+    return _noted(report, hub)
 
 
 @_shows_keywords(VerifyKeywords)

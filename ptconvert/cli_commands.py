@@ -108,28 +108,56 @@ def formats(as_json: bool, graph: str | None) -> None:
     epilog=examples(
         "ptconvert scan model.bin",
         "ptconvert scan downloads/ -j 4 --json",
+        "ptconvert scan . --exclude 'logs/*' --format sarif > scan.sarif",
         "ptconvert scan acme/tiny-gpt2 --cache-dir /data/hf-cache",
     )
 )
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only (--format json).")
+@click.option(
+    "--format",
+    "output",
+    type=click.Choice(["table", "json", "sarif"]),
+    default="table",
+    help="table; json; sarif: SARIF 2.1.0 for CI code scanning.",
+)
 @click.option("-j", "jobs", type=int, default=1, help="Scan with N processes.")
 @click.option("--allow", multiple=True, help="Extend the allowlist with module.Name.")
+@click.option(
+    "--include", multiple=True, help="Scan only a folder's files matching this glob (repeatable)."
+)
+@click.option("--exclude", multiple=True, help="Skip a folder's files matching this glob.")
 @hub_options
 def scan(
-    paths: tuple[str, ...], as_json: bool, jobs: int, allow: tuple[str, ...], **hub: Any
+    paths: tuple[str, ...],
+    as_json: bool,
+    output: str,
+    jobs: int,
+    allow: tuple[str, ...],
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
+    **hub: Any,
 ) -> None:
-    """Scan pickle-based files for code that would run when they are loaded (a Hugging Face
-    Hub id: its snapshot in the Hub cache).
+    """Scan the files a loader would read (pickles, archives, model formats, the code an
+    auto_map imports: decided by content) for code that would run when they are loaded (a
+    Hugging Face Hub id: its snapshot in the Hub cache). A glob matches a file's path below
+    the folder scanned, or its name.
 
     Exit code 0 when every file is clean, 10 when any is dangerous, 3 when any cannot be read
     completely, 11 when any needs user code (or runs native code) to load.
     """
     from ptconvert.api import scan as run_scan
 
-    progress.set_quiet(as_json)
-    report = run_scan(paths, allow=allow, jobs=jobs, **read_flags(Options, hub))
-    show(report, as_json, "render_scan")
+    output = "json" if as_json else output
+    progress.set_quiet(output != "table")
+    flags = read_flags(Options, hub)
+    report = run_scan(paths, allow=allow, jobs=jobs, include=include, exclude=exclude, **flags)
+    if output == "sarif":
+        from ptconvert.scan.sarif import sarif
+
+        emit_json(sarif(report))
+    else:
+        show(report, output == "json", "render_scan")
     code = {
         "clean": SUCCESS,
         "needs-code": NeedsTrustError.exit_code,

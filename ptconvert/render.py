@@ -200,34 +200,51 @@ _VERDICT_STYLE = {
 
 
 def render_scan(report: Any, console: Console | None = None) -> None:
-    """One row per file, then one row per finding of the files that are not clean."""
+    """One table of the files a loader reads, then each finding of the files that are not
+    clean under its file (lines that wrap at spaces), then the verdict with what was skipped."""
+    from rich.padding import Padding
+    from rich.text import Text
+
     console = console or Console()
-    t = Grid("file", "verdict", "pickles", "findings", fixed=(1, 2, 3))
+    t = Grid("file", "verdict", "pickles", "findings", fixed=(1, 2, 3), keys=0, paths=(0,))
     for f in report.files:
         style = _VERDICT_STYLE[f.verdict]
         t.add_row(
             escape(f.path), f"[{style}]{f.verdict}[/{style}]", str(f.pickles), str(len(f.findings))
         )
-    console.print(t)
-    details = [(f, x) for f in report.files for x in f.findings]
-    if details:
-        d = Grid("severity", "global", "opcode @ offset", "where", "why", fixed=(0, 2))
-        for _, x in details[:200]:
-            d.add_row(
-                x.severity,
-                escape(x.global_name or "-"),
-                f"{x.opcode} @ {x.offset}",
-                escape(x.member),
-                escape(x.reason),
+    if report.files:
+        console.print(t)
+    shown = 0
+    for f in report.files:
+        if not f.findings or shown >= _FINDINGS_SHOWN:
+            continue
+        console.print(Text(f"{f.path}: {f.verdict}", style=_VERDICT_STYLE[f.verdict]))
+        for x in f.findings[: _FINDINGS_SHOWN - shown]:
+            member = (
+                x.member[len(f.path) :].lstrip(":") if x.member.startswith(f.path) else x.member
             )
-        console.print(d)
+            op = f"{x.opcode} @ {x.offset}" if x.opcode.isupper() else ""  # a pickle's opcode
+            where = " in ".join(w for w in (op, member) if w)
+            what = f"{x.global_name}: {x.reason}" if x.global_name else x.reason
+            line = f"{x.severity}: {what}" + (f" ({where})" if where else "")
+            console.print(Padding(Text(line), (0, 0, 0, 2)))
+            shown += 1
+    hidden = sum(len(f.findings) for f in report.files) - shown
+    if hidden:
+        console.print(f"… {hidden} more findings (--json lists every one)")
     for f in report.files:
         for note in f.notes:
             console.print(f"note: {escape(f.path)}: {escape(note)}")
     for note in report.notes:
         console.print(f"note: {escape(note)}")
     counts = ", ".join(f"{n} {k}" for k, n in report.counts.items() if n)
+    skipped = len(report.skipped)
+    if skipped:
+        counts += f"{', ' if counts else ''}{skipped} skipped: no loader reads them"
     console.print(f"verdict: {report.verdict} ({counts or 'no files'})")
+
+
+_FINDINGS_SHOWN = 200
 
 
 def render_conversion(report: Any, console: Console | None = None) -> None:

@@ -48,17 +48,34 @@ def leaf_name(path: str) -> str:
     return ".".join(parts) if parts and at == len(path) else path
 
 
+def _path_lines(cell: Text, width: int) -> Text:
+    """A path cell broken into lines after a ``/`` to fit ``width``."""
+    if cell_len(cell.plain) <= width:
+        return cell
+    lines = [""]
+    for part in re.findall(r"[^/]*/|[^/]+$", cell.plain):
+        if lines[-1] and cell_len(lines[-1] + part) > width:
+            lines.append("")
+        lines[-1] += part
+    return Text("\n".join(lines), style=cell.style)
+
+
 class Grid:
     """A table laid out for the width it is printed at, whose numbers are never cut: one table
     when its columns fit; else its text columns wrapped (a word longer than the column folds,
     nothing is left out); else stacked: the other columns in groups, one table under another,
     each with the first ``keys`` columns again, whole. ``fixed`` columns (numbers, statuses,
-    dates) are never wrapped; their headers wrap at spaces when that makes the table fit."""
+    dates) are never wrapped; their headers wrap at spaces when that makes the table fit.
+    ``paths`` columns hold file paths: wrapped after a ``/`` (a name longer than the column
+    folds)."""
 
     _TEXT_MIN = 12  # a text column is not wrapped narrower than this (or its longest header word)
 
-    def __init__(self, *headers: str, fixed: tuple[int, ...] = (), keys: int = 1) -> None:
+    def __init__(
+        self, *headers: str, fixed: tuple[int, ...] = (), keys: int = 1, paths: tuple[int, ...] = ()
+    ) -> None:
         self.headers, self.fixed, self.keys = list(headers), set(fixed), keys
+        self.paths = set(paths)
         self.rows: list[list[Text]] = []
 
     def add_row(self, *cells: str) -> None:
@@ -106,7 +123,12 @@ class Grid:
         for i, w in zip(columns, widths, strict=True):
             t.add_column(self.headers[i], width=w, overflow="fold")  # fixed: as wide as cells
         for row in self.rows:
-            t.add_row(*(row[i] for i in columns))
+            t.add_row(
+                *(
+                    _path_lines(row[i], w) if i in self.paths else row[i]
+                    for i, w in zip(columns, widths, strict=True)
+                )
+            )
         return t
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Any]:

@@ -10,7 +10,6 @@ loading fails with ``RuntimeDiedError``, a call with the exit code. The parent i
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import os
 import time
 from collections.abc import Callable
@@ -93,6 +92,8 @@ class IsolatedRuntime:
     ) -> None:
         """``kind``: the target's name, in messages; ``load``: its runtime (``Load``); ``flat``:
         nested inputs are fed flattened, as torch.onnx names them (``flat_inputs``)."""
+        import multiprocessing as mp  # here: the registry imports this module (scan's start-up)
+
         self.kind, self.path, self.flat = kind, path, flat
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()

@@ -14,14 +14,16 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from ptconvert.atomic import ensure_space, open_output
 from ptconvert.formats.byte_copy import copy_range, tensor_bytes
 from ptconvert.formats.weightset import WeightEntry, WeightSet
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 ROOT = "archive"
 ALIGN = 64
@@ -210,6 +212,8 @@ def write_torch_zip(ws: WeightSet, out: Path) -> list[Path]:
     large = sum(1 for e in ws.stored if e.source is not None and e.nbytes >= LIKE_SOURCE_FROM)
     overhead = 256 * len(records) + LIKE_SOURCE * large + 1024
     ensure_space(out.parent, payload_bytes + overhead, out, estimate=True)
+    from concurrent.futures import ThreadPoolExecutor  # here: readers import this module
+
     members: list[_Member] = []
     pending: list[tuple[_Member, Future[int]]] = []
     fds: dict[Path, int] = {}

@@ -534,6 +534,18 @@ LIBRARY_CLASSES: dict[str, str] = {
 }
 
 
+def library_class(dotted: str) -> str | None:
+    """What a known library's class is, for one that is not on the allowlist: joblib's
+    wrapper, or a class of torch itself (a whole pickled ``nn.Module``: torch.load builds it only
+    with weights_only=False). None: a class of user code. It names; ``classify`` judges."""
+    if dotted in LIBRARY_CLASSES:
+        return LIBRARY_CLASSES[dotted]
+    module, _, name = dotted.rpartition(".")
+    if module.split(".")[0] == "torch" and name[:1].isupper():
+        return "a class of torch itself, which torch.load builds only with weights_only=False"
+    return None
+
+
 def classify(module: str, name: str, extra_allowed: frozenset[str] = frozenset()) -> str:
     """``safe``, ``needs-code`` or ``dangerous`` for one imported global, by name alone."""
     module = normalize(module)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ptconvert.pickles.allowlist import LIBRARY_CLASSES, classify, danger_reason, is_pure_function
+from ptconvert.pickles.allowlist import classify, danger_reason, is_pure_function, library_class
 from ptconvert.pickles.records import (
     MAX_NESTING,
     Call,
@@ -51,7 +51,7 @@ _RECONSTRUCTOR = "copyreg._reconstructor"
 KEPT = "a callable of user code kept where torch may call it"
 # Why a class of user code is needs-code when the pickle constructs it (what trust admits); a
 # class named for any other reason is only kept as a value (``trusted_load`` defers those).
-INSTANTIATES = "instantiates a class of user code"
+INSTANTIATES = "instantiates a class not on the allowlist, whose code runs"
 BY_VALUE = "rebuilds a member of this class from its value (an Enum member)"
 CONSTRUCTS = frozenset({INSTANTIATES, BY_VALUE})
 MAX_VALUES = 5_000_000  # containers walked per pickle: bounded like the machine's opcodes
@@ -153,7 +153,7 @@ class _Judge:
             why = danger_reason(g.module, g.name) or "not known to be harmless"
             self.add("dangerous", g.offset, g.opcode, g, why)
         elif verdict == "needs-code":
-            library = LIBRARY_CLASSES.get(_name(g))
+            library = library_class(_name(g))
             why = f"imports {library}" if library else "imports a module of user code to load"
             self.add("needs-code", g.offset, g.opcode, g, why)
 
@@ -255,7 +255,8 @@ class _Judge:
                 if (v.name or "")[:1].isupper():  # a class kept as a value (hparams' nn.GELU):
                     # calling it constructs it, which is what trust admits (the trusted load
                     # allowlists classes only as classes); the special keys are judged apart
-                    why = f"a class of user code kept as a value ({where})"
+                    what = "a library class" if library_class(_name(v)) else "a class of user code"
+                    why = f"{what} kept as a value ({where})"
                     self.add("needs-code", pos, op, v, why)
                 else:
                     self.add("dangerous", pos, op, v, f"{KEPT} ({where})")

@@ -96,6 +96,23 @@ def walk_source(path: Path) -> Iterator[Stream]:
         yield _from_byte_0(str(path), mm)
 
 
+def opens_as_archive(path: Path) -> bool:
+    """Whether a loader opens the file as an archive, a compressed stream or an array (zip,
+    7z, tar, gzip/zlib/bz2/xz/lzma, npy), as the walk does: a model file even when it holds no
+    pickle. The first bytes decide, and tarfile where they are not enough."""
+    mm = _map(path)
+    if mm is None:
+        return False
+    with mm:
+        head = bytes(mm[:512])
+        return (
+            is_zip(head)
+            or head.startswith((b"7z\xbc\xaf\x27\x1c", b"\x93NUMPY"))
+            or _decompressor(head) is not None
+            or tar_opens(mm)
+        )
+
+
 def _map(path: Path) -> mmap.mmap | None:
     with open(path, "rb") as fh:
         size = fh.seek(0, 2)
@@ -150,7 +167,7 @@ def _walk_bytes(
     known = False
     if depth == 0 and path is not None and data_format(head, path) is not None:
         known = True
-        yield from _onnx_external_data(label, head, path)
+        yield from _onnx_external_data(label, head, path, data)
     inflate = _decompressor(head)
     if inflate is not None:
         kind, make = inflate
@@ -235,10 +252,14 @@ def data_format(head: bytes, path: Path) -> Format | None:
     return next((f for f in FORMATS if f.holds_no_pickle(head, path)), None)
 
 
-def _onnx_external_data(label: str, head: bytes, path: Path) -> Iterator[Problem]:
+def _onnx_external_data(
+    label: str, head: bytes, path: Path, data: bytes | mmap.mmap
+) -> Iterator[Problem]:
     """ONNX initializers name external files; a location outside the model's folder would make
-    the runtime read (and a converter copy) any file on the machine."""
-    if not is_onnx(head):
+    the runtime read (and a converter copy) any file on the machine. A file naming none holds
+    no ``location`` key (protobuf keeps strings as they are): onnx (a second to import) is not
+    needed to say so."""
+    if not is_onnx(head) or data.find(b"location") < 0:
         return
     try:
         import onnx

@@ -7,16 +7,17 @@ from pathlib import Path
 
 from ptconvert.errors import CorruptFileError, NeedsTrustError, UnsafeInputError
 from ptconvert.scan.analysis import Finding
-from ptconvert.scan.code_files import SOURCE
+from ptconvert.scan.code_files import SOURCE, loaded_by
 from ptconvert.scan.scanner import FileScan, expand, scan_file
 
-_CACHE: dict[tuple[str, int, int, int], FileScan] = {}
+_CACHE: dict[tuple[str, int, int, int, str | None], FileScan] = {}
 
 
 def _scan(path: Path) -> FileScan:
-    """One scan per file version in a process: entry points refuse early, steps check again."""
+    """One scan per file version in a process: entry points refuse early, steps check again.
+    A ``.py`` file's version includes whether a config of its folder imports it."""
     st = path.stat()
-    key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, loaded_by(path))
     if key not in _CACHE:
         _CACHE[key] = scan_file(path)
     return _CACHE[key]
@@ -31,8 +32,9 @@ def refuse_unsafe(*paths: str | Path | None) -> None:
 
 
 def is_code(f: Finding) -> bool:
-    """A finding of a folder's own code: a ``.py`` file, or a config's ``auto_map`` naming one."""
-    return f.opcode == "auto_map" or f.reason == SOURCE
+    """A finding of a folder's own code: a ``.py`` file a loader imports, or a config's
+    ``auto_map`` naming one."""
+    return f.opcode in ("auto_map", SOURCE)
 
 
 def guard(
@@ -45,10 +47,10 @@ def guard(
     """Scan ``path`` (a file or every file of a directory) before anything loads it.
 
     ``dangerous`` is refused (exit 10); a file the scan cannot read completely is refused as
-    unreadable (exit 3); a folder's own code (``.py`` files, ``auto_map``) is refused (exit 11)
-    unless ``remote_code`` (``--trust-remote-code``); a pickle's ``needs-code`` is refused
-    (exit 11) unless ``trust``, or unless every class it needs is among ``allow`` (``--allow
-    mod.Name``, one by one).
+    unreadable (exit 3); a folder's own code (``auto_map`` and the ``.py`` files it imports) is
+    refused (exit 11) unless ``remote_code`` (``--trust-remote-code``); a pickle's
+    ``needs-code`` is refused (exit 11) unless ``trust``, or unless every class it needs is
+    among ``allow`` (``--allow mod.Name``, one by one).
     """
     results = [_scan(f) for f in expand([path])]
     for r in results:
@@ -107,7 +109,7 @@ def _refuse_code(path: Path, results: list[FileScan], trust: bool) -> None:
     findings = [f for r in results for f in r.findings if is_code(f)]
     if not findings:
         return
-    files = sorted({Path(f.member).name for f in findings if f.reason == SOURCE})
+    files = sorted({Path(f.member).name for f in findings if f.opcode == SOURCE})
     classes = sorted({f.global_name for f in findings if f.opcode == "auto_map" and f.global_name})
     said = []
     if classes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fnmatch
 import os
 import struct
 from collections.abc import Iterable
@@ -32,6 +33,7 @@ from ptconvert.scan.containers import (
     Problem,
     Stream,
     data_format,
+    opens_as_archive,
     walk,
     walk_bytes,
     walk_source,
@@ -45,6 +47,9 @@ class FileScan(Report):
     findings: list[Finding] = field(default_factory=list)
     pickles: int = 0
     notes: list[str] = field(default_factory=list)  # what the file is, where that matters
+    # a loader reads it: a pickle ran, an archive or model format opened, code is imported, or
+    # there is a finding; False: bytes no loader reads (a log, a README, a plain config)
+    model: bool = True
 
     @property
     def classes(self) -> list[str]:
@@ -60,21 +65,26 @@ class ScanReport(Report):
     files: list[FileScan]
     counts: dict[str, int]
     notes: list[str] = field(default_factory=list)  # the snapshot a Hub id named
+    skipped: list[str] = field(default_factory=list)  # files read that no loader reads
 
 
 def scan_file(path: str | Path, allowed: frozenset[str] = frozenset()) -> FileScan:
     """Scan one file; never raises for bad content (that is an ``error`` verdict)."""
     path = Path(path)
-    # Python source is code; torch.load of the same bytes still unpickles them from byte 0
-    source = is_source(path)
-    findings: list[Finding] = source_findings(path) if source else auto_map_findings(path)
+    # Python source a loader imports is code; torch.load of the same bytes still unpickles
+    # them from byte 0. Source nothing imports is read as the bytes it is, like any file.
+    findings: list[Finding] = source_findings(path) if is_source(path) else []
+    source = bool(findings)
+    findings += auto_map_findings(path)
     pickles = 0
     notes: list[str] = []
     pending: list[tuple[str, bytes, int]] = []
+    opened = False
     try:
         if not source and path.is_file():
             fmt = _data_format(path)  # a data file that holds no pickle says what it holds
             notes = fmt.scan_notes(path) if fmt is not None else []
+            opened = fmt is not None or opens_as_archive(path)
         for item in _items(path, pending, source):
             if isinstance(item, Problem):
                 findings.append(Finding(item.severity, item.label, 0, "-", None, item.reason))
@@ -101,7 +111,8 @@ def scan_file(path: str | Path, allowed: frozenset[str] = frozenset()) -> FileSc
         if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
             raise
         findings.append(Finding("error", str(path), 0, "-", None, f"cannot be read: {exc}"))
-    return FileScan(str(path), verdict(findings), findings, pickles, notes)
+    model = opened or bool(findings or pickles or notes)
+    return FileScan(str(path), verdict(findings), findings, pickles, notes, model)
 
 
 def _data_format(path: Path) -> Format | None:
@@ -220,20 +231,36 @@ def _tar_records_run(data: bytes, kind: str) -> list[PickleRun]:
     return runs
 
 
-def expand(paths: Iterable[str | Path]) -> list[Path]:
-    """Files to scan: directories recursively, in a stable order; a shard index with the shards
-    it names (loading the index loads them)."""
+def expand(
+    paths: Iterable[str | Path], include: Iterable[str] = (), exclude: Iterable[str] = ()
+) -> list[Path]:
+    """Files to scan: directories recursively, in a stable order, those ``include`` and
+    ``exclude`` select; a shard index with the shards it names (loading the index loads them)."""
     out: list[Path] = []
+    include, exclude = list(include), list(exclude)
     for p in map(Path, paths):
         if p.is_dir():
             for root, dirs, files in os.walk(p):
                 dirs.sort()
-                out += [Path(root) / f for f in sorted(files)]
+                found = [Path(root) / f for f in sorted(files)]
+                out += [f for f in found if _selected(f.relative_to(p), include, exclude)]
         elif p.exists():
             out += [p, *_shards_named(p)]
         else:
             raise InputError("no such file or directory", path=p)
     return list(dict.fromkeys(out))
+
+
+def _selected(relative: Path, include: list[str], exclude: list[str]) -> bool:
+    """Whether a file found in a folder is scanned: a glob matches its path below the folder
+    (``*`` crosses ``/``) or its name."""
+
+    def matches(globs: list[str]) -> bool:
+        return any(
+            fnmatch.fnmatch(str(relative), g) or fnmatch.fnmatch(relative.name, g) for g in globs
+        )
+
+    return (not include or matches(include)) and not matches(exclude)
 
 
 def _shards_named(path: Path) -> list[Path]:
@@ -244,10 +271,20 @@ def _shards_named(path: Path) -> list[Path]:
     return shard_paths(path)  # not an index after all: none, scanned as the file it is
 
 
-def scan(paths: Iterable[str | Path], *, allow: Iterable[str] = (), jobs: int = 1) -> ScanReport:
-    """Scan files and directories (recursively) with ``jobs`` processes."""
+def scan(
+    paths: Iterable[str | Path],
+    *,
+    allow: Iterable[str] = (),
+    jobs: int = 1,
+    include: Iterable[str] = (),
+    exclude: Iterable[str] = (),
+) -> ScanReport:
+    """Scan files and directories (recursively, the files ``include``/``exclude`` select) with
+    ``jobs`` processes. The report lists the files named and the files of a folder that a
+    loader reads; the folders' other files are ``skipped``."""
+    paths = list(paths)
     allowed = frozenset(allow)
-    files = expand(paths)
+    files = expand(paths, include, exclude)
     results: list[FileScan] = []
     sizes = [disk_size(f) for f in files]  # a dangling link is reported by its scan
     with progress.bar(f"scanning {len(files)} files", sum(sizes), unit="B") as advance:
@@ -266,7 +303,11 @@ def scan(paths: Iterable[str | Path], *, allow: Iterable[str] = (), jobs: int = 
             for f, size in zip(files, sizes, strict=True):
                 results.append(scan_file(f, allowed))
                 advance(size)
+    # a file a folder holds is listed when a loader reads it; a file named is listed anyway
+    named = {str(p) for p in map(Path, paths) if not p.is_dir()}
+    skipped = [r.path for r in results if not r.model and r.path not in named]
+    results = [r for r in results if r.model or r.path in named]
     counts: dict[str, int] = {k: sum(1 for r in results if r.verdict == k) for k in SEVERITY_ORDER}
     worst = max((SEVERITY_ORDER[r.verdict] for r in results), default=0)
     overall = next(k for k, v in SEVERITY_ORDER.items() if v == worst)
-    return ScanReport(overall, results, counts)
+    return ScanReport(overall, results, counts, skipped=skipped)

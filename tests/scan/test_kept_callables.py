@@ -174,12 +174,17 @@ def test_a_joblib_file_is_read_as_joblib_lays_it_out(tmp_path: Path) -> None:
 
 
 def test_python_source_is_code_and_the_pickle_its_bytes_make(tmp_path: Path) -> None:
-    """A .py is code (needs-code); torch.load of the same file unpickles it from byte 0, so a
-    payload its bytes make as a pickle is dangerous. Real source fails at once as a pickle."""
+    """A .py that an auto_map imports is code (needs-code); torch.load of the same file
+    unpickles it from byte 0, so a payload its bytes make as a pickle is dangerous. Real source
+    fails at once as a pickle; source nothing imports is no model file at all."""
     source = tmp_path / "modeling_x.py"
     source.write_text("import torch\n\n\nclass XModel(torch.nn.Module):\n    pass\n")
     result = scan_file(source)
-    assert result.verdict == "needs-code" and result.pickles == 0
+    assert result.verdict == "clean" and not result.model  # nothing imports it
+    config = {"auto_map": {"AutoModel": "modeling_x.XModel"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = scan_file(source)
+    assert result.verdict == "needs-code" and result.pickles == 0 and result.model
     (f,) = result.findings
     assert f.member == str(source) and "Python source" in f.reason
     source.write_bytes(b"\x80\x02cposix\nsystem\n(Vtouch x\ntR.")

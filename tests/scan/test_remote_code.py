@@ -100,9 +100,13 @@ def test_a_directory_with_auto_map_needs_trust_remote_code_and_says_its_code_run
     assert got.shape == (2, 8)
 
 
-def test_python_source_in_a_model_folder_is_named_when_refused(samples, tmp_path: Path, capsys):
-    """A folder's own .py file is code: refused without --trust-remote-code, the message names
-    the file."""
+def test_python_source_that_nothing_imports_does_not_need_trust(
+    samples, tmp_path: Path, capsys
+) -> None:
+    """A folder's .py file that no auto_map imports is run by no loader (issue 44): the
+    conversion needs no grant. Once an auto_map names it, it is code: refused without
+    --trust-remote-code, the message names the file."""
+    import json
     import shutil
 
     src = tmp_path / "bert"
@@ -110,13 +114,14 @@ def test_python_source_in_a_model_folder_is_named_when_refused(samples, tmp_path
     (src / "handler.py").write_text("print('serving')\n")
     out = tmp_path / "out"
     code, body, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out)], capsys)
+    assert code == 0, body
+    config = json.loads((src / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": "handler.Handler"}
+    (src / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out2"
+    code, body, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out)], capsys)
     assert code == 11 and "handler.py" in body["error"]["message"], body
     assert "--trust-remote-code" in body["error"]["hint"] and not out.exists()
-    code, body, _ = run_cli([str(src), "--to", "safetensors", "-o", str(out), "--trust"], capsys)
-    assert code == 11 and not out.exists(), body
-    argv = [str(src), "--to", "safetensors", "-o", str(out), "--trust-remote-code"]
-    code, body, _ = run_cli(argv, capsys)
-    assert code == 0, body
 
 
 def test_remote_code_that_does_not_build_is_a_named_error(

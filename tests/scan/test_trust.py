@@ -15,7 +15,7 @@ import torch
 import ptconvert
 from fixtures.scan_corpus import Reduce
 from ptconvert.scan import guard as guard_module
-from ptconvert.scan.analysis import Finding
+from ptconvert.scan.analysis import INSTANTIATES, Finding
 from ptconvert.scan.scanner import FileScan
 from ptconvert.scan.trusted_load import trusted_load
 from tests.conftest import run_cli
@@ -62,10 +62,7 @@ def net_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 def _needs_code(path: Path, *classes: str) -> FileScan:
     """What a scan that saw only these classes would say (a scanner that missed a gadget)."""
-    findings = [
-        Finding("needs-code", "data.pkl", 0, "NEWOBJ", c, "instantiates a class of user code")
-        for c in classes
-    ]
+    findings = [Finding("needs-code", "data.pkl", 0, "NEWOBJ", c, INSTANTIATES) for c in classes]
     return FileScan(str(path), "needs-code", findings, 1)
 
 
