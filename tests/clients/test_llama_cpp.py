@@ -1,0 +1,112 @@
+"""llama.cpp's own runtime loads what ``--to gguf`` writes and computes what transformers
+computes on the source directory (llama_cpp_client.py in the clients' venv: llama-cpp-py-sync,
+llama.cpp b11739's prebuilt CPU libraries; the reference is the float32 source model here).
+
+Fed token ids (llama.cpp's tokenizer is checked apart, on a short text with a special token):
+- f16: the logits at every position of two prompts (6 and 19 tokens) within 1 % of the
+  largest reference logit and cosine ≥ 0.999 (llama.cpp's CPU matmuls round activations to
+  f16 too: measured ~0.4 %); greedy generation of 8 tokens equals transformers' greedy tokens.
+- q8_0: the logits' cosine ≥ 0.99 (ptconvert.verify.accuracy's metric), as the issue asks.
+- q/k rows left in transformers' order (the rope permutation off, --no-verify): llama.cpp's
+  logits are far off, so (a) would catch a rope layout written wrong.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ptconvert
+from ptconvert.verify.accuracy import OutputAccuracy, _metrics
+from tests.clients.conftest import HERE, run_client
+from tests.formats.gguf_target_models import SPECIAL, VOCAB, build_decoder
+from tests.generation.conftest import eager, reference
+
+pytestmark = pytest.mark.clients
+
+LENGTHS = (6, 19)
+NEW_TOKENS = 8
+TEXT = "hello there in the hell" + SPECIAL
+
+
+def prompt(length: int) -> list[int]:
+    return [i * 7 % VOCAB for i in range(length)]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_decoder("llama", tmp_path_factory.mktemp("llama") / "tiny-llama")
+
+
+def in_llama_cpp(python: Path, fitted: Path, model: Path, work: Path) -> dict[str, Any]:
+    """What llama_cpp_client.py computes on ``model``: per prompt of LENGTHS its logits,
+    ``greedy`` (the first prompt and NEW_TOKENS more), ``tokenized`` (TEXT)."""
+    inputs = {"prompts": [prompt(n) for n in LENGTHS], "new_tokens": NEW_TOKENS, "text": TEXT}
+    command = [python, HERE / "llama_cpp_client.py", fitted, model]
+    got: dict[str, Any] = run_client(command, inputs, work, model.stem)
+    return got
+
+
+def against_source(model: Any, got: dict[str, Any]) -> list[OutputAccuracy]:
+    """Cosine and max |Δ| / max |reference| of llama.cpp's logits at each prompt length."""
+    found = []
+    for length, theirs in zip(LENGTHS, got["logits"], strict=True):
+        with torch.no_grad():
+            want = model(input_ids=torch.tensor([prompt(length)])).logits[0].double()
+        assert tuple(theirs.shape) == tuple(want.shape) == (length, VOCAB)
+        found.append(_metrics("logits", length, want, theirs.double()))
+    return found
+
+
+def test_llama_cpp_runs_the_f16_gguf_as_transformers_runs_the_source(
+    client_python: Path, llama_cpp: Path, llama: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "tiny-f16.gguf"
+    ptconvert.convert(llama, "gguf", out, dtype="float16")
+    got = in_llama_cpp(client_python, llama_cpp, out, tmp_path)
+    assert got["n_vocab"] == VOCAB and got["description"].startswith("llama"), got["description"]
+    model = eager(llama)
+    for m in against_source(model, got):
+        assert m.max_error < 0.01 and m.cosine >= 0.999, m
+    # greedy: every step's top-2 gap in the reference is well above the logits' error
+    # measured above (a near tie would let f16 rounding pick the other token: not a fault)
+    want = reference(model, torch.tensor([prompt(LENGTHS[0])]), NEW_TOKENS)
+    gaps = [float(s[0].topk(2).values.diff().abs()) for s in want.logits]
+    assert min(gaps) > 0.04, gaps
+    assert got["greedy"].tolist() == want.sequences[0].tolist()
+    assert len(set(got["greedy"][LENGTHS[0] :].tolist())) > 2
+    # llama.cpp's own tokenizer (byte-level BPE from tokenizer.ggml.*) encodes as the source's
+    ids = AutoTokenizer.from_pretrained(llama)(TEXT)["input_ids"]
+    assert got["tokenized"] == ids and ids[-1] == VOCAB - 8  # the special token, whole
+
+
+def test_llama_cpp_runs_the_q8_0_gguf_close_to_the_source(
+    client_python: Path, llama_cpp: Path, llama: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "tiny-q8_0.gguf"
+    ptconvert.convert(llama, "gguf", out, quantize="q8_0")
+    got = in_llama_cpp(client_python, llama_cpp, out, tmp_path)
+    for m in against_source(eager(llama), got):
+        assert m.cosine >= 0.99, m
+
+
+def test_q_k_rows_in_transformers_order_give_llama_cpp_other_logits(
+    client_python: Path,
+    llama_cpp: Path,
+    llama: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The control: llama.cpp's rope pairs rows (2i, 2i+1), so the permutation matters."""
+    from ptconvert.formats.gguf.edges import write
+
+    monkeypatch.setattr(write, "permute_qk", lambda rows, heads: rows)
+    out = tmp_path / "unpermuted.gguf"
+    ptconvert.convert(llama, "gguf", out, dtype="float16", verify=False)
+    got = in_llama_cpp(client_python, llama_cpp, out, tmp_path)
+    assert all(m.max_error > 0.05 for m in against_source(eager(llama), got))
