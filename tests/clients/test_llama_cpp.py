@@ -2,12 +2,16 @@
 computes on the source directory (llama_cpp_client.py in the clients' venv: llama-cpp-py-sync,
 llama.cpp b11739's prebuilt CPU libraries; the reference is the float32 source model here).
 
-Fed token ids (llama.cpp's tokenizer is checked apart, on a short text with a special token):
+Each family --to gguf writes (tiny Llama, Phi-3 and GPT-2 directories of
+tests/formats/gguf_target_models.py), fed token ids (llama.cpp's tokenizer is checked apart, on
+a short text with a special token):
 - f16: the logits at every position of two prompts (6 and 19 tokens) within 1 % of the
   largest reference logit and cosine ≥ 0.999 (llama.cpp's CPU matmuls round activations to
   f16 too: measured ~0.4 %); greedy generation of 8 tokens equals transformers' greedy tokens.
 - q8_0: the logits' cosine ≥ 0.99 (ptconvert.verify.accuracy's metric), as the issue asks.
-- q/k rows left in transformers' order (the rope permutation off, --no-verify): llama.cpp's
+- Phi-3's directory is named ``tiny-phi3``: llama.cpp keys a tokenizer quirk on that name and
+  failed to load the file until the writer left general.name out (families.general_name).
+- Llama's q/k rows left in transformers' order (the rope permutation off, --no-verify): llama.cpp's
   logits are far off, so (a) would catch a rope layout written wrong.
 """
 
@@ -29,6 +33,7 @@ pytestmark = pytest.mark.clients
 
 LENGTHS = (6, 19)
 NEW_TOKENS = 8
+KINDS = ("llama", "phi3", "gpt2")
 TEXT = "hello there in the hell" + SPECIAL
 
 
@@ -37,8 +42,16 @@ def prompt(length: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_decoder("llama", tmp_path_factory.mktemp("llama") / "tiny-llama")
+def decoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each of KINDS' tiny directory, built when first asked for."""
+    root = tmp_path_factory.mktemp("decoders")
+
+    class Built(dict[str, Path]):
+        def __missing__(self, kind: str) -> Path:
+            self[kind] = build_decoder(kind, root / f"tiny-{kind}")
+            return self[kind]
+
+    return Built()
 
 
 def in_llama_cpp(python: Path, fitted: Path, model: Path, work: Path) -> dict[str, Any]:
@@ -50,34 +63,39 @@ def in_llama_cpp(python: Path, fitted: Path, model: Path, work: Path) -> dict[st
     return got
 
 
-def against_source(model: Any, got: dict[str, Any]) -> list[OutputAccuracy]:
-    """Cosine and max |Δ| / max |reference| of llama.cpp's logits at each prompt length."""
+def against_source(model: Any, got: dict[str, Any]) -> list[tuple[OutputAccuracy, float]]:
+    """Cosine and max |Δ| / max |reference| of llama.cpp's logits at each prompt length, and
+    max |Δ| itself."""
     found = []
     for length, theirs in zip(LENGTHS, got["logits"], strict=True):
         with torch.no_grad():
             want = model(input_ids=torch.tensor([prompt(length)])).logits[0].double()
         assert tuple(theirs.shape) == tuple(want.shape) == (length, VOCAB)
-        found.append(_metrics("logits", length, want, theirs.double()))
+        delta = float((want - theirs.double()).abs().max())
+        found.append((_metrics("logits", length, want, theirs.double()), delta))
     return found
 
 
+@pytest.mark.parametrize("kind", KINDS)
 def test_llama_cpp_runs_the_f16_gguf_as_transformers_runs_the_source(
-    client_python: Path, llama_cpp: Path, llama: Path, tmp_path: Path
+    client_python: Path, llama_cpp: Path, decoders: dict[str, Path], kind: str, tmp_path: Path
 ) -> None:
     from transformers import AutoTokenizer
 
-    out = tmp_path / "tiny-f16.gguf"
+    llama = decoders[kind]
+    out = tmp_path / f"{llama.name}-f16.gguf"
     ptconvert.convert(llama, "gguf", out, dtype="float16")
     got = in_llama_cpp(client_python, llama_cpp, out, tmp_path)
-    assert got["n_vocab"] == VOCAB and got["description"].startswith("llama"), got["description"]
+    assert got["n_vocab"] == VOCAB and got["description"].startswith(kind), got["description"]
     model = eager(llama)
-    for m in against_source(model, got):
+    found = against_source(model, got)
+    for m, _ in found:
         assert m.max_error < 0.01 and m.cosine >= 0.999, m
-    # greedy: every step's top-2 gap in the reference is well above the logits' error
+    # greedy: every step's top-2 gap in the reference is over twice the largest logit error
     # measured above (a near tie would let f16 rounding pick the other token: not a fault)
     want = reference(model, torch.tensor([prompt(LENGTHS[0])]), NEW_TOKENS)
     gaps = [float(s[0].topk(2).values.diff().abs()) for s in want.logits]
-    assert min(gaps) > 0.04, gaps
+    assert min(gaps) > 2 * max(delta for _, delta in found), (gaps, found)
     assert got["greedy"].tolist() == want.sequences[0].tolist()
     assert len(set(got["greedy"][LENGTHS[0] :].tolist())) > 2
     # llama.cpp's own tokenizer (byte-level BPE from tokenizer.ggml.*) encodes as the source's
@@ -85,20 +103,21 @@ def test_llama_cpp_runs_the_f16_gguf_as_transformers_runs_the_source(
     assert got["tokenized"] == ids and ids[-1] == VOCAB - 8  # the special token, whole
 
 
+@pytest.mark.parametrize("kind", KINDS)
 def test_llama_cpp_runs_the_q8_0_gguf_close_to_the_source(
-    client_python: Path, llama_cpp: Path, llama: Path, tmp_path: Path
+    client_python: Path, llama_cpp: Path, decoders: dict[str, Path], kind: str, tmp_path: Path
 ) -> None:
-    out = tmp_path / "tiny-q8_0.gguf"
-    ptconvert.convert(llama, "gguf", out, quantize="q8_0")
+    out = tmp_path / f"{kind}-q8_0.gguf"
+    ptconvert.convert(decoders[kind], "gguf", out, quantize="q8_0")
     got = in_llama_cpp(client_python, llama_cpp, out, tmp_path)
-    for m in against_source(eager(llama), got):
+    for m, _ in against_source(eager(decoders[kind]), got):
         assert m.cosine >= 0.99, m
 
 
 def test_q_k_rows_in_transformers_order_give_llama_cpp_other_logits(
     client_python: Path,
     llama_cpp: Path,
-    llama: Path,
+    decoders: dict[str, Path],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -107,6 +126,6 @@ def test_q_k_rows_in_transformers_order_give_llama_cpp_other_logits(
 
     monkeypatch.setattr(write, "permute_qk", lambda rows, heads: rows)
     out = tmp_path / "unpermuted.gguf"
-    ptconvert.convert(llama, "gguf", out, dtype="float16", verify=False)
+    ptconvert.convert(decoders["llama"], "gguf", out, dtype="float16", verify=False)
     got = in_llama_cpp(client_python, llama_cpp, out, tmp_path)
-    assert all(m.max_error > 0.05 for m in against_source(eager(llama), got))
+    assert all(m.max_error > 0.05 for m, _ in against_source(eager(decoders["llama"]), got))

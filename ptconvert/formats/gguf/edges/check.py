@@ -70,7 +70,7 @@ def _tensors_back(path: Path, plan: list[Any], tensors: dict[str, Any], family: 
     exact, worst = 0, 0.0
     for p in plan:
         t = found[p.name]
-        want = tensors[p.source]
+        want = tensors[p.source].t() if p.transposed else tensors[p.source]
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         if t.tensor_type.name != p.qtype or shape != tuple(want.shape):
             raise VerificationError(
