@@ -2,11 +2,11 @@
 llama.cpp b11739's prebuilt libraries, loaded from the folder tools/llama_cpp_fit.py fitted).
 
 Usage: ``python llama_cpp_client.py FITTED_DIR MODEL.gguf INPUTS.pt OUTPUTS.pt``. INPUTS holds
-``prompts`` (lists of token ids), ``new_tokens`` and ``text``; OUTPUTS holds, per prompt, the
-logits llama.cpp computes at every position (float32, one row per token), ``greedy``: the
-first prompt followed by ``new_tokens`` tokens llama.cpp's own greedy sampler picks (no stop at
-end-of-sequence, as the reference's), and ``tokenized``: llama.cpp's tokenizer on ``text``
-(no BOS added, special tokens parsed).
+``prompts`` (lists of token ids), ``greedy_prompt``, ``new_tokens`` and ``text``; OUTPUTS
+holds, per prompt, the logits llama.cpp computes at every position (float32, one row per
+token), ``greedy``: ``greedy_prompt`` followed by ``new_tokens`` tokens llama.cpp's own greedy
+sampler picks (no stop at end-of-sequence, as the reference's), and ``tokenized``: llama.cpp's
+tokenizer on ``text`` (no BOS added, special tokens parsed).
 
 The package's ``Llama`` class loads the model and makes the context; its decoding asks for the
 last position's logits only, so prompts are decoded here through llama.cpp's C API (the
@@ -87,11 +87,12 @@ def main() -> None:
     fitted, model, given, got = map(Path, sys.argv[1:5])
     inputs = torch.load(given, weights_only=True)
     llama = open_llama_cpp(fitted)
-    longest = max(len(p) for p in inputs["prompts"]) + inputs["new_tokens"]
+    longest = max(len(p) for p in [*inputs["prompts"], inputs["greedy_prompt"]])
+    longest += inputs["new_tokens"]
     with llama.Llama(str(model), n_ctx=max(64, longest), n_batch=64, n_threads=2) as llm:
         out = {
             "logits": [all_logits(llm, list(p)) for p in inputs["prompts"]],
-            "greedy": greedy(llm, list(inputs["prompts"][0]), inputs["new_tokens"]),
+            "greedy": greedy(llm, list(inputs["greedy_prompt"]), inputs["new_tokens"]),
             "tokenized": llm.tokenize(inputs["text"], add_special=False, parse_special=True),
             "n_vocab": llm.n_vocab,
             "description": llm.get_model_desc(),
