@@ -64,9 +64,10 @@ test-newest: $(NEWEST_STAMP)
 	$(NEWEST_BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow and not fuzz and not clients"
 
 # The runtimes' own clients on what ptconvert writes (tests/clients, issue 40): builds, outside
-# .venv, optimum's venv (.venv-optimum: ORTModel classes, transformers 4.57; shared with
-# benchmarks/onnx.py) and a C++ loader against its libtorch (.clients/loader), each only when
-# its pins or source changed (tools/client_venv.py), then runs the `clients` tests
+# .venv, optimum's venv (.venv-optimum: ORTModel classes, transformers 4.57, llama.cpp's runtime
+# from llama-cpp-py-sync; shared with benchmarks/onnx.py), a C++ loader against its libtorch
+# (.clients/loader) and llama.cpp's libraries fitted to this glibc (.clients/llama.cpp), each only
+# when its pins or source changed (tools/client_venv.py), then runs the `clients` tests
 test-clients: setup
 	$(BIN)/python tools/client_venv.py
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m clients tests/clients

@@ -13,6 +13,12 @@
   (``torch::jit::load``), an AOTInductor package (``AOTIModelPackageLoader``) or a greedy loop
   over a generation package. A stamp holding the source's hash and the command makes a rerun
   compile only when either changed.
+- **llama.cpp's libraries** (``.clients/llama.cpp``): the venv's ``llama-cpp-py-sync`` wheel
+  (llama.cpp b11739 prebuilt, CFFI bindings: llama.cpp's runtime without a 30-minute source
+  build) holds libraries linked against glibc 2.38; ``tools/llama_cpp_fit.py`` copies them
+  there, made loadable by this machine's glibc (the wheel stays as installed). It lives in this
+  one venv rather than one of its own: its only dependencies (cffi, numpy) sit beside
+  optimum's pins, and one venv keeps one stamp and one build.
 
 Run: ``.venv/bin/python tools/client_venv.py [--venv DIR] [--loader PATH] [--no-loader]``
 (``make test-clients`` does, then runs ``pytest -m clients``).
@@ -28,10 +34,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+# imported as tools.client_venv (the tests) or run as a script (its folder first on sys.path)
+if __package__:
+    from tools import llama_cpp_fit
+else:
+    import llama_cpp_fit
+
 REPO = Path(__file__).resolve().parent.parent
 VENV = REPO / ".venv-optimum"
 LOADER = REPO / ".clients" / "loader"
 LOADER_SOURCE = REPO / "tests" / "clients" / "loader.cpp"
+LLAMA_CPP = REPO / ".clients" / "llama.cpp"
 
 # The set that installs and exports together (optimum-onnx 0.1.0 wants optimum~=2.1.0 and
 # transformers<4.58; optimum 2.3's CLI has no `export onnx` without it). accelerate enables
@@ -47,6 +60,12 @@ OPTIMUM_PINS = {
     "onnxruntime": "1.32.0",
     "accelerate": "1.16.0",
     "numpy": "2.4.6",
+    # llama.cpp's runtime (b11739's prebuilt libllama/libggml-cpu with CFFI bindings): the
+    # clients' tests load what --to gguf writes in llama.cpp itself; see tools/llama_cpp_fit.py
+    "llama-cpp-py-sync": "0.11739",
+    "cffi": "2.1.1",
+    "pycparser": "3.12",
+    "certifi": "2026.10.19.post1",
 }
 # optimum-onnx[onnxruntime] brings the ORTModel classes; pytest runs nothing there (the tests
 # run in .venv and start the venv's python on scripts of their own)
@@ -57,6 +76,7 @@ INSTALL = [
     "onnx",
     "onnxruntime",
     "accelerate",
+    "llama-cpp-py-sync",
 ]
 STAMP = ".clients-stamp"
 
@@ -203,9 +223,13 @@ def main() -> None:
     ap.add_argument("--venv", type=Path, default=VENV, help="the clients' venv")
     ap.add_argument("--loader", type=Path, default=LOADER, help="the compiled C++ loader")
     ap.add_argument("--no-loader", action="store_true", help="build the venv only")
+    ap.add_argument(
+        "--llama-cpp", type=Path, default=LLAMA_CPP, help="llama.cpp's libraries, fitted here"
+    )
     args = ap.parse_args()
     python = setup_venv(args.venv)
     print(f"clients' venv: {python.parent.parent}")
+    print(f"llama.cpp's libraries: {llama_cpp_fit.fit(python, args.llama_cpp.resolve())}")
     if not args.no_loader:
         print(f"C++ loader: {build_loader(python, out=args.loader.resolve())}")
 

@@ -2,7 +2,8 @@
 
 Each test converts with ptconvert here (``.venv``), loads the artifact in a client started as a
 subprocess (the clients' venv's python, ``.venv-optimum``: optimum's ORTModel classes with
-transformers 4.57; the C++ loader ``.clients/loader`` compiled against that venv's libtorch;
+transformers 4.57; llama.cpp's own runtime, llama-cpp-py-sync's prebuilt libraries, from
+``.clients/llama.cpp``; the C++ loader ``.clients/loader`` compiled against that venv's libtorch;
 ExecuTorch's LLM runner from ``.venv``'s executorch wheel) and compares what it computes with
 the eager model in ``.venv`` (transformers 5.x): the reference is always computed here.
 ``tools/client_venv.py`` builds the venv and the loader; these fixtures only find them (a
@@ -45,6 +46,15 @@ def loader(client_python: Path) -> Path:
     if not client_venv.loader_ready(client_python):
         missing(str(client_venv.LOADER))
     return client_venv.LOADER
+
+
+@pytest.fixture(scope="session")
+def llama_cpp(client_python: Path) -> Path:
+    """llama.cpp's libraries (the venv's llama-cpp-py-sync wheel's) fitted to this machine's
+    glibc by tools/llama_cpp_fit.py: the folder llama_cpp_client.py loads them from."""
+    if not client_venv.llama_cpp_fit.fit_ready(client_python, client_venv.LLAMA_CPP):
+        missing(str(client_venv.LLAMA_CPP))
+    return client_venv.LLAMA_CPP
 
 
 class ClientFailed(AssertionError):

@@ -50,9 +50,9 @@ def write_byte_level_tokenizer(folder: Path) -> None:
 
 
 def build_decoder(kind: str, folder: Path, *, dtype: str = "float32") -> Path:
-    """A tiny ``llama`` or ``qwen2`` causal LM saved as safetensors with its tokenizer. The
-    feed-forward width (80) is no multiple of q8_0's 32-value blocks: its down projection's
-    rows are not (llama.cpp writes it f16)."""
+    """A tiny ``llama``, ``qwen2``, ``phi3`` or ``gpt2`` causal LM saved as safetensors with its
+    tokenizer. The feed-forward width (80; GPT-2's 4·64) is no multiple of q8_0's 32-value
+    blocks: its down projection's rows are not (llama.cpp writes it f16)."""
     import torch
     import transformers as t
 
@@ -69,15 +69,37 @@ def build_decoder(kind: str, folder: Path, *, dtype: str = "float32") -> Path:
         bos_token_id=256 + len(MERGES),
         eos_token_id=256 + len(MERGES),
     )
-    config, cls = {
-        "llama": (t.LlamaConfig, t.LlamaForCausalLM),
-        "qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM),
-    }[kind]
-    model = cls(config(**common)).eval()
-    with torch.no_grad():  # norms away from 1: a norm written wrong shows in the logits
-        for p in model.parameters():
+    if kind == "gpt2":  # its own names; LayerNorm, learned positions, Conv1D (in, out) weights
+        model = t.GPT2LMHeadModel(t.GPT2Config(**gpt2_config(common))).eval()
+    else:
+        config, cls = {
+            "llama": (t.LlamaConfig, t.LlamaForCausalLM),
+            "qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM),
+            "phi3": (t.Phi3Config, t.Phi3ForCausalLM),
+        }[kind]
+        # its default pad id, 32000, is past VOCAB: an unused id (gguf writes it from config.json)
+        extra = {"pad_token_id": VOCAB - 1} if kind == "phi3" else {}
+        model = cls(config(**common, **extra)).eval()
+    with torch.no_grad():  # norms away from 1, biases away from 0: one written wrong shows
+        for name, p in model.named_parameters():
             if p.ndim == 1:
-                p.copy_(1 + 0.3 * torch.randn_like(p))
+                p.copy_((0 if name.endswith("bias") else 1) + 0.3 * torch.randn_like(p))
     model.to(getattr(torch, dtype)).save_pretrained(folder)
     write_byte_level_tokenizer(folder)
     return folder
+
+
+def gpt2_config(common: dict[str, object]) -> dict[str, object]:
+    """The Llama sizes under GPT-2's config names (no GQA: a KV head per head); its
+    feed-forward 4·n_embd and 1024 positions, GPT-2's own, the only ones transformers' GGUF
+    loading reads back (ptconvert refuses others)."""
+    return {
+        "vocab_size": common["vocab_size"],
+        "n_embd": common["hidden_size"],
+        "n_layer": common["num_hidden_layers"],
+        "n_head": common["num_attention_heads"],
+        "n_positions": 1024,
+        "initializer_range": common["initializer_range"],
+        "bos_token_id": common["bos_token_id"],
+        "eos_token_id": common["eos_token_id"],
+    }

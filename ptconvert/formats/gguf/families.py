@@ -1,6 +1,9 @@
 """Which Hugging Face decoders become which llama.cpp architecture, and how: the model's
 hyperparameters as llama.cpp's metadata keys, the checkpoint's tensor names as its names
-(gguf's own tensor-name map), and the q/k row order of its rope.
+(gguf's own tensor-name map), the q/k row order of its rope and GPT-2's Conv1D orientation.
+Families: llama, mistral (as llama), qwen2, phi3, gpt2; Gemma is not written (transformers'
+GGUF loading, one of the checks, reads gemma2/gemma3 only, whose soft-capping, sliding windows
+and shifted norms need more than a tensor-name map).
 
 A family written here is one whose every tensor and every hyperparameter llama.cpp's
 architecture has a place for; anything else (rope scaling, biases its loader drops, another
@@ -23,12 +26,42 @@ class Family:
     # GGUF loader reorders them back (LLAMA only: Qwen2's llama.cpp rope is NEOX, HF's order)
     permutes_qk: bool
     biases: bool = False  # the q/k/v projections carry biases (Qwen2)
+    # the hidden activations llama.cpp's architecture runs (GPT-2's GELU: the tanh form)
+    activations: tuple[str, ...] = ("silu",)
+    rope: bool = True  # False: learned position embeddings (GPT-2), no rope metadata
+    layer_norm: bool = False  # LayerNorm with biases (its eps key), not RMSNorm
+    # llama.cpp's names of the matrices the checkpoint stores (in, out) as GPT-2's Conv1D does:
+    # written transposed, (out, in) as every other matrix (transformers' loader undoes it)
+    transposed: tuple[str, ...] = ()
+
+
+GPT2_CONV1D = ("attn_qkv.weight", "attn_output.weight", "ffn_up.weight", "ffn_down.weight")
 
 
 FAMILIES = {
     "llama": Family("LLAMA", permutes_qk=True),
     "mistral": Family("LLAMA", permutes_qk=True),  # llama.cpp writes Mistral as llama
     "qwen2": Family("QWEN2", permutes_qk=False, biases=True),
+    # fused qkv_proj and gate_up_proj, as llama.cpp's phi3 holds them; its rope is NEOX
+    "phi3": Family("PHI3", permutes_qk=False),
+    "gpt2": Family(
+        "GPT2",
+        permutes_qk=False,
+        biases=True,
+        activations=("gelu_new", "gelu_pytorch_tanh"),
+        rope=False,
+        layer_norm=True,
+        transposed=GPT2_CONV1D,
+    ),
+}
+# config.json's names for each hyperparameter: Llama's, then GPT-2's
+KEYS = {
+    "hidden_size": ("hidden_size", "n_embd"),
+    "num_attention_heads": ("num_attention_heads", "n_head"),
+    "num_hidden_layers": ("num_hidden_layers", "n_layer"),
+    "intermediate_size": ("intermediate_size", "n_inner"),
+    "max_position_embeddings": ("max_position_embeddings", "n_positions"),
+    "activation": ("hidden_act", "hidden_activation", "activation_function"),
 }
 
 
@@ -44,7 +77,7 @@ class Hyper:
     heads_kv: int
     head_dim: int
     rope_base: float
-    rms_eps: float
+    rms_eps: float  # the norms' epsilon (LayerNorm's where the family has it)
     vocab: int
     tied: bool
 
@@ -61,20 +94,26 @@ def family_of(config: dict[str, Any], where: str) -> tuple[Family, Hyper]:
             path=where,
         )
     _refuse_unwritable(config, family, str(kind), where)
-    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+    hidden, heads = int(_get(config, "hidden_size")), int(_get(config, "num_attention_heads"))
+    eps = config.get("layer_norm_epsilon" if family.layer_norm else "rms_norm_eps")
     return family, Hyper(
-        context=int(config.get("max_position_embeddings") or 0),
+        context=int(_get(config, "max_position_embeddings") or 0),
         embedding=hidden,
-        blocks=int(config["num_hidden_layers"]),
-        feed_forward=int(config["intermediate_size"]),
+        blocks=int(_get(config, "num_hidden_layers")),
+        feed_forward=int(_get(config, "intermediate_size") or 4 * hidden),  # GPT-2's default
         heads=heads,
         heads_kv=int(config.get("num_key_value_heads") or heads),
         head_dim=int(config.get("head_dim") or hidden // heads),
         rope_base=float(_rope(config).get("rope_theta", config.get("rope_theta", 10000.0))),
-        rms_eps=float(config.get("rms_norm_eps", 1e-6)),
+        rms_eps=float(eps if eps is not None else 1e-5 if family.layer_norm else 1e-6),
         vocab=int(config["vocab_size"]),
         tied=bool(config.get("tie_word_embeddings", False)),
     )
+
+
+def _get(config: dict[str, Any], key: str) -> Any:
+    """The first of ``KEYS[key]`` config.json has, else None."""
+    return next((config[k] for k in KEYS[key] if config.get(k) is not None), None)
 
 
 def _rope(config: dict[str, Any]) -> dict[str, Any]:
@@ -84,32 +123,66 @@ def _rope(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _refuse_unwritable(config: dict[str, Any], family: Family, kind: str, where: str) -> None:
-    missing = [
-        k
-        for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size")
-        if k not in config
-    ]
+    required = ("hidden_size", "num_attention_heads", "num_hidden_layers")
+    missing = [k for k in required if _get(config, k) is None]
+    if family.rope and _get(config, "intermediate_size") is None:
+        missing.append("intermediate_size")
     rope = _rope(config).get("rope_type", _rope(config).get("type", "default"))
-    act = config.get("hidden_act", config.get("hidden_activation", "silu"))
+    act = _get(config, "activation") or family.activations[0]
     why = []
     if missing:
         why.append(f"config.json lacks {', '.join(missing)}")
     if rope not in (None, "default"):
         why.append(f"rope scaling {rope!r} (llama.cpp's rope_freqs / scaling keys are not written)")
-    if act != "silu":
-        why.append(f"activation {act!r} (llama.cpp's {family.arch.lower()} runs SiLU)")
+    if act not in family.activations:
+        why.append(
+            f"activation {act!r} (llama.cpp's {family.arch.lower()} runs {family.activations[0]})"
+        )
     if not family.biases and (config.get("attention_bias") or config.get("mlp_bias")):
         why.append("projection biases (transformers' GGUF loading of llama drops them)")
     if config.get("use_sliding_window") or config.get("layer_types"):
         kinds = set(config.get("layer_types") or ["sliding_attention"])
         if kinds != {"full_attention"}:
             why.append("sliding-window attention layers (llama.cpp's architecture attends fully)")
+    if family.arch == "PHI3" and config.get("sliding_window") is not None:
+        why.append("sliding-window attention (sliding_window is set)")
+    if float(config.get("partial_rotary_factor") or 1.0) != 1.0:
+        why.append("a partial rotary factor (rope over part of each head)")
+    if family.arch == "GPT2":  # attention llama.cpp's gpt2 scales by 1/sqrt(d) alone
+        if config.get("scale_attn_by_inverse_layer_idx"):
+            why.append("attention scaled by the inverse layer index")
+        if config.get("scale_attn_weights") is False:
+            why.append("unscaled attention (scale_attn_weights false)")
+        if config.get("add_cross_attention"):
+            why.append("cross-attention")
+        why += _gpt2_unchecked(config)
     if why:
         raise UnsupportedConversionError(
             f"a {kind} model llama.cpp's {family.arch.lower()} cannot hold as it is: "
             + "; ".join(why),
             path=where,
         )
+
+
+def _gpt2_unchecked(config: dict[str, Any]) -> list[str]:
+    """What transformers' GGUF loading of gpt2 (one of the checks) cannot read back: its config
+    takes neither feed_forward_length nor context_length (GPT-2's defaults stand: 4·n_embd,
+    1024 positions), so a GPT-2 of other sizes could not be checked."""
+    why = []
+    hidden = _get(config, "hidden_size")
+    inner = _get(config, "intermediate_size")
+    if inner is not None and hidden is not None and int(inner) != 4 * int(hidden):
+        why.append(
+            f"a feed-forward width {inner} ≠ 4·n_embd (transformers' GGUF loading, which checks "
+            "the file, reads GPT-2's as 4·n_embd)"
+        )
+    positions = _get(config, "max_position_embeddings")
+    if positions is not None and int(positions) != 1024:
+        why.append(
+            f"n_positions {positions} ≠ 1024 (transformers' GGUF loading, which checks the "
+            "file, reads GPT-2's as 1024)"
+        )
+    return why
 
 
 def permute_qk(rows: Any, heads: int) -> Any:
@@ -121,19 +194,36 @@ def permute_qk(rows: Any, heads: int) -> Any:
     return halves.transpose(1, 2).reshape(rows.shape).contiguous()
 
 
-def add_hyperparameters(writer: Any, family: Family, hyper: Hyper, name: str) -> None:
+# llama.cpp's vocabulary loader, for a model whose general.name holds "phi-3" or "phi3" (any
+# case, any architecture), looks these tokens up by text and fails to load one without them
+PHI3_NAMED_TOKENS = ("</s>", "<unk>", "<s>", "<|endoftext|>")
+
+
+def general_name(name: str, tokens: list[str]) -> str | None:
+    """``name`` as general.name, or None (not written: the key is optional) where llama.cpp
+    would take it for Phi-3's and fail on a vocabulary lacking Phi-3's tokens."""
+    phi3_named = any(k in name.lower() for k in ("phi-3", "phi3"))
+    return None if phi3_named and not set(PHI3_NAMED_TOKENS) <= set(tokens) else name
+
+
+def add_hyperparameters(writer: Any, family: Family, hyper: Hyper, name: str | None) -> None:
     """llama.cpp's metadata for the architecture (the keys its loader and transformers' GGUF
-    loader read)."""
-    writer.add_name(name)
+    loader read); general.name where ``name`` is given."""
+    if name is not None:
+        writer.add_name(name)
     writer.add_context_length(hyper.context)
     writer.add_embedding_length(hyper.embedding)
     writer.add_block_count(hyper.blocks)
     writer.add_feed_forward_length(hyper.feed_forward)
     writer.add_head_count(hyper.heads)
     writer.add_head_count_kv(hyper.heads_kv)
-    writer.add_rope_dimension_count(hyper.head_dim)
-    writer.add_rope_freq_base(hyper.rope_base)
-    writer.add_layer_norm_rms_eps(hyper.rms_eps)
+    if family.rope:
+        writer.add_rope_dimension_count(hyper.head_dim)
+        writer.add_rope_freq_base(hyper.rope_base)
+    if family.layer_norm:
+        writer.add_layer_norm_eps(hyper.rms_eps)
+    else:
+        writer.add_layer_norm_rms_eps(hyper.rms_eps)
     writer.add_vocab_size(hyper.vocab)
     if hyper.head_dim != hyper.embedding // hyper.heads:
         writer.add_key_length(hyper.head_dim)
@@ -150,8 +240,8 @@ def tensor_names(names: list[str], family: Family, hyper: Hyper, where: str) -> 
     out: dict[str, str] = {}
     unknown = []
     for name in names:
-        if name.endswith("rotary_emb.inv_freq"):
-            continue  # a buffer llama.cpp computes from rope.freq_base
+        if name.endswith(("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")):
+            continue  # buffers: llama.cpp computes rope from freq_base, masks causally itself
         mapped = table.get_name(name, try_suffixes=(".weight", ".bias"))
         if mapped is None:
             unknown.append(name)

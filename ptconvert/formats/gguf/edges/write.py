@@ -20,10 +20,12 @@ from typing import Any
 from ptconvert import progress
 from ptconvert.convert.state import RunState
 from ptconvert.formats.gguf.families import (
+    PHI3_NAMED_TOKENS,
     Family,
     Hyper,
     add_hyperparameters,
     family_of,
+    general_name,
     permute_qk,
     tensor_names,
 )
@@ -45,12 +47,19 @@ _OF_DTYPE = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 @dataclass(frozen=True)
 class Planned:
     """One tensor of the file: the checkpoint's name, llama.cpp's, its ggml type, whether its
-    rows are reordered for llama.cpp's rope (the heads it has)."""
+    rows are reordered for llama.cpp's rope (the heads it has), whether it is transposed (a
+    Conv1D's (in, out) matrix, GPT-2's)."""
 
     source: str
     name: str
     qtype: str
     heads: int = 0  # > 0: permuted with that many heads
+    transposed: bool = False
+
+
+def oriented(tensor: Any, planned: Planned) -> Any:
+    """The source tensor as the file holds it before any cast: (out, in)."""
+    return tensor.t() if planned.transposed else tensor
 
 
 def write_gguf(state: RunState, opts: Options) -> None:
@@ -77,11 +86,17 @@ def write_gguf(state: RunState, opts: Options) -> None:
         names[embedding + "#output"] = "output.weight"
         tensors[embedding + "#output"] = tensors[embedding]
     plan = _plan(tensors, names, family, hyper, scheme)
+    name = general_name(folder.name, vocab.tokens)
+    if name is None:
+        state.notes.append(
+            f"general.name not written: llama.cpp takes a model named {folder.name!r} for "
+            f"Phi-3's and looks up {', '.join(PHI3_NAMED_TOKENS)}, which this vocabulary lacks"
+        )
     assert state.output is not None
     with progress.step(f"writing {len(plan)} tensors as GGUF ({scheme})"):
         writer = gguf.GGUFWriter(state.output, gguf.MODEL_ARCH_NAMES[_arch(family)])
         try:
-            add_hyperparameters(writer, family, hyper, folder.name)
+            add_hyperparameters(writer, family, hyper, name)
             writer.add_file_type(getattr(gguf.LlamaFileType, SCHEMES[scheme][1]))
             state.notes += add_vocabulary(writer, vocab, folder)
             _write(writer, plan, tensors)
@@ -120,7 +135,9 @@ def _plan(
 ) -> list[Planned]:
     out = []
     for source, name in names.items():
+        transposed = name.endswith(family.transposed) if family.transposed else False
         shape = tuple(tensors[source].shape)
+        shape = shape[::-1] if transposed else shape
         qtype = SCHEMES[scheme][0]
         if len(shape) < 2:
             qtype = "F32"  # norms and biases: llama.cpp keeps them f32
@@ -131,7 +148,7 @@ def _plan(
             heads = hyper.heads
         elif family.permutes_qk and ".attn_k." in name:
             heads = hyper.heads_kv
-        out.append(Planned(source, name, qtype, heads))
+        out.append(Planned(source, name, qtype, heads, transposed))
     return out
 
 
@@ -142,6 +159,7 @@ def stored(tensor: Any, planned: Planned) -> Any:
     import numpy as np
     import torch
 
+    tensor = oriented(tensor, planned)
     if planned.heads:
         tensor = permute_qk(tensor, planned.heads)
     if planned.qtype == "Q8_0":
@@ -171,7 +189,7 @@ def _write(writer: Any, plan: list[Planned], tensors: dict[str, Any]) -> None:
     import numpy as np
 
     for p in plan:
-        shape = tuple(tensors[p.source].shape)
+        shape = tuple(oriented(tensors[p.source], p).shape)
         writer.add_tensor_info(
             p.name,
             shape,
@@ -189,6 +207,7 @@ def _write(writer: Any, plan: list[Planned], tensors: dict[str, Any]) -> None:
 def _summary(plan: list[Planned], family: Family, scheme: str) -> str:
     types = Counter(p.qtype for p in plan)
     permuted = sum(1 for p in plan if p.heads)
+    transposed = sum(1 for p in plan if p.transposed)
     words = [
         f"{len(plan)} tensors as llama.cpp's {family.arch.lower()} ({scheme}): "
         + ", ".join(f"{n} {t}" for t, n in sorted(types.items()))
@@ -197,6 +216,10 @@ def _summary(plan: list[Planned], family: Family, scheme: str) -> str:
         words.append(
             f"{permuted} q/k projections reordered for llama.cpp's rope (each head's halves "
             "interleaved; transformers' GGUF loader reorders them back)"
+        )
+    if transposed:
+        words.append(
+            f"{transposed} Conv1D matrices transposed to (out, in) as llama.cpp reads them"
         )
     fallback = types["F16"] if scheme == "q8_0" else 0
     if fallback:
