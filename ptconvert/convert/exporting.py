@@ -234,7 +234,7 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
         )
     inputs = _away_from_the_minimum(state, opts, inputs)
     sample = inputs.at(batch)
-    axes = family_axes(state.module, opts, sample) if wrapped else []
+    axes = family_axes(state.module, opts, sample) if wrapped and not state.static_axes else []
     shapes: Any = dynamic_shapes(opts, sample, state.bounds, axes)
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] | None = sample
