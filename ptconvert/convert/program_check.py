@@ -323,6 +323,7 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
             lambda: inputs.at(example),
             eager=runs,
             budget=probe_budget(state.example_seconds, check_seconds(state.steps_seconds)),
+            seconds=check_seconds(state.steps_seconds),
             accuracy=by_accuracy,
         )
     report = judged.parity
