@@ -238,6 +238,10 @@ def test_an_image_size_the_model_fixes_is_kept_and_enforced(
     )
     assert code == 0, report
     assert any("height and width could not be dynamic" in n for n in report["notes"])
+    # a transformers model's program takes its inputs by keyword, as the call line says (BLIP's
+    # tutorial called it positionally, ``prog(image)``)
+    assert report["interface"]["call"].startswith("prog(pixel_values=…)"), report["interface"]
+    assert report["interface"]["keyword"] is True
     grid = [{"pixel_values": [[b, 3, h, h], "float"]} for b, h in ((1, 32), (5, 32), (2, 48))]
     result = _fresh(out, directory, "AutoModel", grid)
     assert [r[0] for r in result["results"]] == ["match", "match", "raises"], result
