@@ -118,6 +118,30 @@ def _save(kind: str, directory: Path) -> Path:
             ),
             t.SwinForImageClassification,
         ),
+        "sam2": (
+            t.Sam2Config(
+                vision_config=dict(
+                    backbone_config=dict(
+                        model_type="sam2_hiera_det_model", hidden_size=8, num_attention_heads=1,
+                        image_size=[64, 64], blocks_per_stage=[1, 1, 2, 1],
+                        embed_dim_per_stage=[8, 16, 32, 64],
+                        num_attention_heads_per_stage=[1, 1, 1, 1],
+                        window_size_per_stage=[4, 4, 4, 2], global_attention_blocks=[3],
+                        window_positional_embedding_background_size=[4, 4],
+                    ),
+                    backbone_channel_list=[64, 32, 16, 8],
+                    backbone_feature_sizes=[[16, 16], [8, 8], [4, 4]], fpn_hidden_size=16,
+                ),
+                prompt_encoder_config=dict(
+                    hidden_size=16, image_size=64, patch_size=16, mask_input_channels=4
+                ),
+                mask_decoder_config=dict(
+                    hidden_size=16, mlp_dim=32, num_hidden_layers=1, num_attention_heads=2,
+                    iou_head_hidden_dim=16,
+                ),
+            ),
+            t.Sam2Model,
+        ),
     }  # fmt: skip
     config, cls = configs[kind]
     torch.manual_seed(0)
@@ -266,6 +290,27 @@ def test_height_and_width_that_cost_batch_1_are_given_up(
     grid = [{"pixel_values": [[b, 3, 32, 32], "float"]} for b in (1, 2, 5)]
     result = _fresh(out, directory, "SwinForImageClassification", grid)
     assert [r[0] for r in result["results"]] == ["match"] * 3, result
+
+
+@pytest.mark.slow
+def test_axes_whose_export_runs_too_long_are_given_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SAM2 with --dynamic-batch: torch.export's reasoning over its height and width kept sympy
+    busy for over 15 minutes (with a dynamic batch alone: seconds), and the conversion never
+    finished. Past ``AXES_SECONDS`` the family's axes are given up, exported at the example's
+    sizes, and said so."""
+    from ptconvert.convert import exporting
+
+    monkeypatch.setattr(exporting, "AXES_SECONDS", 5.0)
+    directory = _save("sam2", tmp_path / "s")
+    report = convert_program(
+        directory, "pt2", tmp_path / "s.pt2", Options(dynamic_batch=True, cache=False)
+    )
+    assert report.parity is not None and report.parity.status == "pass"
+    assert any("ran past 5 s" in n and "could not be dynamic" in n for n in report.notes)
+    assert "pixel_values dim 0" in report.dynamic_range
+    assert "pixel_values dim 2" not in report.dynamic_range, report.dynamic_range
 
 
 def test_plan_names_the_family_axes_from_the_config(
