@@ -95,6 +95,12 @@ CHECK_SHARE = 0.3
 MIN_CHECK_SECONDS = 0.5
 
 
+# the probes' optional sizes run within the check's seconds, or this many when more: a tiny
+# model's are all run (its top, the narrowing rounds), a large one's stop (Swin → ONNX's probes
+# of a height 16 times the example's, each narrowed in rounds, never finished)
+PROBE_SECONDS = 20.0
+
+
 def check_seconds(steps_seconds: float) -> float:
     """The seconds the check's optional work may take after steps of ``steps_seconds``."""
     return max(MIN_CHECK_SECONDS, CHECK_SHARE * steps_seconds)
@@ -323,7 +329,7 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
             lambda: inputs.at(example),
             eager=runs,
             budget=probe_budget(state.example_seconds, check_seconds(state.steps_seconds)),
-            seconds=check_seconds(state.steps_seconds),
+            seconds=max(PROBE_SECONDS, check_seconds(state.steps_seconds)),
             accuracy=by_accuracy,
         )
     report = judged.parity
