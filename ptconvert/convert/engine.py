@@ -35,7 +35,7 @@ from ptconvert.convert.output_naming import (
 )
 from ptconvert.convert.planning import available_needs, check_memory, estimate_memory, inapplicable
 from ptconvert.convert.precision import refuse_unheld_precision
-from ptconvert.convert.program_check import RangeTooWide, first_call, started_early, verify_program
+from ptconvert.convert.program_check import ExportAgain, first_call, started_early, verify_program
 from ptconvert.convert.same_format import copy_cannot_change, verified_copy
 from ptconvert.convert.state import RunState, StepRecord
 from ptconvert.convert.weights import check_written, refuse_shards, weights_route, weights_written
@@ -288,10 +288,11 @@ def _run_route(
                 if capture is not None:  # the refused program's notes go with it
                     del state.notes[notes_at.get(capture, len(state.notes)) :]
                 if _narrows(exc, capture, state):
-                    # wrong only outside the range that holds: the same route again, with that
-                    # range exported, and the file refuses the sizes outside it
-                    assert isinstance(exc, RangeTooWide)
-                    state.bounds.update(exc.bounds)
+                    # wrong only outside the range that holds (the same route again, with that
+                    # range exported: the file refuses the sizes outside it), or batch 1
+                    # refused for the family's axes (exported again without them)
+                    assert isinstance(exc, ExportAgain)
+                    exc.apply(state)
                     state.notes.append(exc.note)
                     _forget_program(state)
                     node, queue = "module", taken[cut:]
@@ -407,21 +408,21 @@ def _initialise_lazy(state: RunState, sample: dict[str, Any]) -> None:
 
 
 def _narrows(exc: VerificationError, capture: Edge | None, state: RunState) -> bool:
-    """Whether the program is exported again with the range that holds: export captured it
-    from the module, and these bounds are new (a second program wrong outside them is refused,
-    never narrowed in circles)."""
+    """Whether the program is exported again (``ExportAgain``: with the range that holds, or
+    without the family's axes): export captured it from the module, and that changes something
+    (a second program wrong outside the same bounds is refused, never exported in circles)."""
     return (
-        isinstance(exc, RangeTooWide)
+        isinstance(exc, ExportAgain)
         and capture is not None
         and capture.step == "export"
         and state.module is not None
-        and any(state.bounds.get(k) != v for k, v in exc.bounds.items())
+        and exc.new(state)
     )
 
 
 def _plain(exc: VerificationError) -> VerificationError:
     """A range that cannot be narrowed is a plain refusal."""
-    if isinstance(exc, RangeTooWide):
+    if isinstance(exc, ExportAgain):
         return VerificationError(exc.message, path=exc.path, hint=exc.hint)
     return exc
 

@@ -19,7 +19,8 @@ Each repair is written to the run's notes.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from ptconvert import _compat
@@ -233,7 +234,7 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
         )
     inputs = _away_from_the_minimum(state, opts, inputs)
     sample = inputs.at(batch)
-    axes = family_axes(state.module, opts, sample) if wrapped else []
+    axes = family_axes(state.module, opts, sample) if wrapped and not state.static_axes else []
     shapes: Any = dynamic_shapes(opts, sample, state.bounds, axes)
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] | None = sample
@@ -248,9 +249,13 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
     while attempts:
         strict, cloned = attempts.pop(0)
         try:
-            ep = export_once(module, args, kwargs, shapes, strict=strict)
-        except Exception as exc:  # torch raises many kinds here; each is reported
-            errors.append(f"{_mode_word(strict)}: {_first_line(exc)}")
+            with _time_limited(AXES_SECONDS if axes else None):
+                ep = export_once(module, args, kwargs, shapes, strict=strict)
+        except (Exception, _TooLong) as exc:  # torch raises many kinds here; each is reported
+            if isinstance(exc, _TooLong):  # every mode would reason over the same axes
+                attempts = []
+            why = str(exc) if isinstance(exc, _TooLong) else _first_line(exc)
+            errors.append(f"{_mode_word(strict)}: {why}")
             where = where or _source_line(str(exc))
             if not cloned and _FROZEN.search(str(exc)):
                 # the model writes into an input whose storage is frozen (an inference tensor,
@@ -351,6 +356,43 @@ def _away_from_the_minimum(state: RunState, opts: Options, inputs: ExampleInputs
     return moved
 
 
+# the family's axes (made dynamic by default, not asked for) are given up when torch.export's
+# reasoning over them takes longer: SAM2's height and width kept sympy busy for over 15 minutes
+# where its export with a dynamic batch alone takes seconds
+AXES_SECONDS = 180.0
+
+
+class _TooLong(BaseException):
+    """Past the time limit: a BaseException, so that no ``except Exception`` in torch's
+    tracing swallows it (the timer fires again every second until the block ends)."""
+
+
+@contextmanager
+def _time_limited(seconds: float | None) -> Iterator[None]:
+    """Raise ``_TooLong`` in the block once ``seconds`` have passed (SIGALRM: the main thread
+    of a POSIX process only, with no other timer set; elsewhere, or with None, no limit)."""
+    import signal
+    import threading
+
+    usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    if not seconds or not usable or signal.getitimer(signal.ITIMER_REAL)[0]:
+        yield
+        return
+
+    def expire(_signum: int, _frame: Any) -> None:
+        raise _TooLong(
+            f"torch.export's shape reasoning over the family's axes ran past {seconds:.0f} s"
+        )
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _refuse_below_two(ep: Any, bounds: Bounds) -> None:
     """A dim bounded at 2 refuses 0 and 1: torch checks a minimum of 2 nowhere (it lets those
     sizes through at run time, its 0/1 specialisation), so the program gets a guard of its own,
@@ -401,7 +443,10 @@ def _draft_report(module: Any, args: Any, kwargs: Any, shapes: Any) -> str | Non
 
 def _fixed_axes(axes: list[Axis], error: str) -> list[Axis]:
     """The axes an export error blames: those whose inputs it names (``L['pixel_values']``),
-    else the last one tried (the order of ``model_axes``: the least usual first to go)."""
+    else the last one tried (the order of ``model_axes``: the least usual first to go); all of
+    them when the export ran past ``AXES_SECONDS``."""
+    if "shape reasoning over the family's axes ran past" in error:
+        return list(axes)
     named = [a for a in axes if any(f"'{n}'" in error for n, _ in a.dims)]
     # height and width go together: an image model that fixes one fixes both
     if any(a.name in ("height", "width") for a in named):

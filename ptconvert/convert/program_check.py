@@ -38,14 +38,52 @@ from ptconvert.verify.model_state import STATEFUL_CALLS, fresh_each_call, watche
 from ptconvert.verify.parity import VARIED_BATCHES, EagerRuns, ParityReport, compare
 
 
-class RangeTooWide(VerificationError):
+class ExportAgain(VerificationError):
+    """A program export captured that the check refuses, which the same route exported again
+    otherwise would not be (the engine runs it again after ``apply``); ``note`` says so in the
+    report."""
+
+    note: str
+
+    def new(self, state: RunState) -> bool:
+        """Whether exporting again changes anything (never in circles)."""
+        raise NotImplementedError
+
+    def apply(self, state: RunState) -> None:
+        raise NotImplementedError
+
+
+class RangeTooWide(ExportAgain):
     """The written program runs at sizes of a dynamic dim where its outputs differ from eager's,
     all outside the range that holds: exported again with ``bounds`` (that range), the file
-    refuses them. ``note`` says so in the report."""
+    refuses them."""
 
     def __init__(self, message: str, bounds: Bounds, note: str, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.bounds, self.note = bounds, note
+
+    def new(self, state: RunState) -> bool:
+        return any(state.bounds.get(k) != v for k, v in self.bounds.items())
+
+    def apply(self, state: RunState) -> None:
+        state.bounds.update(self.bounds)
+
+
+class AxesCostBatchOne(ExportAgain):
+    """With ``--dynamic-batch``, the axes a transformers family varies (made dynamic by default,
+    not asked for) gave the program a guard that refuses batch 1 (Swin: a window count times
+    the batch must not be 1), which the batch alone leaves through: exported again with them
+    at the example's sizes, as ``--static-sequence`` does."""
+
+    def __init__(self, message: str, note: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.note = note
+
+    def new(self, state: RunState) -> bool:
+        return bool(state.family_axes) and not state.static_axes
+
+    def apply(self, state: RunState) -> None:
+        state.static_axes = True
 
 
 # The check's optional work — batch sizes beyond 1, 2 and 3, probes of a dynamic dim above its
@@ -55,6 +93,12 @@ class RangeTooWide(VerificationError):
 # process) run whatever they cost. A tiny model's calls take milliseconds: all of it runs.
 CHECK_SHARE = 0.3
 MIN_CHECK_SECONDS = 0.5
+
+
+# the probes' optional sizes run within the check's seconds, or this many when more: a tiny
+# model's are all run (its top, the narrowing rounds), a large one's stop (Swin → ONNX's probes
+# of a height 16 times the example's, each narrowed in rounds, never finished)
+PROBE_SECONDS = 20.0
 
 
 def check_seconds(steps_seconds: float) -> float:
@@ -285,6 +329,7 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
             lambda: inputs.at(example),
             eager=runs,
             budget=probe_budget(state.example_seconds, check_seconds(state.steps_seconds)),
+            seconds=max(PROBE_SECONDS, check_seconds(state.steps_seconds)),
             accuracy=by_accuracy,
         )
     report = judged.parity
@@ -345,6 +390,11 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
     return report
 
 
+def _where_of(axis: Any) -> str:
+    name, dim = axis.dims[0]
+    return f"{name}:{dim}"
+
+
 def _judged_by_accuracy(state: RunState, opts: Options) -> tuple[float, float] | None:
     """(min cosine, max error) when the program was quantized after its export (onnxruntime):
     no eager model computes at its precision, so every comparison, the dynamic dims' probes
@@ -377,6 +427,17 @@ def _judge_ranges(state: RunState, to: str, ranges: Any, opts: Options) -> None:
     from ptconvert.convert.exporting import dims_hint
 
     state.dynamic_range = {r.dim.where: r.text for r in ranges.dims}
+    one = next((r for r in ranges.dims if r.dim.axis == 0 and r.not_at_one), None)
+    again = state.exported is not None and state.module is not None  # export captured it
+    if one is not None and again and state.family_axes and not state.static_axes:
+        axes = " and ".join(a.name for a in state.family_axes)
+        raise AxesCostBatchOne(
+            f"the written {to} refuses batch 1 ({one.not_at_one[:200]})",
+            f"{axes} kept at the example's sizes: made dynamic too, the program refused batch "
+            f"1 ({one.not_at_one[:120]}); --dynamic {_where_of(state.family_axes[0])} makes "
+            "one dynamic all the same",
+            path=state.src,
+        )
     if ranges.status == "fail":
         raise VerificationError(
             "no size of a dynamic dimension gives the eager result: " + "; ".join(ranges.texts),

@@ -56,6 +56,8 @@ class RunState:
     refused: list[str] = field(default_factory=list)
     # model.axes.Axis made dynamic by default (not asked for): given up where a step cannot
     family_axes: list[Any] = field(default_factory=list)
+    # the check gave them up (with them the program refused batch 1): exported without them
+    static_axes: bool = False
     # the step that writes the output is the route's last: it writes ``output``
     writing: bool = False
     # a target of several files (ONNX with external data) is written into a staging folder

@@ -208,9 +208,11 @@ def bind_inputs(
     ref: Runtime,
     cand: Runtime,
     input_map: dict[str, str] | None = None,
+    values: dict[str, Any] | None = None,
 ) -> InputBinding:
     """The example inputs to feed: exactly those the candidate accepts, to both sides (under
-    each side's name). UsageError, naming both signatures, when the two cannot be bound."""
+    each side's name). UsageError, naming both signatures, when the two cannot be bound; its
+    hint pairs the inputs by kind (``input_pairs``: ``values``, the example inputs, say theirs)."""
     input_map = dict(input_map or {})
     rs, cs = ref.signature, cand.signature
     for r, c in input_map.items():
@@ -249,7 +251,9 @@ def bind_inputs(
     if problems:
         a = (rs.required or rs.names) if rs is not None else []
         b = (cs.required or cs.names) if cs is not None else []
-        pairs = [f"{x}={y}" for x, y in zip(a, b, strict=False) if x != y] or ["REF=CAND"]
+        from ptconvert.verify.input_pairs import kinds_of, suggested_pairs
+
+        pairs = suggested_pairs(a, b, *kinds_of(ref, cand, values or {})) or ["REF=CAND"]
         raise UsageError(
             "the reference and the candidate take different inputs: "
             + _describe("the reference", ref)
@@ -372,7 +376,8 @@ def _verify(
     batches, said = batches_to_compare(
         batch_sizes, dynamic, inputs.batch, max_batch=None if batch_sizes else cand.max_batch
     )
-    binding = bind_inputs(list(inputs.at(inputs.batch)), ref, cand, input_map)
+    values = inputs.at(inputs.batch)
+    binding = bind_inputs(list(values), ref, cand, input_map, values)
     if cand.exported is not None:  # only the inputs whose dim 0 is its dynamic batch resize
         inputs = pinned(inputs, _unbatched(cand.exported, binding, inputs))
     make = binding.make(inputs.at)

@@ -124,6 +124,7 @@ def judge_program(
     eager: EagerRuns | None = None,
     determinism: Determinism = "once",
     budget: int | None = None,
+    seconds: float | None = None,
     rename: dict[str, str] | None = None,
     atol: float | None = None,
     rtol: float | None = None,
@@ -131,7 +132,8 @@ def judge_program(
 ) -> Judgement:
     """Compare ``candidate`` with ``reference`` at ``batches`` and, when ``ranged`` (the
     candidate's ExportedProgram) has dynamic dims, probe each of them on ``example()``; the
-    sizes outside the batch range that holds are dropped, those inside compared. ``accuracy``
+    sizes outside the batch range that holds are dropped, those inside compared (``seconds``:
+    the time the probes' optional sizes may take, ``ranges.check_ranges``). ``accuracy``
     (min cosine, max error): every comparison, probes included, judges by them (a program
     quantized after its export) instead of by a tolerance."""
     from ptconvert.verify.dims import dynamic_dims
@@ -182,7 +184,13 @@ def judge_program(
             accuracy=accuracy,
         )
         ranges = check_program(
-            ranged, example(), judge, rename, budget=budget or DEFAULT_BUDGET, known=known
+            ranged,
+            example(),
+            judge,
+            rename,
+            budget=budget or DEFAULT_BUDGET,
+            known=known,
+            seconds=seconds,
         )
     if not ranges.dims:
         assert report is not None

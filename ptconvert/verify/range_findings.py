@@ -41,6 +41,8 @@ class DimRange(Report):
     # sizes at which the program ran and returned other outputs than the reference: a program
     # that accepts them must not be written as it is (its range narrowed, or refused)
     wrong: list[int] = field(default_factory=list)
+    # size 1, below torch's guaranteed 2, run and refused: why (a guard, an error); "" otherwise
+    not_at_one: str = ""
 
 
 @dataclass
@@ -103,6 +105,7 @@ def dim_results(st: GroupFindings) -> list[DimRange]:
     for d in g.dims:
         ran = [SizeFailure(d.size_at(v), why) for v, why in sorted(st.failed.items())]
         also = [d.size_at(1)] if st.one else []
+        refused_one = (st.one_detail or "refused") if st.one is False else ""
         wrong = [d.size_at(v) for v in wrong_values]
         tie = ""
         if st.ties:  # said where the dim does not hold: varied alone may break the tie
@@ -116,7 +119,14 @@ def dim_results(st: GroupFindings) -> list[DimRange]:
             unrun = [f for f in unrun if f.size not in {r.size for r in ran}]
             text = f"fails for {d.label} {span_words(d.min, d.max)}: " + _failures(ran, unrun)
             out.append(
-                DimRange(d, "fails", failed=ran + unrun[:8], text=text + tie + tail, wrong=wrong)
+                DimRange(
+                    d,
+                    "fails",
+                    failed=ran + unrun[:8],
+                    text=text + tie + tail,
+                    wrong=wrong,
+                    not_at_one=refused_one,
+                )
             )
             continue
         lo_v, hi_v = min(st.passed), max(st.passed)
@@ -163,6 +173,7 @@ def dim_results(st: GroupFindings) -> list[DimRange]:
                 also,
                 text + tail,
                 wrong,
+                refused_one,
             )
         )
     return out

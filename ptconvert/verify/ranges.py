@@ -12,10 +12,12 @@ per dim which range holds (:mod:`range_findings`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ptconvert import progress
 from ptconvert.report import Report
 from ptconvert.verify.dims import DynamicDim, describe, dynamic_dims
 from ptconvert.verify.probes import (
@@ -92,6 +94,7 @@ def check_ranges(
     rounds: int = 2,
     try_one: bool = True,
     known: dict[Shapes, str | None] | None = None,
+    seconds: float | None = None,
 ) -> RangeReport:
     """Run the probe points through ``judge`` and say, per dynamic dim, which range holds.
 
@@ -105,6 +108,11 @@ def check_ranges(
     dynamic dim) is also run at size 1; the result is reported beside the range, never in it.
     ``known``: verdicts already judged at some shapes (``shapes_of`` the inputs; None for a
     pass): a probe at those shapes takes the verdict instead of running.
+    ``seconds``: the time the optional probes may take (each dim's top, the guards' upper
+    edge, the narrowing rounds, every dim at its smallest together), run one by one while it
+    lasts; each dim's smallest size, a middle one, the first size its guards admit and size 1
+    run whatever they cost. A top left unrun is said as "checked up to" the largest that ran.
+    Each probe is a progress step naming its dim and size.
     """
     sizes0 = example_sizes(dims, example)
     groups, loose = groups_of(dims, sizes0, budget)
@@ -113,43 +121,59 @@ def check_ranges(
         g.top = _judged_top(g, shapes0, known or {})
     states = [GroupFindings(g) for g in groups]
     probes = 0
+    deadline = None if seconds is None else time.monotonic() + seconds
 
-    def run(points: list[Point]) -> list[str | None]:
+    def run(points: list[Point], names: list[str], optional: bool = False) -> list[str | None]:
+        """Each point's verdict; an optional one after the deadline is ``_UNRUN``."""
         nonlocal probes
-        shapes = [shapes_at(shapes0, p) for p in points]
-        todo = [p for p, at in zip(points, shapes, strict=True) if at not in (known or {})]
-        probes += len(todo)
-        verdicts: list[str | None] = []
-        if todo:
-            try:
-                verdicts = _judged(judge, example, todo, range(len(todo)))
-            except Exception:  # the judge itself raised: the reference fails at some point
-                verdicts = [_alone(judge, example, todo, i) for i in range(len(todo))]
-        fresh = iter(verdicts)
-        return [(known or {})[at] if at in (known or {}) else next(fresh) for at in shapes]
+        out: list[str | None] = []
+        for point, name in zip(points, names, strict=True):
+            at = shapes_at(shapes0, point)
+            if at in (known or {}):
+                out.append((known or {})[at])
+                continue
+            if optional and deadline is not None and time.monotonic() >= deadline:
+                out.append(_UNRUN)
+                continue
+            probes += 1
+            with progress.step(f"checking {name}"):
+                out.append(_alone(judge, example, [point], 0))
+        return out
 
-    # first batch: min / middle / max of every group (on the guards' edges when known)
+    def probe(batch: list[tuple[GroupFindings, int | str]], optional: bool = False) -> None:
+        names = [_probe_name(st, v) for st, v in batch]
+        _record(batch, run([_point(st, v) for st, v in batch], names, optional))
+
+    # first: every group's smallest, a middle and the first size its guards admit (and 1);
+    # then its top and the guards' last admitted size, while the time lasts
     at_one = {d.key for d in probed_at_one(dims)}
-    batch: list[tuple[GroupFindings, int | str]] = []
+    first: list[tuple[GroupFindings, int | str]] = []
+    later: list[tuple[GroupFindings, int | str]] = []
     for st in states:
         if guards is not None:
             _scan(st, guards, shapes0, frozenset(d.key for d in dims))
-        for v in _first_values(st):
-            batch.append((st, v))
+        values, optional = _first_values(st)
+        first += [(st, v) for v in values]
+        later += [(st, v) for v in optional if v not in values]
         if try_one and st.group.lo == 2 and all(d.key in at_one for d in st.group.dims):
-            batch.append((st, "one"))
-    _record(batch, run([_point(st, v) for st, v in batch]))
+            first.append((st, "one"))
+    probe(first)
+    probe(later, optional=True)
     for _ in range(rounds):
         batch = [(st, v) for st in states for v in _narrowing(st)]
         if not batch:
             break
-        _record(batch, run([_point(st, v) for st, v in batch]))
+        probe([(st, v) for st, v in batch], optional=True)
+    for st in states:  # a top the time left unrun: what is known ends at the largest that ran
+        g = st.group
+        unrun = g.top not in (*st.passed, *st.failed, *st.rejected)
+        if unrun and st.passed and not any(v > max(st.passed) for v in st.failed):
+            g.top = max(st.passed)
     joint = None
     if len(states) > 1 and all(st.passed for st in states):
-        (verdict,) = run(
-            [{k: s for st in states for k, s in st.group.point(min(st.passed)).items()}]
-        )
-        if verdict is not None:
+        point = {k: s for st in states for k, s in st.group.point(min(st.passed)).items()}
+        (verdict,) = run([point], ["every dynamic dim at its smallest together"], True)
+        if verdict is not None and verdict != _UNRUN:
             joint = "every dynamic dim at its smallest size that ran, together: " + verdict
     results = [r for st in states for r in dim_results(st)]
     results += [DimRange(d, "not_checked", text=f"{describe(d)} (not checked)") for d in loose]
@@ -158,6 +182,16 @@ def check_ranges(
     if status == "pass" and ("narrowed" in statuses or joint is not None):
         status = "narrowed"
     return RangeReport(status, results, joint, probes)
+
+
+_UNRUN = "\0unrun"  # an optional probe the check's time left out (never recorded)
+
+
+def _probe_name(st: GroupFindings, v: int | str) -> str:
+    d = st.group.dims[0]
+    size = d.size_at(1) if v == "one" else d.size_at(int(v))
+    what = f" ({d.label})" if d.label != "any size" else ""
+    return f"{d.where}{what} at {size}"
 
 
 def _judged_top(
@@ -208,6 +242,8 @@ def _point(st: GroupFindings, v: int | str) -> Point:
 
 def _record(batch: list[tuple[GroupFindings, int | str]], verdicts: list[str | None]) -> None:
     for (st, v), why in zip(batch, verdicts, strict=True):
+        if why == _UNRUN:
+            continue
         if v == "one":
             st.one, st.one_detail = why is None, why or ""
         elif why is None:
@@ -263,13 +299,16 @@ def _stride(values: list[int], admitted: list[int]) -> int:
     return 1
 
 
-def _first_values(st: GroupFindings) -> list[int]:
+def _first_values(st: GroupFindings) -> tuple[list[int], list[int]]:
+    """The sizes every check runs (the smallest, a middle one, the first size the guards admit)
+    and those it runs while its time lasts (the top, the last size the guards admit)."""
     g = st.group
     ok = (lambda v: v not in st.rejected) if st.rejected else (lambda v: True)
-    values = [g.lo, g.top]
+    values, optional = [g.lo], [g.top]
     admitted = [v for v in st.scanned if ok(v)]
     if st.rejected and admitted:  # the guards' edges too: run where they say it starts
-        values += [admitted[0], admitted[-1]]
+        values.append(admitted[0])
+        optional.append(admitted[-1])
     mid = middle(g.lo, g.top, g.example)
     if mid is not None:
         values.append(mid)
@@ -277,7 +316,7 @@ def _first_values(st: GroupFindings) -> list[int]:
             alt = middle(g.lo, g.top, g.example, ok)
             if alt is not None:
                 values.append(alt)
-    return list(dict.fromkeys(values))
+    return list(dict.fromkeys(values)), list(dict.fromkeys(optional))
 
 
 def _narrowing(st: GroupFindings) -> list[int]:
@@ -314,10 +353,11 @@ def check_program(
     rename: dict[str, str] | None = None,
     budget: int = DEFAULT_BUDGET,
     known: dict[Shapes, str | None] | None = None,
+    seconds: float | None = None,
 ) -> RangeReport:
     """Every dynamic dim of ``ep`` checked on ``example`` (named as the caller names its inputs:
     ``rename`` maps the program's input names to those), dims the model takes together moved
-    together, the program's own guards placing the probes."""
+    together, the program's own guards placing the probes (``seconds``: ``check_ranges``)."""
     import dataclasses
 
     dims = dynamic_dims(ep)
@@ -325,7 +365,9 @@ def check_program(
         dims = [dataclasses.replace(d, input=rename.get(d.input, d.input)) for d in dims]
     dims = tie_alike(dims, example_sizes(dims, example))
     guards = shape_guards(ep) if not rename else None
-    return check_ranges(dims, example, judge, budget=budget, guards=guards, known=known)
+    return check_ranges(
+        dims, example, judge, budget=budget, guards=guards, known=known, seconds=seconds
+    )
 
 
 def batch_sizes_that_hold(report: RangeReport, batches: list[int]) -> list[int]:

@@ -111,6 +111,37 @@ def _save(kind: str, directory: Path) -> Path:
             ),
             t.ViTModel,
         ),
+        "swin": (
+            t.SwinConfig(
+                image_size=32, patch_size=4, embed_dim=8, depths=[1, 1], num_heads=[1, 1],
+                window_size=2, num_labels=3,
+            ),
+            t.SwinForImageClassification,
+        ),
+        "sam2": (
+            t.Sam2Config(
+                vision_config=dict(
+                    backbone_config=dict(
+                        model_type="sam2_hiera_det_model", hidden_size=8, num_attention_heads=1,
+                        image_size=[64, 64], blocks_per_stage=[1, 1, 2, 1],
+                        embed_dim_per_stage=[8, 16, 32, 64],
+                        num_attention_heads_per_stage=[1, 1, 1, 1],
+                        window_size_per_stage=[4, 4, 4, 2], global_attention_blocks=[3],
+                        window_positional_embedding_background_size=[4, 4],
+                    ),
+                    backbone_channel_list=[64, 32, 16, 8],
+                    backbone_feature_sizes=[[16, 16], [8, 8], [4, 4]], fpn_hidden_size=16,
+                ),
+                prompt_encoder_config=dict(
+                    hidden_size=16, image_size=64, patch_size=16, mask_input_channels=4
+                ),
+                mask_decoder_config=dict(
+                    hidden_size=16, mlp_dim=32, num_hidden_layers=1, num_attention_heads=2,
+                    iou_head_hidden_dim=16,
+                ),
+            ),
+            t.Sam2Model,
+        ),
     }  # fmt: skip
     config, cls = configs[kind]
     torch.manual_seed(0)
@@ -231,9 +262,55 @@ def test_an_image_size_the_model_fixes_is_kept_and_enforced(
     )
     assert code == 0, report
     assert any("height and width could not be dynamic" in n for n in report["notes"])
+    # a transformers model's program takes its inputs by keyword, as the call line says (BLIP's
+    # tutorial called it positionally, ``prog(image)``)
+    assert report["interface"]["call"].startswith("prog(pixel_values=…)"), report["interface"]
+    assert report["interface"]["keyword"] is True
     grid = [{"pixel_values": [[b, 3, h, h], "float"]} for b, h in ((1, 32), (5, 32), (2, 48))]
     result = _fresh(out, directory, "AutoModel", grid)
     assert [r[0] for r in result["results"]] == ["match", "match", "raises"], result
+
+
+@pytest.mark.slow
+def test_height_and_width_that_cost_batch_1_are_given_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Swin with --dynamic-batch: with its height and width dynamic too, the program got a guard
+    (a window count times the batch must not be 1) that refused batch 1, and the conversion
+    exited 0 saying "batch 2 or more; not at 1". The family's axes were not asked for: the
+    program is exported again without them, and batch 1 runs."""
+    directory = _save("swin", tmp_path / "w")
+    out = tmp_path / "w.pt2"
+    code, report, _ = run_cli(
+        [str(directory), "--to", "pt2", "--dynamic-batch", "--no-cache", "-o", str(out)], capsys
+    )
+    assert code == 0, report
+    assert any("kept at the example's sizes" in n and "batch 1" in n for n in report["notes"])
+    assert "not at 1" not in json.dumps(report["dynamic_range"]), report["dynamic_range"]
+    grid = [{"pixel_values": [[b, 3, 32, 32], "float"]} for b in (1, 2, 5)]
+    result = _fresh(out, directory, "SwinForImageClassification", grid)
+    assert [r[0] for r in result["results"]] == ["match"] * 3, result
+
+
+@pytest.mark.slow
+def test_axes_whose_export_runs_too_long_are_given_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SAM2 with --dynamic-batch: torch.export's reasoning over its height and width kept sympy
+    busy for over 15 minutes (with a dynamic batch alone: seconds), and the conversion never
+    finished. Past ``AXES_SECONDS`` the family's axes are given up, exported at the example's
+    sizes, and said so."""
+    from ptconvert.convert import exporting
+
+    monkeypatch.setattr(exporting, "AXES_SECONDS", 5.0)
+    directory = _save("sam2", tmp_path / "s")
+    report = convert_program(
+        directory, "pt2", tmp_path / "s.pt2", Options(dynamic_batch=True, cache=False)
+    )
+    assert report.parity is not None and report.parity.status == "pass"
+    assert any("ran past 5 s" in n and "could not be dynamic" in n for n in report.notes)
+    assert "pixel_values dim 0" in report.dynamic_range
+    assert "pixel_values dim 2" not in report.dynamic_range, report.dynamic_range
 
 
 def test_plan_names_the_family_axes_from_the_config(

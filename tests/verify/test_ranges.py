@@ -435,3 +435,41 @@ def test_verify_checks_every_dynamic_dim_of_a_hand_exported_program(
     assert code == 0, report
     assert "fails at 12" in report["ranges"]["x dim 2"], report["ranges"]
     assert "13–2048" in report["ranges"]["x dim 3"], report["ranges"]
+
+
+def test_the_optional_probes_stop_when_the_checks_time_is_spent() -> None:
+    """Swin → ONNX and SAM2 → pt2 --dynamic-batch checks never finished: each dim's top, the
+    guards' edges and the narrowing rounds ran whatever they cost. With ``seconds`` spent, each
+    dim runs its smallest size and a middle one only, the top is said as "checked up to" the
+    largest that ran, and each probe is a progress step naming its dim and size."""
+    import contextlib
+
+    from ptconvert import progress
+
+    dim = DynamicDim("x", 1, "s0", "s0", 2, None, symbol_min=2, rank=2)
+    calls: list[int] = []
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape[1])
+        return x
+
+    shown: list[str] = []
+
+    class Shown:
+        @contextlib.contextmanager
+        def step(self, name: str) -> Any:
+            shown.append(name)
+            yield
+
+    progress.set_reporter(Shown())  # type: ignore[arg-type]
+    try:
+        report = check_ranges([dim], {"x": torch.zeros(1, 64)}, runs(program), seconds=0)
+    finally:
+        progress.set_reporter(None)
+    assert sorted(calls) == [1, 2, 45], calls  # 1, the smallest and an odd middle, not 1024
+    (r,) = report.dims
+    assert r.status == "holds" and r.high is None and "(checked up to 45)" in r.text, r
+    assert shown == [f"checking x dim 1 at {n}" for n in (2, 45, 1)], shown
+    calls.clear()
+    check_ranges([dim], {"x": torch.zeros(1, 64)}, runs(program))
+    assert 1024 in calls  # no time limit: the top as before

@@ -498,3 +498,65 @@ def test_bind_inputs() -> None:
         bind_inputs(["x", "mask"], _runtime(["x", "mask"]), _runtime(["x"]))
     with pytest.raises(UsageError, match="the candidate takes no input 'z'"):
         bind_inputs(["x"], _runtime(["x"]), _runtime(["input"]), {"x": "z"})
+
+
+def test_the_input_map_hint_pairs_inputs_of_the_same_kind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """silero-vad: its ONNX takes (input, state, sr) and its TorchScript (x, sr); paired by
+    position the hint said ``--input-map sr=state``, the sample rate (an int) fed to the RNN
+    state (a float tensor of rank 3). Each pair's kinds agree: the audio with the audio, the
+    rate with the int64 scalar."""
+    import onnx
+    import torch
+    from onnx import TensorProto, helper
+
+    from tests.conftest import run_cli
+
+    inputs = [
+        helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 512]),
+        helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, 1, 128]),
+        helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 512]),
+        helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, 1, 128]),
+    ]
+    nodes = [
+        helper.make_node("Cast", ["sr"], ["rate"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["input", "rate"], ["output"]),
+        helper.make_node("Identity", ["state"], ["stateN"]),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "vad", inputs, outputs),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "vad.onnx"))
+
+    class Vad(torch.nn.Module):
+        def forward(self, audio: torch.Tensor, rate: int) -> torch.Tensor:
+            return audio * rate
+
+    torch.jit.save(torch.jit.script(Vad()), str(tmp_path / "vad.ts"))
+    given = ["input:1x512:float32", "state:2x1x128:float32", "sr::int64=16000"]
+    code, report, _ = run_cli(
+        ["verify", str(tmp_path / "vad.ts"), str(tmp_path / "vad.onnx")]
+        + [a for i in given for a in ("--input", i)],
+        capsys,
+    )
+    assert code == 2, report
+    hint = report["error"]["hint"]
+    assert "--input-map audio=input rate=sr " in hint, hint
+
+
+def test_inputs_named_alike_pair_with_each_other_in_the_hint() -> None:
+    """silero-vad's own names: the TorchScript's (x, sr), the ONNX's (input, state, sr)."""
+    from ptconvert.verify.input_pairs import suggested_pairs
+
+    assert suggested_pairs(["x", "sr"], ["input", "state", "sr"], {}, {}) == ["x=input"]
+    kinds = {"input": ("tensor", 2), "state": ("tensor", 3), "sr": ("int", 0)}
+    assert suggested_pairs(["rate", "x"], ["input", "state", "sr"], {"rate": "int"}, kinds) == [
+        "rate=sr",
+        "x=input",
+    ]
