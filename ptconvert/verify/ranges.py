@@ -364,7 +364,7 @@ def check_program(
     if rename:
         dims = [dataclasses.replace(d, input=rename.get(d.input, d.input)) for d in dims]
     dims = tie_alike(dims, example_sizes(dims, example))
-    guards = shape_guards(ep) if not rename else None
+    guards = shape_guards(ep, rename)
     return check_ranges(
         dims, example, judge, budget=budget, guards=guards, known=known, seconds=seconds
     )

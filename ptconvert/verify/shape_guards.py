@@ -72,14 +72,17 @@ class GuardSet:
         return list(out)
 
 
-def shape_guards(ep: Any) -> GuardSet | None:
+def shape_guards(ep: Any, rename: dict[str, str] | None = None) -> GuardSet | None:
     """The guards torch checks when the program is called (private ``_guards_code``, kept by
-    ``torch.export.save``), or None when this torch has none to read."""
+    ``torch.export.save``), or None when this torch has none to read. ``rename``: the program's
+    input names → the caller's (``verify``'s reference names), the guards read by those."""
     codes = _compat.torch_api.guards_code(ep)
     if not codes:
         return None
+    names = rename or {}
     guards = []
     for text in codes:
+        text = _SOURCE.sub(lambda m: f"L['{names.get(m[1], m[1])}'].size()[{m[2]}]", text)
         try:
             code = compile(text, "<guard>", "eval")
         except SyntaxError:

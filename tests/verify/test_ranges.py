@@ -473,3 +473,23 @@ def test_the_optional_probes_stop_when_the_checks_time_is_spent() -> None:
     calls.clear()
     check_ranges([dim], {"x": torch.zeros(1, 64)}, runs(program))
     assert 1024 in calls  # no time limit: the top as before
+
+
+def test_verify_places_its_probes_by_the_programs_guards(tmp_path: Path) -> None:
+    """Issue 43: ``verify`` dropped the program's shape guards whenever it renamed inputs (it
+    always does), and its probes then found "any size 14 or more" for a dim whose example, 6,
+    ran: the guards read under the reference's names say even sizes from 4."""
+    import ptconvert
+
+    torch.save({}, tmp_path / "ref.pt")
+    dims = {"x": {0: Dim.DYNAMIC, 2: Dim.DYNAMIC}}
+    ep = torch.export.export(Pairs(), (torch.randn(2, 3, 6),), dynamic_shapes=dims)
+    torch.export.save(ep, tmp_path / "cand.pt2")
+    report = ptconvert.verify(
+        tmp_path / "ref.pt",
+        tmp_path / "cand.pt2",
+        model="tests.verify.test_ranges:Pairs",
+        inputs=["x:2x3x6:float32"],
+    )
+    assert report.status == "pass"
+    assert report.ranges["x dim 2"].startswith("runs for length 4 or more, even sizes only")
