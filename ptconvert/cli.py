@@ -236,17 +236,29 @@ def _bench_result(report: Any, src: str, options: dict[str, Any]) -> None:
         )
 
 
+def _output_format(args: list[str]) -> str | None:
+    """``--format X`` / ``--format=X`` (scan's table, json or sarif), or None."""
+    for i, arg in enumerate(args):
+        if arg == "--format" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--format="):
+            return arg.partition("=")[2]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI and turn errors into messages and documented exit codes."""
     args = list(sys.argv[1:] if argv is None else argv)
-    as_json = "--json" in args
+    shape = _output_format(args)
+    as_json = "--json" in args or shape == "json"
+    machine = as_json or shape == "sarif"  # stdout is a document: -q leaves it, no progress
     # --debug, -q and -v anywhere on the line (click would take them only before the command)
     debug = _take(args, "", "--debug")
     quiet, verbose = _take(args, "-q", "--quiet"), _take(args, "-v", "--verbose")
     from ptconvert.quiet import quiet_libraries, set_verbose
 
     set_verbose(verbose)
-    if sys.stderr.isatty() and not as_json and not quiet:
+    if sys.stderr.isatty() and not machine and not quiet:
         from ptconvert.render_progress import TerminalProgress
 
         progress.set_reporter(TerminalProgress())
@@ -254,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         import contextlib
         import io
 
-        silent = quiet and not as_json  # --json still prints its JSON
+        silent = quiet and not machine  # --json (or --format sarif) still prints its document
         with (
             quiet_libraries(),  # their warnings, logs and bars (-v shows them)
             contextlib.redirect_stdout(io.StringIO()) if silent else contextlib.nullcontext(),

@@ -66,3 +66,13 @@ def test_a_clean_folder_is_an_empty_sarif_log(tmp_path: Path, capsys) -> None:
     code, log = _sarif([str(tmp_path)], capsys)
     assert code == 0 and log["runs"][0]["results"] == []
     assert log["runs"][0]["properties"] == {"verdict": "clean", "skipped": 1}
+
+
+@pytest.mark.parametrize("quiet", ["-q", "--quiet"])
+def test_quiet_keeps_the_sarif_document(tmp_path: Path, capsys, quiet: str) -> None:
+    """``-q`` silences the human report; a SARIF document on stdout is the output itself (it
+    printed nothing, as only ``--json`` was taken for machine output)."""
+    (tmp_path / "x.pkl").write_bytes(PAYLOAD)
+    code = main(["scan", str(tmp_path), quiet, "--format=sarif"])
+    log = json.loads(capsys.readouterr().out)
+    assert code == 10 and log["runs"][0]["results"]
