@@ -226,6 +226,21 @@ def test_4_and_5_bit_blocks_are_within_their_bound_close_in_logits_and_said_by_i
     assert f"file type MOSTLY_{qtype}" in info["notes"][0], info["notes"]
 
 
+def test_q5_1_blocks_off_their_bound_are_refused_by_the_readback(
+    llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bound is no formality: matrices quantized from values 10 % off are refused."""
+    import ptconvert
+    from ptconvert.formats.gguf.edges import write
+
+    stored = write.stored
+    monkeypatch.setattr(write, "stored", lambda tensor, planned: stored(tensor * 1.1, planned))
+    off = r"(q5_1|q8_0) off by \d+\.\d+× its blocks' bound"
+    with pytest.raises(ptconvert.VerificationError, match=off):
+        ptconvert.convert(llama, "gguf", tmp_path / "off.gguf", quantize="q5_1")
+    assert not (tmp_path / "off.gguf").exists()
+
+
 def test_q4_0_with_q_k_rows_in_transformers_order_is_refused_by_the_logits(
     llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,7 +8,7 @@ matrices take the type asked (``--quantize q8_0|q4_0|q4_1|q5_0|q5_1``, else ``--
 the source's own precision); as llama.cpp writes them, 1-D tensors (norms, biases) stay f32, and
 a matrix whose rows the schemes' 32-value blocks do not divide is written f16. Under the 4- and
 5-bit schemes the output matrix (a tied embedding's copy too) is written q8_0: llama-quantize
-keeps it finer (q6_k, or q8_0 where 256 does not divide its rows), and the gguf package
+keeps it finer (llama-quant.cpp: q6_k for q4_0…q5_1), and the gguf package
 quantizes no k-quant; the token embedding takes the scheme, as llama-quantize gives it. The
 tensors are written one at a time (header and tensor infos first): one converted tensor is in
 memory at once.
