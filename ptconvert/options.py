@@ -27,7 +27,7 @@ Dtype = Literal["float32", "float16", "bfloat16"]
 # --quantize: one vocabulary across targets, each target declaring the schemes it writes
 # (``Format.quantize_schemes``); int8: int8 weights, activations quantized per call (dynamic) or
 # kept floating (weight-only), as the target's own quantizer does it
-Quantize = Literal["int8", "q8_0"]
+Quantize = Literal["int8", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]
 
 # --task as optimum names tasks. Those that export for generation with a cache (ptconvert/
 # generation/): a decoder-only LM, a seq2seq model, a speech seq2seq model
@@ -362,8 +362,8 @@ class Options:
             "--quantize",
             choices=get_args(Quantize),
             help="Quantize the weights (int8: onnx by onnxruntime's dynamic quantization, pt2 by "
-            "torchao's int8 weight-only, judged by accuracy against float32 eager; q8_0: "
-            "llama.cpp's 8-bit blocks, --to gguf).",
+            "torchao's int8 weight-only, judged by accuracy against float32 eager; q8_0, q4_0, "
+            "q4_1, q5_0, q5_1: llama.cpp's 8-, 4- and 5-bit blocks, --to gguf).",
         ),
     )
     # --dtype's and --quantize's accuracy thresholds against float32 eager (None:

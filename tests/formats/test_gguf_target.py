@@ -172,6 +172,89 @@ def test_q8_0_is_within_its_blocks_and_close_in_logits(
         assert cos >= 0.99
 
 
+# the 4- and 5-bit schemes' readback bound, in steps of the block: (step from amax or max-min,
+# over how many steps, steps off at most); f16 rounding of scale and minimum as slack
+BLOCK_BOUNDS = {
+    "q4_0": ("amax", 8, 1.0),
+    "q5_0": ("amax", 16, 1.0),
+    "q4_1": ("range", 15, 0.5),
+    "q5_1": ("range", 31, 0.5),
+}
+
+
+@pytest.mark.parametrize("scheme", sorted(BLOCK_BOUNDS))
+def test_4_and_5_bit_blocks_are_within_their_bound_close_in_logits_and_said_by_info(
+    scheme: str, llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The matrices in the scheme's blocks, the output matrix q8_0 (llama-quantize keeps it
+    finer), rows 32 does not divide f16, norms f32; general.file_type the scheme's."""
+    from ptconvert.formats.gguf.edges.check import MIN_COSINE
+
+    out = tmp_path / f"tiny-{scheme}.gguf"
+    code, report, _ = run_cli(
+        [str(llama), "--to", "gguf", "--quantize", scheme, "-o", str(out)], capsys
+    )
+    assert code == 0, report
+    assert report["check"] == "readback"
+    assert any("14 quantized within their blocks' bound" in n for n in report["notes"])
+    qtype = scheme.upper()
+    reader, tensors = read_back(out)
+    file_type = getattr(gguf.LlamaFileType, f"MOSTLY_{qtype}")
+    assert field(reader, "general.file_type") == int(file_type)
+    kinds = {name: t.tensor_type.name for name, t in tensors.items()}
+    assert kinds["blk.0.ffn_down.weight"] == "F16" and kinds["blk.0.ffn_up.weight"] == qtype
+    assert kinds["blk.1.attn_q.weight"] == qtype and kinds["token_embd.weight"] == qtype
+    assert kinds["output.weight"] == "Q8_0" and kinds["blk.0.attn_norm.weight"] == "F32"
+    want = expected_gguf(llama)
+    kind, levels, off = BLOCK_BOUNDS[scheme]
+    for name, t in tensors.items():
+        if t.tensor_type.name != qtype:
+            continue
+        source = want[name].numpy().reshape(-1, 32)
+        got = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(-1, 32)
+        low = source.min(axis=1, keepdims=True)
+        if kind == "amax":
+            step = np.abs(source).max(axis=1, keepdims=True) / levels
+        else:
+            step = (source.max(axis=1, keepdims=True) - low) / levels
+        bound = step * (off + 0.02) + np.abs(low) * 2.0**-11 + 1e-12
+        assert (np.abs(got - source) <= bound).all(), name
+    for _, cos in compare_logits(llama, out):
+        assert cos >= MIN_COSINE[scheme]
+    code, info, _ = run_cli(["info", str(out)], capsys)
+    assert code == 0 and info["quantized"] == {"ops": {}, "weights": {qtype: 13, "Q8_0": 1}}
+    assert f"file type MOSTLY_{qtype}" in info["notes"][0], info["notes"]
+
+
+def test_q5_1_blocks_off_their_bound_are_refused_by_the_readback(
+    llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bound is no formality: matrices quantized from values 10 % off are refused."""
+    import ptconvert
+    from ptconvert.formats.gguf.edges import write
+
+    stored = write.stored
+    monkeypatch.setattr(write, "stored", lambda tensor, planned: stored(tensor * 1.1, planned))
+    off = r"(q5_1|q8_0) off by \d+\.\d+× its blocks' bound"
+    with pytest.raises(ptconvert.VerificationError, match=off):
+        ptconvert.convert(llama, "gguf", tmp_path / "off.gguf", quantize="q5_1")
+    assert not (tmp_path / "off.gguf").exists()
+
+
+def test_q4_0_with_q_k_rows_in_transformers_order_is_refused_by_the_logits(
+    llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """q4_0's least cosine (0.80) is loose, yet above what a wrongly ordered model gives."""
+    import ptconvert
+    from ptconvert.formats.gguf.edges import check, write
+
+    monkeypatch.setattr(write, "permute_qk", lambda rows, heads: rows)
+    monkeypatch.setattr(check, "_tensors_back", lambda *args: "")
+    with pytest.raises(ptconvert.VerificationError, match="other logits than the source"):
+        ptconvert.convert(llama, "gguf", tmp_path / "wrong.gguf", quantize="q4_0")
+    assert not (tmp_path / "wrong.gguf").exists()
+
+
 def test_the_tokenizer_transformers_reads_encodes_as_the_source(
     llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -290,14 +373,18 @@ def test_what_llama_cpp_cannot_hold_is_refused(
     assert "tokenizer.json" in refused(src, tmp_path, capsys)
 
 
-def test_q8_0_is_the_gguf_targets_scheme_and_no_other_targets(
+def test_the_block_schemes_are_the_gguf_targets_and_no_other_targets(
     llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """One vocabulary: --quantize q8_0 writes GGUF; asked of ONNX it is refused before work,
-    naming the target that writes it; with a half --dtype it is refused too."""
+    """One vocabulary: --quantize q8_0 (q4_0, …) writes GGUF; asked of ONNX it is refused before
+    work, naming the target that writes it; with a half --dtype it is refused too."""
     args = [str(llama), "--to", "onnx", "--quantize", "q8_0", "-o", str(tmp_path / "x.onnx")]
     code, report, _ = run_cli(args, capsys)
     assert code == 4 and report["error"]["hint"] == "--quantize q8_0 is written by --to gguf"
+    args = [str(llama), "--to", "onnx", "--quantize", "q4_0", "-o", str(tmp_path / "x.onnx")]
+    code, report, _ = run_cli(args, capsys)
+    assert code == 4 and "--to onnx cannot hold --quantize q4_0" in report["error"]["message"]
+    assert report["error"]["hint"] == "--quantize q4_0 is written by --to gguf"
     args = [str(llama), "--to", "gguf", "--quantize", "q8_0", "--dtype", "bfloat16"]
     code, report, _ = run_cli([*args, "-o", str(tmp_path / "x.gguf")], capsys)
     assert code == 4 and "--dtype bfloat16" in report["error"]["message"], report

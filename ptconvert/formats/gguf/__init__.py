@@ -63,8 +63,9 @@ class GgufFormat(Format):
     )
     priority = 10
     # a target too: a Hugging Face decoder written by its edges/, --dtype's precision or
-    # --quantize q8_0 (llama.cpp's 8-bit blocks)
-    quantize_schemes = ("q8_0",)
+    # --quantize q8_0, q4_0, q4_1, q5_0, q5_1 (llama.cpp's blocks the gguf package quantizes;
+    # its k-quants it only dequantizes)
+    quantize_schemes = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
     # the independent reading of a file under its own names is the gguf package's reader over
     # numpy arrays: no torch (a file transformers maps is read by transformers, which has it)
     reference_without_torch = True

@@ -2,14 +2,14 @@
 
 - every tensor read back by gguf's ``GGUFReader``, its llama.cpp row order undone here (numpy,
   the inverse written apart from the permutation), and compared with the source tensor: f32,
-  f16 and bf16 bit for bit with the source cast to that type, q8_0 dequantized
-  (``gguf.quants.dequantize``) within half a quantization step of its block (the step's f16
-  rounding allowed);
+  f16 and bf16 bit for bit with the source cast to that type, q8_0, q4_0, q4_1, q5_0 and q5_1
+  dequantized (``gguf.quants.dequantize``) within their block format's own bound (``_BOUNDS``;
+  the f16 rounding of scale and minimum allowed);
 - transformers' own GGUF loading (``AutoModelForCausalLM.from_pretrained(dir,
   gguf_file=…)``: its config from the metadata, its reverse permutation) run on token ids at two
   sequence lengths against the source model in float32: the logits within 1 % of their largest
-  magnitude for f32 and f16 (5 % for bf16: accuracy's bfloat16 ceiling), cosine ≥ 0.99 for
-  q8_0. Two float32 copies of the model must fit
+  magnitude for f32 and f16 (5 % for bf16: accuracy's bfloat16 ceiling), cosine ≥ a per-scheme
+  least for the block schemes (``MIN_COSINE``). Two float32 copies of the model must fit
   in half the memory available; a note says when they do not and only the tensors were checked.
 """
 
@@ -28,10 +28,30 @@ from ptconvert.formats.gguf.families import Family, Hyper
 
 LENGTHS = (5, 17)  # the sequence lengths the logits are compared at
 MAX_RELATIVE = 0.01  # f32 and f16: max |Δ logits| / max |logits|
-MIN_COSINE = 0.99  # q8_0
-# q8_0 rounds to the nearest of 255 steps of its block (half a step off at most); the step is
-# stored f16 (2^-11 relative), times up to 127 steps
-Q8_SLACK = 0.5 + 127 * 2.0**-11
+# the least cosine of the logits per block scheme, measured first on the tiny test models
+# (tests/formats/gguf_target_models.py: Llama and Qwen2, 64 wide, random weights of std 0.2,
+# coarser to quantize than trained ones; the output matrix q8_0), worst over both models and
+# the check's two lengths: q8_0 0.9994, q5_1 0.966, q5_0 0.948, q4_1 0.888, q4_0 0.853. Each
+# least keeps a margin under that and stays above what a wrong model gives: q/k rows left in
+# transformers' order give 0.61 (q4_0) and 0.65 (q8_0) at 17 tokens, and are refused
+MIN_COSINE = {"q8_0": 0.99, "q5_0": 0.90, "q5_1": 0.90, "q4_0": 0.80, "q4_1": 0.80}
+F16_ROUNDING = 2.0**-11  # the relative error of a value stored f16 (scale d, minimum m)
+# each block type's error bound per value, in steps of its block (the step's f16 rounding, times
+# the most steps a value is from zero, added):
+# - q8_0: d = amax/127, x rounded to the nearest of d·(-127…127): half a step off at most;
+# - q4_0, q5_0: d = max/-8 (/-16) with max the signed value of largest magnitude, x rounded to
+#   d·(-8…7) (d·(-16…15)): the far end (-max) has no level of its own and is clipped one whole
+#   step off, the others half a step;
+# - q4_1, q5_1: d = (max-min)/15 (/31), x rounded to m + d·(0…15) (0…31): half a step, plus the
+#   f16 rounding of the minimum m (2^-11·|m|, added apart).
+# type → (the step from amax or from max-min, over how many steps, steps off, most steps)
+_BOUNDS: dict[str, tuple[str, int, float, int]] = {
+    "Q8_0": ("amax", 127, 0.5, 127),
+    "Q4_0": ("amax", 8, 1.0, 8),
+    "Q5_0": ("amax", 16, 1.0, 16),
+    "Q4_1": ("range", 15, 0.5, 15),
+    "Q5_1": ("range", 31, 0.5, 31),
+}
 
 
 def check_gguf(
@@ -80,12 +100,13 @@ def _tensors_back(path: Path, plan: list[Any], tensors: dict[str, Any], family: 
                 path=path,
             )
         data = np.ascontiguousarray(t.data)
-        if p.qtype == "Q8_0":
+        if p.qtype in _BOUNDS:
             got = gguf.quants.dequantize(data, t.tensor_type).reshape(shape)
-            ratio = _q8_error(_unpermuted(got, p.heads), want.to(torch.float32).numpy())
+            ratio = _block_error(_unpermuted(got, p.heads), want.to(torch.float32).numpy(), p.qtype)
             if ratio > 1.0:
                 raise VerificationError(
-                    f"tensor {p.name}: q8_0 off by {ratio:.2f}× the scheme's bound", path=path
+                    f"tensor {p.name}: {p.qtype.lower()} off by {ratio:.2f}× its blocks' bound",
+                    path=path,
                 )
             worst = max(worst, ratio)
             continue
@@ -102,8 +123,7 @@ def _tensors_back(path: Path, plan: list[Any], tensors: dict[str, Any], family: 
     words = f"read back by gguf.GGUFReader: {len(plan)} tensors, {exact} bitwise equal"
     if exact < len(plan):
         words += (
-            f", {len(plan) - exact} q8_0 within their blocks' bound "
-            f"(worst {worst:.2f}× of half a step)"
+            f", {len(plan) - exact} quantized within their blocks' bound (worst {worst:.2f}× of it)"
         )
     return words + " to the source (llama.cpp's q/k row order undone)"
 
@@ -118,14 +138,22 @@ def _unpermuted(rows: Any, heads: int) -> Any:
     return pairs.swapaxes(1, 2).reshape(rows.shape)
 
 
-def _q8_error(got: Any, want: Any) -> float:
+def _block_error(got: Any, want: Any, qtype: str) -> float:
     """The worst block's error over its bound (≤ 1 passes): each 32 values along a row."""
     import numpy as np
 
+    kind, levels, off, most = _BOUNDS[qtype]
     blocks = want.reshape(-1, 32)
-    step = np.abs(blocks).max(axis=1, keepdims=True) / 127
+    low = blocks.min(axis=1, keepdims=True)
+    if kind == "amax":
+        step = np.abs(blocks).max(axis=1, keepdims=True) / levels
+        extra = 0.0
+    else:
+        step = (blocks.max(axis=1, keepdims=True) - low) / levels
+        extra = np.abs(low) * F16_ROUNDING
     err = np.abs(got.reshape(-1, 32) - blocks)
-    bound = step * Q8_SLACK + np.finfo(np.float32).tiny
+    # 2^-20 of a step: float32's own rounding in the quantizer's arithmetic
+    bound = step * (off + most * F16_ROUNDING + 2.0**-20) + extra + np.finfo(np.float32).tiny
     return float((err / bound).max())
 
 
@@ -154,7 +182,8 @@ def _logits(state: RunState, path: Path, tensors: dict[str, Any], scheme: str) -
             got = theirs(input_ids=ids).logits.double()
         rel = float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
         cos = float(torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0))
-        bad = cos < MIN_COSINE if scheme == "q8_0" else rel > _max_relative(scheme)
+        least = MIN_COSINE.get(scheme)
+        bad = cos < least if least is not None else rel > _max_relative(scheme)
         if bad:
             raise VerificationError(
                 f"transformers' loading of the GGUF gives other logits than the source at "
@@ -162,7 +191,8 @@ def _logits(state: RunState, path: Path, tensors: dict[str, Any], scheme: str) -
                 path=state.src,
             )
         words.append(f"{length} tokens: max |Δ| {rel:.2e} of the largest, cosine {cos:.6f}")
-    rule = f"cosine ≥ {MIN_COSINE}" if scheme == "q8_0" else f"within {_max_relative(scheme):.0%}"
+    least = MIN_COSINE.get(scheme)
+    rule = f"cosine ≥ {least}" if least is not None else f"within {_max_relative(scheme):.0%}"
     return (
         f"transformers' GGUF loading gives the source model's float32 logits ({rule}): "
         + "; ".join(words)

@@ -4,10 +4,14 @@ gguf package's writer, then checked (``check.py``).
 What is refused is refused before the weights are read: a family llama.cpp's architectures have
 no place for, a tokenizer its vocabulary cannot hold (``gguf/families.py``, ``tokenizer.py``;
 the engine asks ``GgufFormat.refuse_source`` before the route). The
-matrices take the type asked (``--quantize q8_0``, else ``--dtype``, else the source's own
-precision); as llama.cpp writes them, 1-D tensors (norms, biases) stay f32, and a matrix whose
-rows q8_0's 32-value blocks do not divide is written f16. The tensors are written one at a time
-(header and tensor infos first): one converted tensor is in memory at once.
+matrices take the type asked (``--quantize q8_0|q4_0|q4_1|q5_0|q5_1``, else ``--dtype``, else
+the source's own precision); as llama.cpp writes them, 1-D tensors (norms, biases) stay f32, and
+a matrix whose rows the schemes' 32-value blocks do not divide is written f16. Under the 4- and
+5-bit schemes the output matrix (a tied embedding's copy too) is written q8_0: llama-quantize
+keeps it finer (llama-quant.cpp: q6_k for q4_0…q5_1), and the gguf package
+quantizes no k-quant; the token embedding takes the scheme, as llama-quantize gives it. The
+tensors are written one at a time (header and tensor infos first): one converted tensor is in
+memory at once.
 """
 
 from __future__ import annotations
@@ -32,14 +36,20 @@ from ptconvert.formats.gguf.families import (
 from ptconvert.formats.gguf.tokenizer import add_vocabulary, vocabulary
 from ptconvert.options import Options
 
-Q8_BLOCK = 32  # values in one q8_0 block
+BLOCK = 32  # values in one block of q8_0, q4_0, q4_1, q5_0, q5_1
 # the scheme → (gguf.GGMLQuantizationType name, gguf.LlamaFileType name)
 SCHEMES = {
     "f32": ("F32", "ALL_F32"),
     "f16": ("F16", "MOSTLY_F16"),
     "bf16": ("BF16", "MOSTLY_BF16"),
     "q8_0": ("Q8_0", "MOSTLY_Q8_0"),
+    "q4_0": ("Q4_0", "MOSTLY_Q4_0"),
+    "q4_1": ("Q4_1", "MOSTLY_Q4_1"),
+    "q5_0": ("Q5_0", "MOSTLY_Q5_0"),
+    "q5_1": ("Q5_1", "MOSTLY_Q5_1"),
 }
+# the block-quantized types (gguf.quants.quantize writes them)
+QUANTIZED = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 # --dtype's precision → its GGUF type
 _OF_DTYPE = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
@@ -116,7 +126,7 @@ def _arch(family: Family) -> Any:
 
 
 def _scheme(opts: Options) -> str | None:
-    """--quantize q8_0, else --dtype's type, else None (the source's precision); the engine
+    """--quantize's scheme, else --dtype's type, else None (the source's precision); the engine
     refused both together before any work."""
     if opts.quantize:
         return opts.quantize
@@ -141,8 +151,10 @@ def _plan(
         qtype = SCHEMES[scheme][0]
         if len(shape) < 2:
             qtype = "F32"  # norms and biases: llama.cpp keeps them f32
-        elif qtype == "Q8_0" and shape[-1] % Q8_BLOCK:
-            qtype = "F16"  # q8_0's blocks do not divide its rows: llama.cpp's fallback
+        elif qtype in QUANTIZED and shape[-1] % BLOCK:
+            qtype = "F16"  # the blocks do not divide its rows: llama.cpp's fallback
+        elif qtype in QUANTIZED and qtype != "Q8_0" and name == "output.weight":
+            qtype = "Q8_0"  # llama-quantize's finer output (q6_k, which gguf cannot write)
         heads = 0
         if family.permutes_qk and ".attn_q." in name:
             heads = hyper.heads
@@ -162,9 +174,9 @@ def stored(tensor: Any, planned: Planned) -> Any:
     tensor = oriented(tensor, planned)
     if planned.heads:
         tensor = permute_qk(tensor, planned.heads)
-    if planned.qtype == "Q8_0":
+    if planned.qtype in QUANTIZED:
         data = tensor.to(torch.float32).contiguous().numpy()
-        return gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
+        return gguf.quants.quantize(data, getattr(gguf.GGMLQuantizationType, planned.qtype))
     dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[planned.qtype]
     cast = tensor.to(dtype).contiguous()
     if dtype == torch.bfloat16:
@@ -221,7 +233,14 @@ def _summary(plan: list[Planned], family: Family, scheme: str) -> str:
         words.append(
             f"{transposed} Conv1D matrices transposed to (out, in) as llama.cpp reads them"
         )
-    fallback = types["F16"] if scheme == "q8_0" else 0
+    fallback = types["F16"] if SCHEMES[scheme][0] in QUANTIZED else 0
     if fallback:
-        words.append(f"{fallback} matrices f16: q8_0's 32-value blocks do not divide their rows")
+        words.append(
+            f"{fallback} matrices f16: {scheme}'s 32-value blocks do not divide their rows"
+        )
+    if scheme != "q8_0" and types["Q8_0"]:
+        words.append(
+            "the output matrix q8_0: llama-quantize keeps it finer than the scheme (q6_k, which "
+            "the gguf package cannot quantize)"
+        )
     return "; ".join(words)
