@@ -300,8 +300,10 @@ def _decompressor(head: bytes) -> tuple[str, Callable[[], object]] | None:
     """Compressed streams that loaders (gzip, joblib's zlib/bz2/xz/lzma) open transparently."""
     if head.startswith(b"\x1f\x8b"):
         return "gunzip", lambda: zlib.decompressobj(16 + zlib.MAX_WBITS)
+    # a zlib header whose FDICT bit (0x20) is set needs a preset dictionary no loader passes
+    # (zlib.decompress fails at once): text opening "x " ("x = 1") is that, read from byte 0
     if len(head) >= 2 and head[0] == 0x78 and (head[0] * 256 + head[1]) % 31 == 0:
-        return "zlib", zlib.decompressobj
+        return None if head[1] & 0x20 else ("zlib", zlib.decompressobj)
     if head.startswith(b"BZh"):
         return "bunzip2", bz2.BZ2Decompressor
     if head.startswith(b"\xfd7zXZ\x00"):

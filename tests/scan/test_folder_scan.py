@@ -193,3 +193,19 @@ def test_a_file_named_is_listed_whatever_it_holds(model_folder: Path) -> None:
     report = scan([readme, model_folder / "logs"])
     assert [f.path for f in report.files] == [str(readme)] and report.files[0].verdict == "clean"
     assert len(report.skipped) == 3
+
+
+@pytest.mark.parametrize("text", [b"x = 1\nprint(x)\n", b"x y z\n"])
+def test_text_opening_like_a_zlib_header_with_a_dictionary_is_not_a_stream(
+    tmp_path: Path, text: bytes
+) -> None:
+    """``x `` (0x78 0x20) passes zlib's header check with FDICT set: a stream no loader can
+    decompress (it needs a preset dictionary). A script starting ``x = 1`` was an error, exit 3;
+    it is read from byte 0 as torch.load would, and skipped as no loader's file."""
+    (tmp_path / "helper.py").write_bytes(text)
+    report = scan([tmp_path])
+    assert report.verdict == "clean", report
+    import zlib
+
+    (tmp_path / "x.bin").write_bytes(zlib.compress(PAYLOAD))  # a real stream is still opened
+    assert scan([tmp_path]).verdict == "dangerous"
