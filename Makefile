@@ -101,9 +101,11 @@ demo: setup
 	$(BIN)/ptconvert $(DEMO_DIR)/mlp.pt --to all -o $(DEMO_DIR)/every-format --force \
 		--model fixtures.models:MLP --input x:2x8:float32 --dynamic-batch
 
+# about 15 minutes: every headline target in one run, one table at the end (benchmarks/all.py:
+# ONNX against optimum-cli, weights against cp, 204 M GPT-2 against the raw API, make demo)
 bench: setup
 	$(BIN)/python benchmarks/startup.py
-	$(BIN)/python benchmarks/weights.py
+	$(BIN)/python benchmarks/all.py
 
 # about 15 minutes: 204 M and 532 M decoders against the raw API, the check's cost on the tiny
 # models of the corpus, ONNX against optimum (which builds .venv-optimum the first time)

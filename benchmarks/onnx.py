@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from installed import as_installed
+from rows import emit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import client_venv  # tools/client_venv.py: the venv's pins and its builder
@@ -224,6 +225,7 @@ def print_results(selected: list[Case]) -> None:
         opt_rss = max(r[1] for r in case.opt_runs)
         pt_rss = max(r[1] for r in case.pt_runs)
         label = f"{case.model} {case.task}"
+        emit(f"tiny {label} → verified ONNX", "optimum-cli export onnx", opt, pt, 1.0, "×")
         print(
             f"{label:42} {opt:9.2f} {pt:11.2f} {ratio:5.2f}× {'≤ 1.0×':>7} {verdict:7} "
             f"{opt_rss:8.0f} / {pt_rss:.0f}"

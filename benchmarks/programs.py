@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from installed import as_installed
+from rows import emit
 
 BIN = Path(sys.executable).parent
 
@@ -265,6 +266,11 @@ def main() -> None:
             f"{wall / base_wall:10.2f} {owned[name] / base_mem:9.2f}"
         )
     print("targets: ptconvert ≤ 1.3× wall and ≤ 1.2× memory; --no-verify ≤ 1.1× both")
+    what = f"{params / 1e6:.0f} M {title} → verified pt2"
+    wall = statistics.median(walls["ptconvert"])
+    emit(f"{what}, wall", "raw torch.export + save", base_wall, wall / base_wall, 1.3, "×")
+    mem = owned["ptconvert"] / base_mem
+    emit(f"{what}, memory", "raw torch.export + save", None, mem, 1.2, "×")
     print(split(src, out))
 
 

@@ -90,20 +90,32 @@ class AxesCostBatchOne(ExportAgain):
 # example — is sized to a share of the time the route's steps took (export, save, …), so that
 # checking a large model costs a fraction of converting it; the comparisons it always makes (the
 # example, batch 1 and 3, each dim's smallest and a middle size, the written file in a fresh
-# process) run whatever they cost. A tiny model's calls take milliseconds: all of it runs.
+# process) run whatever they cost, and batch 1, 2 and 3 count against the share before a larger
+# batch size is added. A tiny model's calls take milliseconds: all of it runs.
 CHECK_SHARE = 0.3
 MIN_CHECK_SECONDS = 0.5
 
 
-# the probes' optional sizes run within the check's seconds, or this many when more: a tiny
-# model's are all run (its top, the narrowing rounds), a large one's stop (Swin → ONNX's probes
-# of a height 16 times the example's, each narrowed in rounds, never finished)
+# the probes' optional sizes run within what the comparisons left of the check's seconds; a
+# model whose call takes under FAST_CALL seconds gets PROBE_SECONDS at least: its probes take
+# milliseconds each and all of them run, whatever the machine's load (its top, the narrowing
+# rounds), while a slow one's stop (Swin → ONNX's probes of a height 16 times the example's,
+# each narrowed in rounds, never finished; a 204 M decoder's took as long as its comparisons)
 PROBE_SECONDS = 20.0
+FAST_CALL = 0.05
 
 
 def check_seconds(steps_seconds: float) -> float:
     """The seconds the check's optional work may take after steps of ``steps_seconds``."""
     return max(MIN_CHECK_SECONDS, CHECK_SHARE * steps_seconds)
+
+
+def optional_seconds(example_seconds: float | None, steps_seconds: float) -> float:
+    """The seconds the check's optional work may take, the comparisons' included: the steps'
+    share, or at least PROBE_SECONDS for a model whose call is fast."""
+    share = check_seconds(steps_seconds)
+    fast = example_seconds is None or example_seconds < FAST_CALL
+    return max(PROBE_SECONDS, share) if fast else share
 
 
 def batches_by_cost(
@@ -329,7 +341,7 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
             lambda: inputs.at(example),
             eager=runs,
             budget=probe_budget(state.example_seconds, check_seconds(state.steps_seconds)),
-            seconds=max(PROBE_SECONDS, check_seconds(state.steps_seconds)),
+            seconds=optional_seconds(state.example_seconds, state.steps_seconds),
             accuracy=by_accuracy,
         )
     report = judged.parity

@@ -18,6 +18,7 @@ like transformers": tokens and each step's logits, precision noise told by the f
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -50,8 +51,8 @@ def batches_to_compare(
     conversion's check and of ``ptconvert verify``. A static batch: the example's only (sizes
     asked for are not sizes the program takes: said). Sizes asked for (``--batch-sizes``): those.
     Else ``VARIED_BATCHES``: 1, 2 and 3 always, the larger ones while ``cost`` (seconds to
-    compare a list of sizes) fits ``seconds``; at most ``max_batch``, which is compared too
-    (where an off-by-one specialisation shows)."""
+    compare a list of sizes) of every size kept, 1, 2 and 3 included, fits ``seconds``; at most
+    ``max_batch``, which is compared too (where an off-by-one specialisation shows)."""
     if not dynamic:
         said = [
             f"compared at batch {example} only, not at --batch-sizes: the program's batch is "
@@ -63,8 +64,9 @@ def batches_to_compare(
     kept: list[int] = []
     left: list[int] = []
     for b in VARIED_BATCHES:
-        extra = [k for k in kept if k > 3] + [b]  # 1, 2 and 3 are not optional
-        fits = cost is None or seconds is None or cost(extra) <= seconds
+        # 1, 2 and 3 are not optional, but they spend the check's time first: a model whose
+        # three sizes fill its share is compared at those only
+        fits = cost is None or seconds is None or cost([*kept, b]) <= seconds
         (kept if b <= 3 or fits else left).append(b)
     notes = []
     if left and cost is not None:
@@ -133,7 +135,8 @@ def judge_program(
     """Compare ``candidate`` with ``reference`` at ``batches`` and, when ``ranged`` (the
     candidate's ExportedProgram) has dynamic dims, probe each of them on ``example()``; the
     sizes outside the batch range that holds are dropped, those inside compared (``seconds``:
-    the time the probes' optional sizes may take, ``ranges.check_ranges``). ``accuracy``
+    the time the comparisons and then the probes' optional sizes may take together, from this
+    call: the probes get what the comparisons left, ``ranges.check_ranges``). ``accuracy``
     (min cosine, max error): every comparison, probes included, judges by them (a program
     quantized after its export) instead of by a tolerance."""
     from ptconvert.verify.dims import dynamic_dims
@@ -141,6 +144,7 @@ def judge_program(
     from ptconvert.verify.range_findings import verdict
     from ptconvert.verify.ranges import batch_sizes_that_hold, check_program
 
+    started = time.monotonic()
     runs = eager if eager is not None else EagerRuns(made_by=make)
     # the sizes and probes each start from the reference's own attributes (Swin's window)
     reference = attributes_restored(reference)
@@ -190,7 +194,7 @@ def judge_program(
             rename,
             budget=budget or DEFAULT_BUDGET,
             known=known,
-            seconds=seconds,
+            seconds=None if seconds is None else max(0.0, seconds - time.monotonic() + started),
         )
     if not ranges.dims:
         assert report is not None

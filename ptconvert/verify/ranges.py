@@ -12,6 +12,7 @@ per dim which range holds (:mod:`range_findings`).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -123,21 +124,30 @@ def check_ranges(
     probes = 0
     deadline = None if seconds is None else time.monotonic() + seconds
 
+    # seconds per input element of the largest probe run so far (the one whose fixed costs
+    # weigh least): what an optional probe is expected to take, by its inputs' size
+    largest, rate = 0, 0.0
+
     def run(points: list[Point], names: list[str], optional: bool = False) -> list[str | None]:
-        """Each point's verdict; an optional one after the deadline is ``_UNRUN``."""
-        nonlocal probes
+        """Each point's verdict; an optional one that would end after the deadline (expected
+        from the probes run so far, by its inputs' size) is ``_UNRUN``."""
+        nonlocal probes, largest, rate
         out: list[str | None] = []
         for point, name in zip(points, names, strict=True):
             at = shapes_at(shapes0, point)
             if at in (known or {}):
                 out.append((known or {})[at])
                 continue
-            if optional and deadline is not None and time.monotonic() >= deadline:
+            size = _elements(at)
+            if optional and deadline is not None and time.monotonic() + rate * size >= deadline:
                 out.append(_UNRUN)
                 continue
             probes += 1
+            started = time.monotonic()
             with progress.step(f"checking {name}"):
                 out.append(_alone(judge, example, [point], 0))
+            if size >= largest:
+                largest, rate = size, (time.monotonic() - started) / max(1, size)
         return out
 
     def probe(batch: list[tuple[GroupFindings, int | str]], optional: bool = False) -> None:
@@ -182,6 +192,11 @@ def check_ranges(
     if status == "pass" and ("narrowed" in statuses or joint is not None):
         status = "narrowed"
     return RangeReport(status, results, joint, probes)
+
+
+def _elements(shapes: Shapes) -> int:
+    """How many elements the inputs of these shapes hold together."""
+    return sum(math.prod(shape) for _, shape in shapes)
 
 
 _UNRUN = "\0unrun"  # an optional probe the check's time left out (never recorded)

@@ -17,8 +17,10 @@ def test_the_default_sizes_are_chosen_by_the_models_call_time_and_the_steps() ->
     by_cost = program_check.batches_by_cost
     assert by_cost(None, 2, 3.0) == ([1, 2, 3, 5, 7], [])
     assert by_cost(0.001, 2, 0.5) == ([1, 2, 3, 5, 7], [])  # a small model: all
-    assert by_cost(0.2, 2, 3.0) == ([1, 2, 3, 5, 7], [])  # 5 and 7: 2.4 s
-    assert by_cost(0.2, 2, 1.5) == ([1, 2, 3, 5], [7])
+    # 0.1 s an item, eager and the program: 1, 2 and 3 take 1.2 s, with 5 2.2 s, with 7 3.6 s
+    assert by_cost(0.2, 2, 4.0) == ([1, 2, 3, 5, 7], [])
+    assert by_cost(0.2, 2, 2.5) == ([1, 2, 3, 5], [7])
+    assert by_cost(0.2, 2, 2.0) == ([1, 2, 3], [5, 7])  # 1, 2 and 3 fill the share
     assert by_cost(1.0, 2, 3.0) == ([1, 2, 3], [5, 7])  # 1, 2 and a prime always
     # the check's optional work is a share of the steps' time, at least MIN_CHECK_SECONDS
     assert program_check.check_seconds(0.1) == program_check.MIN_CHECK_SECONDS
@@ -36,7 +38,7 @@ def test_one_batch_policy_for_a_conversion_and_verify() -> None:
     assert batches_to_compare(None, True, 2) == ([1, 2, 3, 5, 7], [])
     # a bounded range: its maximum compared, nothing above it
     assert batches_to_compare(None, True, 2, max_batch=4)[0] == [1, 2, 3, 4]
-    slow, said = batches_to_compare(None, True, 2, cost=lambda sizes: sum(sizes), seconds=5.0)
+    slow, said = batches_to_compare(None, True, 2, cost=lambda sizes: sum(sizes), seconds=12.0)
     assert slow == [1, 2, 3, 5] and "[7] would take about 7 s more" in said[0]
 
 
@@ -397,3 +399,43 @@ def test_a_batch_range_at_its_minimum_is_compared_at_every_size(
     compared = [s.batch for s in report.parity.sizes]
     fp32 = {n for n, dtype in _calls(log) if dtype == "torch.float32"}
     assert set(compared) <= fp32 and len(compared) > 2, (compared, fp32)
+
+
+def test_a_slow_models_probes_get_what_the_comparisons_left_of_the_share() -> None:
+    """A 204 M decoder's check took 60 % of its steps: the optional probes (each dim's top)
+    had 20 s of their own after the comparisons. They now share the steps' share with the
+    comparisons; only a model whose call is fast keeps the 20 s."""
+    import time
+
+    from ptconvert.verify.judging import judge_program
+
+    share = program_check.check_seconds(10.0)
+    assert program_check.optional_seconds(0.4, 10.0) == share
+    assert program_check.optional_seconds(0.001, 10.0) == program_check.PROBE_SECONDS
+    assert program_check.optional_seconds(None, 100.0) == 100.0 * program_check.CHECK_SHARE
+
+    class Slow(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.05)
+            return x * 2
+
+    batch = torch.export.Dim("batch", min=1)
+    ep = torch.export.export(Slow(), (), {"x": torch.randn(2, 3)}, dynamic_shapes={"x": {0: batch}})
+    tops = {}
+    # eager (and its fp64 copy) sleeps: the comparisons at 1, 2, 3 take about 0.35 s, the
+    # probes every dim always gets (1 and 5) 0.2 s; 0.45 s used to leave the top its time
+    for seconds in (0.45, None):
+        judged = judge_program(
+            Slow(),
+            ep.module(),
+            lambda b: {"x": torch.randn(b, 3)},
+            [1, 2, 3],
+            ep,
+            lambda: {"x": torch.randn(2, 3)},
+            seconds=seconds,
+        )
+        assert judged.ranges is not None
+        (r,) = judged.ranges.dims
+        tops[seconds] = r.text
+    assert tops[0.45] == "batch 1 or more (checked up to 5)", tops  # its top, 32, never ran
+    assert tops[None] == "batch 1 or more (checked up to 32)", tops  # the budget's top
