@@ -225,7 +225,7 @@ def print_results(selected: list[Case]) -> None:
         opt_rss = max(r[1] for r in case.opt_runs)
         pt_rss = max(r[1] for r in case.pt_runs)
         label = f"{case.model} {case.task}"
-        emit(f"tiny {label} → verified ONNX", "optimum-cli export onnx", opt, pt, 1.0, "×")
+        emit(f"tiny {label} → verified ONNX", "optimum-cli export onnx", opt, ratio, 1.0, "×")
         print(
             f"{label:42} {opt:9.2f} {pt:11.2f} {ratio:5.2f}× {'≤ 1.0×':>7} {verdict:7} "
             f"{opt_rss:8.0f} / {pt_rss:.0f}"
