@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ptconvert import progress
+from ptconvert import atomic, progress
 from ptconvert.convert.conversion_report import WeightsWritten
 from ptconvert.convert.output_naming import keep_source_files
 from ptconvert.convert.state import RunState
@@ -57,6 +57,7 @@ def write_target(state: RunState, opts: Options) -> None:
     state.written = _write(
         ws, state.src, to, state.output, state.folder, shards, opts.metadata, opts.dtype
     )
+    atomic.start_writeback(state.written)  # to disk while the check reads them back
 
 
 def check_written(state: RunState, opts: Options) -> WeightsCheck:

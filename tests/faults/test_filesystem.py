@@ -280,3 +280,32 @@ def test_an_aoti_package_write_that_runs_out_of_space_is_a_named_error(
     code, report, _ = run_cli([str(src), "--to", "aoti", "-o", str(out), *spec], capsys)
     _error(code, report, "no_space", out)
     assert not out.exists() and temporaries(tmp_path) == []
+
+
+@pytest.mark.parametrize("to", ["safetensors", "pt"])
+def test_the_written_weights_start_to_disk_while_the_check_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, to: str
+) -> None:
+    """``cmd && sync`` after a 1 GiB conversion wrote the whole file after the conversion; the
+    writes now start as soon as the file is written (``sync_file_range``), beside the check."""
+    src = checkpoint(tmp_path / "m.pt", 1)
+    started: list[tuple[list[Path], bool]] = []
+    real = atomic.start_writeback
+
+    def recorded(paths: list[Path]) -> Any:
+        started.append(([Path(p) for p in paths], all(Path(p).stat().st_size for p in paths)))
+        return real(paths)
+
+    monkeypatch.setattr(atomic, "start_writeback", recorded)
+    out = tmp_path / ("m.safetensors" if to == "safetensors" else "back.pt")
+    ptconvert.convert(src, to, out)
+    ((paths, complete),) = started
+    assert [p.name for p in paths] == [out.name] and complete  # the finished file, staged
+    assert "ptconvert-tmp" in str(paths[0].parent)
+    # the call itself: a thread that submits the writes and ends; a file gone meanwhile is no
+    # error (the staged folder is removed when a run fails)
+    thread = real([out, tmp_path / "gone.safetensors"])
+    if thread is not None:  # Linux: sync_file_range
+        thread.join(10)
+        assert not thread.is_alive()
+    assert ptconvert.verify(src, out).status == "pass"
