@@ -97,10 +97,11 @@ MIN_CHECK_SECONDS = 0.5
 
 
 # the probes' optional sizes run within what the comparisons left of the check's seconds; a
-# model whose call takes under FAST_CALL seconds gets PROBE_SECONDS at least: its probes take
-# milliseconds each and all of them run, whatever the machine's load (its top, the narrowing
-# rounds), while a slow one's stop (Swin → ONNX's probes of a height 16 times the example's,
-# each narrowed in rounds, never finished; a 204 M decoder's took as long as its comparisons)
+# model whose call takes under FAST_CALL seconds gets PROBE_SECONDS at least (a slower one
+# less, in proportion): its probes take milliseconds each and all of them run, whatever the
+# machine's load, while a slow one's stop (Swin → ONNX's probes of a height 16 times the
+# example's never finished; a 204 M decoder's took as long as its comparisons). A failing
+# end's narrowing rounds get ``ranges.NARROWING_SECONDS`` at least, whatever the model.
 PROBE_SECONDS = 20.0
 FAST_CALL = 0.05
 
@@ -112,10 +113,12 @@ def check_seconds(steps_seconds: float) -> float:
 
 def optional_seconds(example_seconds: float | None, steps_seconds: float) -> float:
     """The seconds the check's optional work may take, the comparisons' included: the steps'
-    share, or at least PROBE_SECONDS for a model whose call is fast."""
+    share, or at least PROBE_SECONDS for a model whose call is fast, less as it slows (no step:
+    a call timed while the fresh interpreter starts is not always the same side of a line)."""
     share = check_seconds(steps_seconds)
-    fast = example_seconds is None or example_seconds < FAST_CALL
-    return max(PROBE_SECONDS, share) if fast else share
+    if not example_seconds:
+        return max(PROBE_SECONDS, share)
+    return max(share, PROBE_SECONDS * min(1.0, FAST_CALL / example_seconds))
 
 
 def batches_by_cost(

@@ -122,16 +122,17 @@ def check_ranges(
         g.top = _judged_top(g, shapes0, known or {})
     states = [GroupFindings(g) for g in groups]
     probes = 0
-    deadline = None if seconds is None else time.monotonic() + seconds
+    began = time.monotonic()
+    deadline = None if seconds is None else began + seconds
+    # a failing end is narrowed for NARROWING_SECONDS at least: the bounds a format exported
+    # again with come from it, and a range left wide refuses sizes that run
+    narrowing_until = None if deadline is None else max(deadline, began + NARROWING_SECONDS)
+    cost = _ProbeCost()
 
-    # seconds per input element of the largest probe run so far (the one whose fixed costs
-    # weigh least): what an optional probe is expected to take, by its inputs' size
-    largest, rate = 0, 0.0
-
-    def run(points: list[Point], names: list[str], optional: bool = False) -> list[str | None]:
-        """Each point's verdict; an optional one that would end after the deadline (expected
-        from the probes run so far, by its inputs' size) is ``_UNRUN``."""
-        nonlocal probes, largest, rate
+    def run(points: list[Point], names: list[str], until: float | None = None) -> list[str | None]:
+        """Each point's verdict; with ``until`` (optional points), one expected to end after
+        it (``cost``, by its inputs' size) is ``_UNRUN``."""
+        nonlocal probes
         out: list[str | None] = []
         for point, name in zip(points, names, strict=True):
             at = shapes_at(shapes0, point)
@@ -139,20 +140,21 @@ def check_ranges(
                 out.append((known or {})[at])
                 continue
             size = _elements(at)
-            if optional and deadline is not None and time.monotonic() + rate * size >= deadline:
+            if until is not None and time.monotonic() + cost.expected(size) >= until:
                 out.append(_UNRUN)
                 continue
             probes += 1
             started = time.monotonic()
             with progress.step(f"checking {name}"):
-                out.append(_alone(judge, example, [point], 0))
-            if size >= largest:
-                largest, rate = size, (time.monotonic() - started) / max(1, size)
+                found = _alone(judge, example, [point], 0)
+            if found is None:  # a probe that ran through: a failure may have stopped early
+                cost.add(size, time.monotonic() - started)
+            out.append(found)
         return out
 
-    def probe(batch: list[tuple[GroupFindings, int | str]], optional: bool = False) -> None:
+    def probe(batch: list[tuple[GroupFindings, int | str]], until: float | None = None) -> None:
         names = [_probe_name(st, v) for st, v in batch]
-        _record(batch, run([_point(st, v) for st, v in batch], names, optional))
+        _record(batch, run([_point(st, v) for st, v in batch], names, until))
 
     # first: every group's smallest, a middle and the first size its guards admit (and 1);
     # then its top and the guards' last admitted size, while the time lasts
@@ -168,12 +170,12 @@ def check_ranges(
         if try_one and st.group.lo == 2 and all(d.key in at_one for d in st.group.dims):
             first.append((st, "one"))
     probe(first)
-    probe(later, optional=True)
+    probe(later, deadline)
     for _ in range(rounds):
         batch = [(st, v) for st in states for v in _narrowing(st)]
         if not batch:
             break
-        probe([(st, v) for st, v in batch], optional=True)
+        probe([(st, v) for st, v in batch], narrowing_until)
     for st in states:  # a top the time left unrun: what is known ends at the largest that ran
         g = st.group
         unrun = g.top not in (*st.passed, *st.failed, *st.rejected)
@@ -182,7 +184,7 @@ def check_ranges(
     joint = None
     if len(states) > 1 and all(st.passed for st in states):
         point = {k: s for st in states for k, s in st.group.point(min(st.passed)).items()}
-        (verdict,) = run([point], ["every dynamic dim at its smallest together"], True)
+        (verdict,) = run([point], ["every dynamic dim at its smallest together"], deadline)
         if verdict is not None and verdict != _UNRUN:
             joint = "every dynamic dim at its smallest size that ran, together: " + verdict
     results = [r for st in states for r in dim_results(st)]
@@ -192,6 +194,30 @@ def check_ranges(
     if status == "pass" and ("narrowed" in statuses or joint is not None):
         status = "narrowed"
     return RangeReport(status, results, joint, probes)
+
+
+NARROWING_SECONDS = 20.0
+
+
+@dataclass
+class _ProbeCost:
+    """What a probe is expected to take by its inputs' size: the line through the smallest and
+    the largest probes that ran through (a fixed cost, an onnxruntime call's, and a cost per
+    element), or in proportion to the one."""
+
+    runs: list[tuple[int, float]] = field(default_factory=list)
+
+    def add(self, size: int, seconds: float) -> None:
+        self.runs.append((size, seconds))
+
+    def expected(self, size: int) -> float:
+        if not self.runs:
+            return 0.0
+        (s0, t0), (s1, t1) = min(self.runs), max(self.runs)
+        if s1 <= s0:
+            return t1 * size / max(1, s1)
+        per = max(0.0, (t1 - t0) / (s1 - s0))
+        return max(0.0, t1 + per * (size - s1))
 
 
 def _elements(shapes: Shapes) -> int:

@@ -413,6 +413,8 @@ def test_a_slow_models_probes_get_what_the_comparisons_left_of_the_share() -> No
     assert program_check.optional_seconds(0.4, 10.0) == share
     assert program_check.optional_seconds(0.001, 10.0) == program_check.PROBE_SECONDS
     assert program_check.optional_seconds(None, 100.0) == 100.0 * program_check.CHECK_SHARE
+    # between the two, in proportion: no step where a call timed under load lands either side
+    assert program_check.optional_seconds(0.1, 1.0) == program_check.PROBE_SECONDS / 2
 
     class Slow(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -493,3 +493,33 @@ def test_verify_places_its_probes_by_the_programs_guards(tmp_path: Path) -> None
     )
     assert report.status == "pass"
     assert report.ranges["x dim 2"].startswith("runs for length 4 or more, even sizes only")
+
+
+def test_a_failing_end_is_narrowed_even_when_the_checks_time_is_spent() -> None:
+    """The bounds a program is exported again with come from the narrowing: with the optional
+    probes' time spent (a slow model), a range that fails below 40 is still narrowed to about
+    40, not left at the middle size that passed (which would refuse 40–44 that run)."""
+    dim = DynamicDim("x", 1, "s0", "s0", 2, 1000, symbol_min=2, symbol_max=1000, rank=2)
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] < 40:
+            raise RuntimeError(f"length {x.shape[1]} too short")
+        return x
+
+    report = check_ranges([dim], {"x": torch.zeros(1, 64)}, runs(program), seconds=0, rounds=3)
+    (r,) = report.dims
+    assert r.status == "narrowed" and r.low is not None and 40 <= r.low < 45, r
+    assert "(checked up to" in r.text  # the top, optional, never ran
+
+
+def test_a_probe_is_expected_to_cost_a_fixed_part_and_a_part_per_element() -> None:
+    from ptconvert.verify.ranges import _ProbeCost
+
+    cost = _ProbeCost()
+    assert cost.expected(1000) == 0.0  # nothing known: it runs
+    cost.add(100, 0.2)
+    assert cost.expected(1000) == pytest.approx(2.0)  # one probe: in proportion
+    cost.add(1100, 0.3)  # an onnxruntime call's 0.19 s, 0.0001 s an element
+    assert cost.expected(10_100) == pytest.approx(1.2)
+    cost.add(50, 0.25)  # noise: never a negative cost per element
+    assert cost.expected(10_100) == pytest.approx(0.3 + (0.3 - 0.25) / 1050 * 9000)
