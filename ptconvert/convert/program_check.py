@@ -345,6 +345,7 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
             eager=runs,
             budget=probe_budget(state.example_seconds, check_seconds(state.steps_seconds)),
             seconds=optional_seconds(state.example_seconds, state.steps_seconds),
+            shared=not opts.batch_sizes,  # sizes the user asks for spend none of it
             accuracy=by_accuracy,
         )
     report = judged.parity

@@ -127,6 +127,7 @@ def judge_program(
     determinism: Determinism = "once",
     budget: int | None = None,
     seconds: float | None = None,
+    shared: bool = True,
     rename: dict[str, str] | None = None,
     atol: float | None = None,
     rtol: float | None = None,
@@ -136,7 +137,8 @@ def judge_program(
     candidate's ExportedProgram) has dynamic dims, probe each of them on ``example()``; the
     sizes outside the batch range that holds are dropped, those inside compared (``seconds``:
     the time the comparisons and then the probes' optional sizes may take together, from this
-    call: the probes get what the comparisons left, ``ranges.check_ranges``). ``accuracy``
+    call: the probes get what the comparisons left, ``ranges.check_ranges``; not ``shared``:
+    the probes get all of it, as when the sizes compared are the user's). ``accuracy``
     (min cosine, max error): every comparison, probes included, judges by them (a program
     quantized after its export) instead of by a tolerance."""
     from ptconvert.verify.dims import dynamic_dims
@@ -176,6 +178,8 @@ def judge_program(
     judged = [s for s in report.sizes if s.status != "skipped"] if report is not None else []
     if report is not None and all(s.status in ("pass", "fail_to_run") for s in judged):
         known = {shapes_of(runs.inputs[s.batch]): verdict(s) for s in judged}
+    if not shared:
+        started = time.monotonic()
     with progress.step("checking every dynamic dimension at its ends"):
         # probes are keyed by their index: each judgement starts its own eager outputs
         judge = partial(

@@ -441,3 +441,43 @@ def test_a_slow_models_probes_get_what_the_comparisons_left_of_the_share() -> No
         tops[seconds] = r.text
     assert tops[0.45] == "batch 1 or more (checked up to 5)", tops  # its top, 32, never ran
     assert tops[None] == "batch 1 or more (checked up to 32)", tops  # the budget's top
+
+
+def test_the_sizes_a_user_asks_for_spend_none_of_the_probes_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--batch-sizes``: the comparisons at the user's sizes are not the check's optional
+    work; the probes get the whole share after them (``shared=False``)."""
+    import time
+
+    from ptconvert.verify import ranges
+    from ptconvert.verify.judging import judge_program
+
+    class Slow(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.05)
+            return x * 2
+
+    batch = torch.export.Dim("batch", min=1)
+    ep = torch.export.export(Slow(), (), {"x": torch.randn(2, 3)}, dynamic_shapes={"x": {0: batch}})
+    given: dict[bool, float] = {}
+    real = ranges.check_program
+
+    def seen(*args: Any, **kwargs: Any) -> Any:
+        given[shared] = kwargs["seconds"]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ranges, "check_program", seen)
+    for shared in (True, False):
+        judge_program(
+            Slow(),
+            ep.module(),
+            lambda b: {"x": torch.randn(b, 3)},
+            [1, 2, 3],  # eager and its fp64 copy at each, and once more: 0.35 s of sleep
+            ep,
+            lambda: {"x": torch.randn(2, 3)},
+            seconds=5.0,
+            shared=shared,
+        )
+    assert given[True] <= 5.0 - 0.3, given  # the comparisons spent their part
+    assert given[False] > 5.0 - 0.1, given  # the user's sizes spent none
