@@ -16,6 +16,9 @@ a short text with a special token):
   failed to load the file until the writer left general.name out (families.general_name).
 - Llama's q/k rows left in transformers' order (the rope permutation off, no verification):
   llama.cpp's logits are far off, so the logits test would catch a rope layout written wrong.
+- Rope scaling: Llama 3's (rope_freqs) and linear (the scaling keys; Llama and Qwen2) in f16,
+  held as the f16 files are; the control writes Llama 3's divisors as 1 (no scaling) and
+  llama.cpp's logits leave the source's.
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ import torch
 import ptconvert
 from ptconvert.verify.accuracy import OutputAccuracy, _metrics
 from tests.clients.conftest import HERE, run_client
-from tests.formats.gguf_target_models import SPECIAL, VOCAB, build_decoder
+from tests.formats.gguf_target_models import (
+    LINEAR_ROPE,
+    LLAMA3_ROPE,
+    SPECIAL,
+    VOCAB,
+    build_decoder,
+)
 from tests.generation.conftest import eager, reference
 
 pytestmark = pytest.mark.clients
@@ -181,3 +190,32 @@ def test_q_k_rows_in_transformers_order_give_llama_cpp_other_logits(
     ptconvert.convert(decoders["llama"], "gguf", out, dtype="float16", verify=False)
     got = in_llama_cpp(client_python, llama_cpp, out, tmp_path)
     assert all(m.max_error > 0.05 for m, _ in against_source(eager(decoders["llama"]), got))
+
+
+@pytest.mark.parametrize(
+    ("kind", "rope"), [("llama", LLAMA3_ROPE), ("llama", LINEAR_ROPE), ("qwen2", LINEAR_ROPE)]
+)
+def test_llama_cpp_runs_a_scaled_rope_as_transformers_does(
+    client_python: Path, llama_cpp: Path, kind: str, rope: dict[str, Any], tmp_path: Path
+) -> None:
+    source = build_decoder(kind, tmp_path / f"tiny-{kind}", rope=rope)
+    out = tmp_path / f"{kind}-{rope['rope_type']}.gguf"
+    ptconvert.convert(source, "gguf", out, dtype="float16")
+    got = in_llama_cpp(client_python, llama_cpp, out, tmp_path)
+    for m, _ in against_source(eager(source), got):
+        assert m.max_error < 0.01 and m.cosine >= 0.999, m
+
+
+def test_llama3_rope_written_unscaled_gives_llama_cpp_other_logits(
+    client_python: Path, llama_cpp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control: the divisors written as 1 (rope_freqs present, no scaling in it)."""
+    from ptconvert.formats.gguf.edges import write
+
+    source = build_decoder("llama", tmp_path / "tiny-llama", rope=LLAMA3_ROPE)
+    monkeypatch.setattr(write, "llama3_rope_factors", lambda config, hyper: [1.0] * 8)
+    out = tmp_path / "unscaled.gguf"
+    ptconvert.convert(source, "gguf", out, dtype="float16", verify=False)
+    got = in_llama_cpp(client_python, llama_cpp, out, tmp_path)
+    longest = against_source(eager(source), got)[-1][0]
+    assert longest.max_error > 0.05, longest

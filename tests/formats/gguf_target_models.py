@@ -49,10 +49,13 @@ def write_byte_level_tokenizer(folder: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def build_decoder(kind: str, folder: Path, *, dtype: str = "float32") -> Path:
+def build_decoder(
+    kind: str, folder: Path, *, dtype: str = "float32", rope: dict[str, object] | None = None
+) -> Path:
     """A tiny ``llama``, ``qwen2``, ``phi3`` or ``gpt2`` causal LM saved as safetensors with its
     tokenizer. The feed-forward width (80; GPT-2's 4·64) is no multiple of q8_0's 32-value
-    blocks: its down projection's rows are not (llama.cpp writes it f16)."""
+    blocks: its down projection's rows are not (llama.cpp writes it f16). ``rope``: its
+    ``rope_parameters`` (a rope scaling), not GPT-2's."""
     import torch
     import transformers as t
 
@@ -78,7 +81,9 @@ def build_decoder(kind: str, folder: Path, *, dtype: str = "float32") -> Path:
             "phi3": (t.Phi3Config, t.Phi3ForCausalLM),
         }[kind]
         # its default pad id, 32000, is past VOCAB: an unused id (gguf writes it from config.json)
-        extra = {"pad_token_id": VOCAB - 1} if kind == "phi3" else {}
+        extra: dict[str, object] = {"pad_token_id": VOCAB - 1} if kind == "phi3" else {}
+        if rope is not None:
+            extra["rope_parameters"] = rope
         model = cls(config(**common, **extra)).eval()
     with torch.no_grad():  # norms away from 1, biases away from 0: one written wrong shows
         for name, p in model.named_parameters():
@@ -103,3 +108,17 @@ def gpt2_config(common: dict[str, object]) -> dict[str, object]:
         "bos_token_id": common["bos_token_id"],
         "eos_token_id": common["eos_token_id"],
     }
+
+
+# Llama 3.1's rope scaling at this size: its original context 64 (Llama 3.1's is 8192) puts the
+# head's 8 frequencies (wavelengths 6.3 … 19 869 positions) in all three of its ranges: 1 under
+# 16, smoothed up to 64, 8 above; a linear scaling ×4
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+LINEAR_ROPE = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}

@@ -360,10 +360,10 @@ def test_what_llama_cpp_cannot_hold_is_refused(
     config = json.loads((src / "config.json").read_text())
     scaled = {
         **config,
-        "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0},
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0},
     }
     (src / "config.json").write_text(json.dumps(scaled))
-    assert "rope scaling 'llama3'" in refused(src, tmp_path, capsys)
+    assert "rope scaling 'yarn' (written here: linear, llama3)" in refused(src, tmp_path, capsys)
     (src / "config.json").write_text(json.dumps(config))
     tokenizer = json.loads((src / "tokenizer.json").read_text())
     tokenizer["model"]["byte_fallback"] = True

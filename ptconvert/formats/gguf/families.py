@@ -6,8 +6,10 @@ GGUF loading, one of the checks, reads gemma2/gemma3 only, whose soft-capping, s
 and shifted norms need more than a tensor-name map).
 
 A family written here is one whose every tensor and every hyperparameter llama.cpp's
-architecture has a place for; anything else (rope scaling, biases its loader drops, another
-activation) is refused before any work, named.
+architecture has a place for; anything else (rope scaling other than linear and Llama 3's,
+biases its loader drops, another activation) is refused before any work, named. Rope scaling is
+written as llama.cpp's converter writes it (``ROPE_SCALINGS``): linear as its two scaling keys,
+Llama 3's as a ``rope_freqs`` tensor of per-frequency divisors (``llama3_rope_factors``).
 """
 
 from __future__ import annotations
@@ -80,6 +82,16 @@ class Hyper:
     rms_eps: float  # the norms' epsilon (LayerNorm's where the family has it)
     vocab: int
     tied: bool
+    rope_type: str = "default"  # the config's rope scaling: a key of ROPE_SCALINGS
+    rope_factor: float = 1.0  # linear's factor (llama3's factors are a tensor)
+
+
+# rope scalings llama.cpp holds as transformers computes them → the one architecture that reads
+# it (None: every architecture). linear: rope.scaling.type/factor, read by llama.cpp's generic
+# hparams (its angle · 1/factor); llama3: a rope_freqs tensor, read by its llama alone (each
+# frequency's angle divided by its factor). yarn, longrope and dynamic need more (an attention
+# factor, two factor sets, a length-dependent base): refused
+ROPE_SCALINGS: dict[str, str | None] = {"default": None, "linear": None, "llama3": "LLAMA"}
 
 
 def family_of(config: dict[str, Any], where: str) -> tuple[Family, Hyper]:
@@ -108,6 +120,8 @@ def family_of(config: dict[str, Any], where: str) -> tuple[Family, Hyper]:
         rms_eps=float(eps if eps is not None else 1e-5 if family.layer_norm else 1e-6),
         vocab=int(config["vocab_size"]),
         tied=bool(config.get("tie_word_embeddings", False)),
+        rope_type=rope_type(config) if family.rope else "default",
+        rope_factor=float(_rope(config).get("factor", 1.0)),
     )
 
 
@@ -122,18 +136,53 @@ def _rope(config: dict[str, Any]) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
+def rope_type(config: dict[str, Any]) -> str:
+    """The config's rope scaling type ("default": none), either transformers' spelling."""
+    found = _rope(config)
+    return str(found.get("rope_type", found.get("type", "default")) or "default")
+
+
+def llama3_rope_factors(config: dict[str, Any], hyper: Hyper) -> list[float]:
+    """Llama 3's rope as llama.cpp's converter writes it (``rope_freqs``): per frequency of a
+    head, the divisor of its angle: 1 for wavelengths under the high-frequency one, ``factor``
+    over the low-frequency one, a smooth step between (the config's defaults: Llama 3.1's)."""
+    import math
+
+    rope = _rope(config)
+    factor = float(rope.get("factor", 8.0))
+    low, high = float(rope.get("low_freq_factor", 1.0)), float(rope.get("high_freq_factor", 4.0))
+    context = float(rope.get("original_max_position_embeddings", 8192))
+    low_wavelength, high_wavelength = context / low, context / high
+    factors = []
+    for i in range(0, hyper.head_dim, 2):
+        wavelength = 2 * math.pi * hyper.rope_base ** (i / hyper.head_dim)
+        if wavelength < high_wavelength:
+            factors.append(1.0)
+        elif wavelength > low_wavelength:
+            factors.append(factor)
+        else:
+            smooth = (context / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return factors
+
+
 def _refuse_unwritable(config: dict[str, Any], family: Family, kind: str, where: str) -> None:
     required = ("hidden_size", "num_attention_heads", "num_hidden_layers")
     missing = [k for k in required if _get(config, k) is None]
     if family.rope and _get(config, "intermediate_size") is None:
         missing.append("intermediate_size")
-    rope = _rope(config).get("rope_type", _rope(config).get("type", "default"))
+    rope = rope_type(config) if family.rope else "default"
     act = _get(config, "activation") or family.activations[0]
     why = []
     if missing:
         why.append(f"config.json lacks {', '.join(missing)}")
-    if rope not in (None, "default"):
-        why.append(f"rope scaling {rope!r} (llama.cpp's rope_freqs / scaling keys are not written)")
+    if rope not in ROPE_SCALINGS:
+        written = ", ".join(k for k in ROPE_SCALINGS if k != "default")
+        why.append(f"rope scaling {rope!r} (written here: {written})")
+    elif ROPE_SCALINGS[rope] not in (None, family.arch):
+        why.append(f"rope scaling {rope!r} (llama.cpp reads its rope_freqs for llama alone)")
+    elif rope == "linear" and not float(_rope(config).get("factor") or 0) > 0:
+        why.append("linear rope scaling without a positive factor")
     if act not in family.activations:
         why.append(
             f"activation {act!r} (llama.cpp's {family.arch.lower()} runs {family.activations[0]})"
@@ -220,6 +269,11 @@ def add_hyperparameters(writer: Any, family: Family, hyper: Hyper, name: str | N
     if family.rope:
         writer.add_rope_dimension_count(hyper.head_dim)
         writer.add_rope_freq_base(hyper.rope_base)
+    if hyper.rope_type == "linear":
+        import gguf
+
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(hyper.rope_factor)
     if family.layer_norm:
         writer.add_layer_norm_eps(hyper.rms_eps)
     else:

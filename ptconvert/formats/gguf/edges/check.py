@@ -11,6 +11,12 @@
   magnitude for f32 and f16 (5 % for bf16: accuracy's bfloat16 ceiling), cosine ≥ a per-scheme
   least for the block schemes (``MIN_COSINE``). Two float32 copies of the model must fit
   in half the memory available; a note says when they do not and only the tensors were checked.
+
+Rope scaling (linear, Llama 3's) is read by llama.cpp and not by transformers' GGUF loading: the
+rope llama.cpp will run, from the file's keys and ``rope_freqs`` read back, is compared with the
+inverse frequencies transformers computes for the source (``_rope_back``), and the model
+transformers loads from the file is given the source's scaling over the file's base before
+its logits are compared.
 """
 
 from __future__ import annotations
@@ -66,6 +72,8 @@ def check_gguf(
     """Both checks; a VerificationError naming the first thing that differs."""
     with progress.step("reading every tensor back (gguf.GGUFReader)"):
         state.notes.append(_tensors_back(path, plan, tensors, family))
+        if hyper.rope_type != "default":
+            state.notes.append(_rope_back(path, state.src, family, hyper))
     with progress.step("running the GGUF through transformers' GGUF loading"):
         state.notes.append(_logits(state, path, tensors, scheme))
     state.checked = "readback"
@@ -171,7 +179,7 @@ def _logits(state: RunState, path: Path, tensors: dict[str, Any], scheme: str) -
     import torch
 
     ours = _source_model(state.src, tensors)
-    theirs = _gguf_model(path)
+    theirs = _gguf_model(path, ours.config)
     generator = torch.Generator().manual_seed(0)
     vocab = int(ours.config.vocab_size)
     words = []
@@ -238,7 +246,9 @@ def _source_model(folder: Path, tensors: dict[str, Any]) -> Any:
     return model.eval()
 
 
-def _gguf_model(path: Path) -> Any:
+def _gguf_model(path: Path, source: Any) -> Any:
+    """transformers' model of the GGUF; where the source's rope is scaled, given that scaling
+    over the file's own base (its GGUF loading reads no scaling; ``_rope_back`` checks it)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -246,4 +256,62 @@ def _gguf_model(path: Path) -> Any:
         model = AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=torch.float32
         )
+    scaled = dict(getattr(source, "rope_parameters", None) or {})
+    if scaled.get("rope_type", "default") != "default":
+        base = model.config.rope_parameters["rope_theta"]
+        model.config.rope_parameters = {**scaled, "rope_theta": base}
+        rotary = model.model.rotary_emb
+        model.model.rotary_emb = type(rotary)(config=model.config)
     return model.eval()
+
+
+ROPE_RELATIVE = 1e-5  # float32's rounding of base^(i/d), in either computation
+
+
+def _rope_back(path: Path, folder: Path, family: Family, hyper: Hyper) -> str:
+    """The inverse frequencies llama.cpp will rotate by, from the file (its rope base and
+    dimension, then the scaling factor's keys or ``rope_freqs`` read back), against those
+    transformers computes for the source (its ``ROPE_INIT_FUNCTIONS``)."""
+    import gguf
+    import numpy as np
+    import torch
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    want, attention = ROPE_INIT_FUNCTIONS[hyper.rope_type](config, None)
+    reader = gguf.GGUFReader(path)
+    arch = gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, family.arch)]
+
+    def key(name: str) -> Any:
+        found = reader.get_field(name.format(arch=arch))
+        return found.contents() if found is not None else None
+
+    base, dim = key(gguf.Keys.Rope.FREQ_BASE), key(gguf.Keys.Rope.DIMENSION_COUNT)
+    plain = 1.0 / torch.tensor(float(base), dtype=torch.float64) ** (
+        torch.arange(0, int(dim), 2, dtype=torch.float64) / int(dim)
+    )
+    name = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight"
+    freqs = next((t for t in reader.tensors if t.name == name), None)
+    if hyper.rope_type == "llama3" and freqs is not None:
+        factors = torch.from_numpy(np.array(freqs.data, dtype=np.float64))
+        how = f"{name} ({len(factors)} divisors)"
+    elif key(gguf.Keys.Rope.SCALING_TYPE) == "linear" and freqs is None:
+        factors = torch.full_like(plain, float(key(gguf.Keys.Rope.SCALING_FACTOR)))
+        how = f"rope.scaling linear ×{float(key(gguf.Keys.Rope.SCALING_FACTOR)):g}"
+    else:
+        raise VerificationError(
+            f"the GGUF holds no {hyper.rope_type} rope scaling llama.cpp reads", path=path
+        )
+    got = plain / factors
+    off = float(((got - want.double()).abs() / want.double()).max())
+    if got.shape != want.shape or off > ROPE_RELATIVE or attention != 1.0:
+        raise VerificationError(
+            f"llama.cpp would rotate by other frequencies than transformers' {hyper.rope_type} "
+            f"rope: {off:.2e} off relatively",
+            path=path,
+        )
+    return (
+        f"rope scaling {hyper.rope_type} read back as {how}: llama.cpp's inverse frequencies "
+        f"within {off:.1e} of transformers' for the source"
+    )

@@ -30,6 +30,7 @@ from ptconvert.formats.gguf.families import (
     add_hyperparameters,
     family_of,
     general_name,
+    llama3_rope_factors,
     permute_qk,
     tensor_names,
 )
@@ -50,6 +51,7 @@ SCHEMES = {
 }
 # the block-quantized types (gguf.quants.quantize writes them)
 QUANTIZED = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+ROPE_FREQS = "#rope_freqs"  # the plan's key of Llama 3's rope factors (written f32)
 # --dtype's precision → its GGUF type
 _OF_DTYPE = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
@@ -95,6 +97,11 @@ def write_gguf(state: RunState, opts: Options) -> None:
         embedding = next(k for k, v in names.items() if v == "token_embd.weight")
         names[embedding + "#output"] = "output.weight"
         tensors[embedding + "#output"] = tensors[embedding]
+    if hyper.rope_type == "llama3":  # llama.cpp's converter's extra tensor: "#" is no source's
+        import torch
+
+        names[ROPE_FREQS] = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight"
+        tensors[ROPE_FREQS] = torch.tensor(llama3_rope_factors(config, hyper))
     plan = _plan(tensors, names, family, hyper, scheme)
     name = general_name(folder.name, vocab.tokens)
     if name is None:
@@ -112,7 +119,7 @@ def write_gguf(state: RunState, opts: Options) -> None:
             _write(writer, plan, tensors)
         finally:
             writer.close()
-    state.notes.append(_summary(plan, family, scheme))
+    state.notes.append(_summary(plan, family, hyper, scheme))
     if opts.verify:
         from ptconvert.formats.gguf.edges.check import check_gguf
 
@@ -216,7 +223,7 @@ def _write(writer: Any, plan: list[Planned], tensors: dict[str, Any]) -> None:
         writer.write_tensor_data(stored(tensors[p.source], p))
 
 
-def _summary(plan: list[Planned], family: Family, scheme: str) -> str:
+def _summary(plan: list[Planned], family: Family, hyper: Hyper, scheme: str) -> str:
     types = Counter(p.qtype for p in plan)
     permuted = sum(1 for p in plan if p.heads)
     transposed = sum(1 for p in plan if p.transposed)
@@ -234,6 +241,10 @@ def _summary(plan: list[Planned], family: Family, scheme: str) -> str:
             f"{transposed} Conv1D matrices transposed to (out, in) as llama.cpp reads them"
         )
     fallback = types["F16"] if SCHEMES[scheme][0] in QUANTIZED else 0
+    if any(p.source == ROPE_FREQS for p in plan):
+        words.append("Llama 3's rope scaling as rope_freqs (its per-frequency divisors)")
+    if hyper.rope_type == "linear":
+        words.append(f"linear rope scaling ×{hyper.rope_factor:g} as rope.scaling.type/factor")
     if fallback:
         words.append(
             f"{fallback} matrices f16: {scheme}'s 32-value blocks do not divide their rows"
