@@ -213,7 +213,7 @@ def test_llama3_rope_written_unscaled_gives_llama_cpp_other_logits(
     from ptconvert.formats.gguf.edges import write
 
     source = build_decoder("llama", tmp_path / "tiny-llama", rope=LLAMA3_ROPE)
-    monkeypatch.setattr(write, "llama3_rope_factors", lambda config, hyper: [1.0] * 8)
+    monkeypatch.setattr(write, "llama3_divisors", lambda rope, head_dim, base: [1.0] * 8)
     out = tmp_path / "unscaled.gguf"
     ptconvert.convert(source, "gguf", out, dtype="float16", verify=False)
     got = in_llama_cpp(client_python, llama_cpp, out, tmp_path)

@@ -101,7 +101,7 @@ def test_divisors_written_wrong_are_refused_by_the_check(
     from ptconvert.formats.gguf.edges import write
 
     source = build_decoder("llama", tmp_path / "tiny-llama", rope=LLAMA3_ROPE)
-    monkeypatch.setattr(write, "llama3_rope_factors", lambda config, hyper: [1.0] * 8)
+    monkeypatch.setattr(write, "llama3_divisors", lambda rope, head_dim, base: [1.0] * 8)
     out = tmp_path / "wrong.gguf"
     with pytest.raises(VerificationError, match="other frequencies than transformers' llama3"):
         ptconvert.convert(source, "gguf", out)
@@ -117,3 +117,93 @@ def test_a_scaling_llama_cpp_cannot_hold_is_refused(
     code, report, _ = run_cli([str(source), "--to", "gguf", "-o", str(out)], capsys)
     assert code == 4 and not out.exists(), report
     assert "rope_freqs for llama alone" in report["error"]["message"]
+
+
+# --- GGUF → Hugging Face: the scaling carried back into config.json ---------------------------
+
+
+def logits(folder: Path, length: int = 19, **rope: Any) -> torch.Tensor:
+    """The directory's model's logits on one prompt (``rope``: rope_parameters replaced)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(folder)
+    if rope:
+        config.rope_parameters = rope
+    model = AutoModelForCausalLM.from_pretrained(folder, config=config).eval()
+    with torch.no_grad():
+        return model(input_ids=torch.arange(length)[None] * 7 % 250).logits[0]
+
+
+@pytest.mark.parametrize("rope", [LLAMA3_ROPE, LINEAR_ROPE], ids=["llama3", "linear"])
+def test_a_scaled_gguf_converts_back_with_its_scaling(
+    rope: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = build_decoder("llama", tmp_path / "tiny-llama", rope=rope)
+    out = tmp_path / "tiny-llama.gguf"
+    ptconvert.convert(source, "gguf", out)
+    back = tmp_path / "back"
+    code, report, _ = run_cli([str(out), "--to", "safetensors", "-o", str(back), "--json"], capsys)
+    assert code == 0, report
+    config = json.loads((back / "config.json").read_text())["rope_parameters"]
+    assert {k: config[k] for k in rope} == rope  # the source's own parameters
+    assert any("carried into config.json" in n for n in report["notes"])
+    assert not any("left out" in n for n in report["notes"])  # rope_freqs is carried
+    torch.testing.assert_close(logits(back), logits(source), rtol=1e-4, atol=1e-4)
+    # the control: the same directory unscaled computes otherwise
+    unscaled = logits(back, rope_type="default", rope_theta=10000.0)
+    assert (unscaled - logits(source)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("factor", [2.0, 8.0, 32.0])
+@pytest.mark.parametrize("head_dim", [16, 128])
+@pytest.mark.parametrize("base", [1e4, 5e5])
+def test_llama3_parameters_are_recovered_from_any_llama3_divisors(
+    factor: float, head_dim: int, base: float
+) -> None:
+    """Whatever the context and frequency factors (so however many frequencies are smoothed:
+    none, one, several), parameters are found that give the same divisors as float32 holds
+    them; Llama 3.1's own come back as they are where several frequencies are smoothed (a
+    128-wide head)."""
+    from ptconvert.formats.gguf.rope import llama3_divisors, llama3_parameters
+
+    for low, high, context in [(1.0, 4.0, 8192), (2.0, 8.0, 100), (3.0, 4.0, 64), (1.0, 4.0, 64)]:
+        rope = {
+            "factor": factor,
+            "low_freq_factor": low,
+            "high_freq_factor": high,
+            "original_max_position_embeddings": context,
+        }
+        written = torch.tensor(llama3_divisors(rope, head_dim, base), dtype=torch.float32)
+        found = llama3_parameters(written.tolist(), head_dim, base)
+        again = torch.tensor(llama3_divisors(found, head_dim, base), dtype=torch.float64)
+        torch.testing.assert_close(again, written.double(), rtol=1e-5, atol=0)
+        if (low, context, head_dim) == (1.0, 8192, 128):  # several smoothed: determined
+            assert found == {"rope_type": "llama3", **rope}
+
+
+def test_a_scaling_that_is_not_carried_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """yarn in the file (transformers' GGUF loading would drop it silently), and divisors no
+    llama3 parameters give: exit 4, nothing written."""
+    from ptconvert.formats.gguf.edges import write
+
+    source = build_decoder("llama", tmp_path / "tiny-llama", rope=LLAMA3_ROPE)
+    monkeypatch.setattr(write, "llama3_divisors", lambda rope, head_dim, base: [1.0, 8.0] * 4)
+    odd = tmp_path / "odd.gguf"
+    ptconvert.convert(source, "gguf", odd, verify=False)
+    plain = build_decoder("llama", tmp_path / "plain-llama")
+    add = write.add_hyperparameters
+
+    def yarn(writer: Any, *args: Any) -> None:
+        add(writer, *args)
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+
+    monkeypatch.setattr(write, "add_hyperparameters", yarn)
+    yarned = tmp_path / "yarn.gguf"
+    ptconvert.convert(plain, "gguf", yarned)
+    for path, said in [(odd, "no linear or llama3 scaling"), (yarned, "rope scaling 'yarn'")]:
+        back = tmp_path / f"back-{path.stem}"
+        code, report, _ = run_cli([str(path), "--to", "safetensors", "-o", str(back)], capsys)
+        assert code == 4 and not back.exists(), report
+        assert said in report["error"]["message"]

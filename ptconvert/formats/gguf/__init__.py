@@ -34,6 +34,7 @@ from ptconvert import _compat
 from ptconvert.deps import require
 from ptconvert.errors import UnsupportedConversionError
 from ptconvert.formats.base import FileInfo, Format, Probe, Quantization, file_entry
+from ptconvert.formats.gguf import rope
 from ptconvert.formats.gguf_file import (
     FILE_TYPES,
     GGML_TYPES,
@@ -347,6 +348,9 @@ def hf_weights(path: Path, header: GgufHeader, arch: str, skip_unsupported: bool
         tensor = _narrowed(torch.from_numpy(np.copy(got.weights)), t.dtype, torch)
         entries.append(_tensor_entry(key_map[got.name], tensor, WeightEntry))
     entries += [_tensor_entry(n, v, WeightEntry) for n, v in parsed["tensors"].items()]
+    rope_note = _carry_rope(path, header, plan)
+    if rope_note:
+        dropped = [n for n in dropped if n != rope.FREQS]
     companions, tokenizer_note = _companions(path, plan)
     ws = WeightSet(
         entries, "torch" if len(entries) > copied else "fast", skipped=skipped,
@@ -370,9 +374,26 @@ def hf_weights(path: Path, header: GgufHeader, arch: str, skip_unsupported: bool
             f"{len(dropped)} tensors left out, as transformers leaves them out "
             f"({plan.model_class.__name__} has no parameter for them): {dropped[:10]}"
         )
+    if rope_note:
+        ws.notes.append(rope_note)
     if tokenizer_note:
         ws.notes.append(tokenizer_note)
     return ws
+
+
+def _carry_rope(path: Path, header: GgufHeader, plan: Plan) -> str:
+    """The file's rope scaling into the config (``rope.rope_of_file``), its ``rope_freqs``
+    read as transformers would read any tensor (``gguf.quants.dequantize``)."""
+    import numpy as np
+
+    gguf = require("gguf")
+    freqs = next((t for t in header.tensors if t.name == rope.FREQS), None)
+    divisors = None
+    if freqs is not None:
+        raw = _raw(path, freqs, np, plain=False)
+        divisors = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(freqs.ggml_type))
+        divisors = divisors.reshape(-1).tolist()
+    return rope.rope_of_file(path, header.metadata, divisors, plan.config)
 
 
 def _raw(path: Path, t: GgufTensor, np: Any, *, plain: bool) -> Any:

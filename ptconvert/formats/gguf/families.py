@@ -9,7 +9,7 @@ A family written here is one whose every tensor and every hyperparameter llama.c
 architecture has a place for; anything else (rope scaling other than linear and Llama 3's,
 biases its loader drops, another activation) is refused before any work, named. Rope scaling is
 written as llama.cpp's converter writes it (``ROPE_SCALINGS``): linear as its two scaling keys,
-Llama 3's as a ``rope_freqs`` tensor of per-frequency divisors (``llama3_rope_factors``).
+Llama 3's as a ``rope_freqs`` tensor of per-frequency divisors (``rope.llama3_divisors``).
 """
 
 from __future__ import annotations
@@ -136,34 +136,15 @@ def _rope(config: dict[str, Any]) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
+def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
+    """The config's rope parameters, either transformers' spelling."""
+    return _rope(config)
+
+
 def rope_type(config: dict[str, Any]) -> str:
     """The config's rope scaling type ("default": none), either transformers' spelling."""
     found = _rope(config)
     return str(found.get("rope_type", found.get("type", "default")) or "default")
-
-
-def llama3_rope_factors(config: dict[str, Any], hyper: Hyper) -> list[float]:
-    """Llama 3's rope as llama.cpp's converter writes it (``rope_freqs``): per frequency of a
-    head, the divisor of its angle: 1 for wavelengths under the high-frequency one, ``factor``
-    over the low-frequency one, a smooth step between (the config's defaults: Llama 3.1's)."""
-    import math
-
-    rope = _rope(config)
-    factor = float(rope.get("factor", 8.0))
-    low, high = float(rope.get("low_freq_factor", 1.0)), float(rope.get("high_freq_factor", 4.0))
-    context = float(rope.get("original_max_position_embeddings", 8192))
-    low_wavelength, high_wavelength = context / low, context / high
-    factors = []
-    for i in range(0, hyper.head_dim, 2):
-        wavelength = 2 * math.pi * hyper.rope_base ** (i / hyper.head_dim)
-        if wavelength < high_wavelength:
-            factors.append(1.0)
-        elif wavelength > low_wavelength:
-            factors.append(factor)
-        else:
-            smooth = (context / wavelength - low) / (high - low)
-            factors.append(1 / ((1 - smooth) / factor + smooth))
-    return factors
 
 
 def _refuse_unwritable(config: dict[str, Any], family: Family, kind: str, where: str) -> None:

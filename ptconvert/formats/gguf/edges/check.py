@@ -265,21 +265,19 @@ def _gguf_model(path: Path, source: Any) -> Any:
     return model.eval()
 
 
-ROPE_RELATIVE = 1e-5  # float32's rounding of base^(i/d), in either computation
-
-
 def _rope_back(path: Path, folder: Path, family: Family, hyper: Hyper) -> str:
     """The inverse frequencies llama.cpp will rotate by, from the file (its rope base and
     dimension, then the scaling factor's keys or ``rope_freqs`` read back), against those
-    transformers computes for the source (its ``ROPE_INIT_FUNCTIONS``)."""
+    transformers computes for the source (``rope.transformers_frequencies``)."""
     import gguf
     import numpy as np
     import torch
     from transformers import AutoConfig
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from ptconvert.formats.gguf import rope
 
     config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
-    want, attention = ROPE_INIT_FUNCTIONS[hyper.rope_type](config, None)
+    want, attention = rope.transformers_frequencies(config)
     reader = gguf.GGUFReader(path)
     arch = gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, family.arch)]
 
@@ -287,15 +285,13 @@ def _rope_back(path: Path, folder: Path, family: Family, hyper: Hyper) -> str:
         found = reader.get_field(name.format(arch=arch))
         return found.contents() if found is not None else None
 
-    base, dim = key(gguf.Keys.Rope.FREQ_BASE), key(gguf.Keys.Rope.DIMENSION_COUNT)
-    plain = 1.0 / torch.tensor(float(base), dtype=torch.float64) ** (
-        torch.arange(0, int(dim), 2, dtype=torch.float64) / int(dim)
+    plain = rope.plain_frequencies(
+        int(key(gguf.Keys.Rope.DIMENSION_COUNT)), float(key(gguf.Keys.Rope.FREQ_BASE))
     )
-    name = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight"
-    freqs = next((t for t in reader.tensors if t.name == name), None)
+    freqs = next((t for t in reader.tensors if t.name == rope.FREQS), None)
     if hyper.rope_type == "llama3" and freqs is not None:
         factors = torch.from_numpy(np.array(freqs.data, dtype=np.float64))
-        how = f"{name} ({len(factors)} divisors)"
+        how = f"{rope.FREQS} ({len(factors)} divisors)"
     elif key(gguf.Keys.Rope.SCALING_TYPE) == "linear" and freqs is None:
         factors = torch.full_like(plain, float(key(gguf.Keys.Rope.SCALING_FACTOR)))
         how = f"rope.scaling linear ×{float(key(gguf.Keys.Rope.SCALING_FACTOR)):g}"
@@ -303,9 +299,8 @@ def _rope_back(path: Path, folder: Path, family: Family, hyper: Hyper) -> str:
         raise VerificationError(
             f"the GGUF holds no {hyper.rope_type} rope scaling llama.cpp reads", path=path
         )
-    got = plain / factors
-    off = float(((got - want.double()).abs() / want.double()).max())
-    if got.shape != want.shape or off > ROPE_RELATIVE or attention != 1.0:
+    off = rope.off_by(plain / factors, want)
+    if off > rope.RELATIVE or attention != 1.0:
         raise VerificationError(
             f"llama.cpp would rotate by other frequencies than transformers' {hyper.rope_type} "
             f"rope: {off:.2e} off relatively",

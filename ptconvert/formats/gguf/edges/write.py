@@ -30,10 +30,11 @@ from ptconvert.formats.gguf.families import (
     add_hyperparameters,
     family_of,
     general_name,
-    llama3_rope_factors,
     permute_qk,
+    rope_parameters,
     tensor_names,
 )
+from ptconvert.formats.gguf.rope import FREQS, llama3_divisors
 from ptconvert.formats.gguf.tokenizer import add_vocabulary, vocabulary
 from ptconvert.options import Options
 
@@ -100,8 +101,8 @@ def write_gguf(state: RunState, opts: Options) -> None:
     if hyper.rope_type == "llama3":  # llama.cpp's converter's extra tensor: "#" is no source's
         import torch
 
-        names[ROPE_FREQS] = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight"
-        tensors[ROPE_FREQS] = torch.tensor(llama3_rope_factors(config, hyper))
+        divisors = llama3_divisors(rope_parameters(config), hyper.head_dim, hyper.rope_base)
+        names[ROPE_FREQS], tensors[ROPE_FREQS] = FREQS, torch.tensor(divisors)
     plan = _plan(tensors, names, family, hyper, scheme)
     name = general_name(folder.name, vocab.tokens)
     if name is None:
