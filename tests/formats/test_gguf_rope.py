@@ -175,6 +175,7 @@ def test_llama3_parameters_are_recovered_from_any_llama3_divisors(
         }
         written = torch.tensor(llama3_divisors(rope, head_dim, base), dtype=torch.float32)
         found = llama3_parameters(written.tolist(), head_dim, base)
+        assert found.get("rope_type") == "llama3", found
         again = torch.tensor(llama3_divisors(found, head_dim, base), dtype=torch.float64)
         torch.testing.assert_close(again, written.double(), rtol=1e-5, atol=0)
         if (low, context, head_dim) == (1.0, 8192, 128):  # several smoothed: determined
@@ -207,3 +208,103 @@ def test_a_scaling_that_is_not_carried_is_refused(
         code, report, _ = run_cli([str(path), "--to", "safetensors", "-o", str(back)], capsys)
         assert code == 4 and not back.exists(), report
         assert said in report["error"]["message"]
+
+
+def test_a_gguf_without_rope_converts_back_as_before(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """GPT-2 (learned positions, no rope_parameters in its config): nothing to carry."""
+    source = build_decoder("gpt2", tmp_path / "tiny-gpt2")
+    out = tmp_path / "tiny-gpt2.gguf"
+    ptconvert.convert(source, "gguf", out)
+    back = tmp_path / "back"
+    code, report, _ = run_cli([str(out), "--to", "safetensors", "-o", str(back), "--json"], capsys)
+    assert code == 0, report
+    assert not any("rope" in n for n in report["notes"])
+
+
+def test_llama3_without_an_original_context_takes_the_models_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """transformers' default for a missing original_max_position_embeddings is
+    max_position_embeddings (64 here); Llama 3.1's 8192 would put every frequency unscaled."""
+    source = build_decoder("llama", tmp_path / "tiny-llama", rope=LLAMA3_ROPE)
+    config = json.loads((source / "config.json").read_text())
+    del config["rope_parameters"]["original_max_position_embeddings"]  # as older files have it
+    (source / "config.json").write_text(json.dumps(config))
+    reader, _ = converted(source, tmp_path, capsys)
+    [freqs] = [t for t in reader.tensors if t.name == "rope_freqs.weight"]
+    torch.testing.assert_close(
+        torch.from_numpy(freqs.data.astype("float64")), transformers_divisors(source), rtol=1e-5,
+        atol=0,
+    )  # fmt: skip
+
+
+def llama_config() -> Any:
+    import transformers as t
+
+    return t.LlamaConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=1)
+
+
+LINEAR_ENDS = {"rope_type": "linear", "factor": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "found", "carried"),
+    [
+        ({"llama.rope.scaling.type": "none"}, {}, None),
+        ({"llama.rope.scaling.factor": 2.0}, {}, LINEAR_ENDS),  # llama.cpp: no type is linear
+        ({"llama.rope.scaling.type": "none", "llama.rope.scaling.factor": 2.0}, {}, LINEAR_ENDS),
+        ({"llama.rope.scale_linear": 2.0}, {}, LINEAR_ENDS),  # llama.cpp's older key
+        ({}, {"rope_freqs.weight": [1.0] * 8}, None),  # every divisor 1: unscaled
+    ],
+)
+def test_what_llama_cpp_would_run_is_what_config_json_says(
+    metadata: dict[str, Any], found: dict[str, list[float]], carried: dict[str, Any] | None
+) -> None:
+    from ptconvert.formats.gguf.rope import rope_of_file
+
+    config = llama_config()
+    before = dict(config.rope_parameters)
+    rope_of_file(Path("x.gguf"), {"general.architecture": "llama", **metadata}, found, config)
+    if carried is None:
+        assert config.rope_parameters == before
+    else:
+        assert config.rope_parameters == {**before, **carried}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "found", "said"),
+    [
+        ({"llama.rope.scaling.type": "yarn"}, {}, "rope scaling 'yarn'"),
+        ({}, {"rope_factors_long.weight": [1.0] * 8}, "longrope"),
+        ({"llama.rope.scaling.factor": 2.0}, {"rope_freqs.weight": [1.0] * 8}, "both"),
+        ({}, {"rope_freqs.weight": []}, "no linear or llama3"),
+        ({}, {"rope_freqs.weight": [0.0] * 8}, "no linear or llama3"),
+        ({}, {"rope_freqs.weight": [1.0, 3.0, 3.0, 3.0, 8.0, 8.0, 8.0, 8.0]}, "no linear or"),
+        ({}, {"rope_freqs.weight": [1.0, 8.0] * 4}, "no linear or llama3"),
+    ],
+)
+def test_a_scaling_llama_cpp_would_run_and_transformers_drop_is_refused(
+    metadata: dict[str, Any], found: dict[str, list[float]], said: str
+) -> None:
+    from ptconvert.errors import UnsupportedConversionError
+    from ptconvert.formats.gguf.rope import rope_of_file
+
+    config = llama_config()
+    before = dict(config.rope_parameters)
+    with pytest.raises(UnsupportedConversionError, match=said):
+        rope_of_file(Path("x.gguf"), {"general.architecture": "llama", **metadata}, found, config)
+    assert config.rope_parameters == before
+
+
+def test_a_scaling_transformers_read_itself_is_left_as_read() -> None:
+    """gpt-oss: transformers' GGUF loading rebuilds its yarn from the keys."""
+    from ptconvert.formats.gguf.rope import rope_of_file
+
+    config = llama_config()
+    config.rope_parameters = {**config.rope_parameters, "rope_type": "yarn", "factor": 32.0}
+    before = dict(config.rope_parameters)
+    meta = {"general.architecture": "gpt-oss", "gpt-oss.rope.scaling.type": "yarn"}
+    assert rope_of_file(Path("x.gguf"), meta, {}, config) == ""
+    assert config.rope_parameters == before

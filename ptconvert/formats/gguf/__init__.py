@@ -303,6 +303,7 @@ def hf_weights(path: Path, header: GgufHeader, arch: str, skip_unsupported: bool
     plan = _plan(path, header)
     assert isinstance(plan, Plan)
     gguf = require("gguf")
+    rope_note = _carry_rope(path, header, plan)  # a scaling refused before any tensor is read
     processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=dict(plan.raw_config))
     key_map = get_gguf_hf_weights_map(_meta_model(plan), processor)
     parsed: dict[str, dict[str, Any]] = {"tensors": {}}
@@ -348,7 +349,6 @@ def hf_weights(path: Path, header: GgufHeader, arch: str, skip_unsupported: bool
         tensor = _narrowed(torch.from_numpy(np.copy(got.weights)), t.dtype, torch)
         entries.append(_tensor_entry(key_map[got.name], tensor, WeightEntry))
     entries += [_tensor_entry(n, v, WeightEntry) for n, v in parsed["tensors"].items()]
-    rope_note = _carry_rope(path, header, plan)
     if rope_note:
         dropped = [n for n in dropped if n != rope.FREQS]
     companions, tokenizer_note = _companions(path, plan)
@@ -382,18 +382,18 @@ def hf_weights(path: Path, header: GgufHeader, arch: str, skip_unsupported: bool
 
 
 def _carry_rope(path: Path, header: GgufHeader, plan: Plan) -> str:
-    """The file's rope scaling into the config (``rope.rope_of_file``), its ``rope_freqs``
-    read as transformers would read any tensor (``gguf.quants.dequantize``)."""
+    """The file's rope scaling into the config (``rope.rope_of_file``), its rope tensors read
+    as transformers would read any tensor (``gguf.quants.dequantize``)."""
     import numpy as np
 
     gguf = require("gguf")
-    freqs = next((t for t in header.tensors if t.name == rope.FREQS), None)
-    divisors = None
-    if freqs is not None:
-        raw = _raw(path, freqs, np, plain=False)
-        divisors = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(freqs.ggml_type))
-        divisors = divisors.reshape(-1).tolist()
-    return rope.rope_of_file(path, header.metadata, divisors, plan.config)
+    found = {}
+    for t in header.tensors:
+        if t.name in rope.ROPE_TENSORS:
+            raw = _raw(path, t, np, plain=False)
+            values = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(t.ggml_type))
+            found[t.name] = values.reshape(-1).tolist()
+    return rope.rope_of_file(path, header.metadata, found, plan.config)
 
 
 def _raw(path: Path, t: GgufTensor, np: Any, *, plain: bool) -> Any:

@@ -164,6 +164,11 @@ def _refuse_unwritable(config: dict[str, Any], family: Family, kind: str, where:
         why.append(f"rope scaling {rope!r} (llama.cpp reads its rope_freqs for llama alone)")
     elif rope == "linear" and not float(_rope(config).get("factor") or 0) > 0:
         why.append("linear rope scaling without a positive factor")
+    elif rope == "llama3":
+        found = _rope(config)
+        low, high = found.get("low_freq_factor", 1.0), found.get("high_freq_factor", 4.0)
+        if not float(high) > float(low):
+            why.append("llama3 rope scaling whose high_freq_factor is not above its low one")
     if act not in family.activations:
         why.append(
             f"activation {act!r} (llama.cpp's {family.arch.lower()} runs {family.activations[0]})"

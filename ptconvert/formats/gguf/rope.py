@@ -26,9 +26,10 @@ def wavelengths(head_dim: int, base: float) -> list[float]:
 
 
 def llama3_divisors(rope: dict[str, Any], head_dim: int, base: float) -> list[float]:
-    """Llama 3's rope as llama.cpp's converter writes it: 1 for wavelengths under the
+    """Llama 3's rope by llama.cpp's converter's formula: 1 for wavelengths under the
     high-frequency one, ``factor`` over the low-frequency one, a smooth step between (missing
-    parameters take Llama 3.1's values, as the converter's do)."""
+    parameters take Llama 3.1's values; the caller gives the context transformers defaults to,
+    the model's own). The engine refuses ``high_freq_factor`` ≤ ``low_freq_factor`` first."""
     factor = float(rope.get("factor", 8.0))
     low, high = float(rope.get("low_freq_factor", 1.0)), float(rope.get("high_freq_factor", 4.0))
     context = float(rope.get("original_max_position_embeddings", 8192))
@@ -53,9 +54,18 @@ def llama3_parameters(divisors: Sequence[float], head_dim: int, base: float) -> 
     divisors (chosen inside the gaps between classes where fewer than two are smoothed: any
     choice there gives the same divisors)."""
     d = [float(x) for x in divisors]
-    factor = max(d)
-    if len(d) != head_dim // 2 or factor <= 1.0:
+    if len(d) != head_dim // 2 or not d or not all(math.isfinite(x) and x > 0 for x in d):
         return {}
+    factor = max(d)
+    if factor <= 1.0:
+        return {}
+    try:
+        return _fitted(d, factor, head_dim, base)
+    except ZeroDivisionError:  # smoothed divisors no straight line runs through
+        return {}
+
+
+def _fitted(d: list[float], factor: float, head_dim: int, base: float) -> dict[str, Any]:
     kind = [0 if x <= 1 + 1e-6 else 2 if x >= factor * (1 - 1e-6) else 1 for x in d]
     if kind == [2] * len(d):
         return {"rope_type": "linear", "factor": factor}
@@ -124,40 +134,67 @@ def off_by(got: Any, want: Any) -> float:
     return float(((got - want).abs() / want.abs()).max())
 
 
-def rope_of_file(path: Path, metadata: dict[str, Any], divisors: Any, config: Any) -> str:
-    """Give ``config`` (transformers' from the GGUF) the file's rope scaling: linear's keys, or
-    the ``rope_freqs`` divisors (``divisors``: None where the file has none) as the llama3 (or
-    linear) parameters that give them. Returns the note; UnsupportedConversionError for a
-    scaling no config transformers reads reproduces."""
+# llama.cpp's rope tensors: Llama 3's divisors, Phi-3's long-context factor sets (longrope)
+ROPE_TENSORS = (FREQS, "rope_factors_long.weight", "rope_factors_short.weight")
+
+
+def rope_of_file(
+    path: Path, metadata: dict[str, Any], found: dict[str, list[float]], config: Any
+) -> str:
+    """Give ``config`` (transformers' from the GGUF) the rope scaling llama.cpp would run the
+    file with, where transformers' loading left it unscaled: the ``rope_freqs`` divisors as the
+    llama3 (or linear) parameters that give them, a scaling factor (llama.cpp applies it under
+    type linear, none or no type) as linear. ``found``: the file's ``ROPE_TENSORS`` by name.
+    Returns the note ("" where there is nothing to carry: no rope, no scaling, or a scaling
+    transformers read itself); UnsupportedConversionError for a scaling it would drop that
+    is none of these."""
     from ptconvert.errors import UnsupportedConversionError
 
+    params = getattr(config, "rope_parameters", None)
+    if not isinstance(params, dict) or "rope_theta" not in params:
+        return ""  # no rope (GPT-2, T5, …), or one per layer type (Gemma 3): left as loaded
+    if params.get("rope_type", "default") != "default":
+        return ""  # transformers read the scaling itself (gpt-oss's yarn)
     arch = str(metadata.get("general.architecture", ""))
     kind = metadata.get(f"{arch}.rope.scaling.type")
-    base = float(config.rope_parameters["rope_theta"])
+    factor = metadata.get(f"{arch}.rope.scaling.factor", metadata.get(f"{arch}.rope.scale_linear"))
+    factor = float(factor) if factor is not None else 1.0
+    linear = kind in (None, "none", "linear") and factor not in (0.0, 1.0)
+    base = float(params["rope_theta"])
     head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     head = int(metadata.get(f"{arch}.rope.dimension_count", head))
-    if divisors is not None:
-        scaled = llama3_parameters(divisors, head, base)
-        want = plain_frequencies(head, base) / _tensor(divisors)
-        source = f"{FREQS} ({len(divisors)} divisors)"
-    elif kind == "linear":
-        factor = float(metadata.get(f"{arch}.rope.scaling.factor") or 0.0)
-        scaled = {"rope_type": "linear", "factor": factor} if factor > 0 else {}
-        want = plain_frequencies(head, base) / (factor or 1.0)
-        source = "rope.scaling linear"
-    elif kind in (None, "none"):
-        return ""
-    else:
-        raise UnsupportedConversionError(
-            f"rope scaling {kind!r}: transformers' GGUF loading drops it, and ptconvert carries "
-            "linear and Llama 3's (rope_freqs) only",
+    divisors = found.get(FREQS)
+    others = sorted(set(found) - {FREQS})
+
+    def refuse(what: str) -> UnsupportedConversionError:
+        return UnsupportedConversionError(
+            f"{what}: transformers' GGUF loading drops it, and ptconvert carries a linear "
+            "factor and Llama 3's rope_freqs only",
             path=path,
         )
-    before = dict(config.rope_parameters)
-    config.rope_parameters = {**before, **scaled}
+
+    if others:
+        raise refuse(f"rope factors {others} (Phi-3's longrope)")
+    if kind not in (None, "none", "linear"):
+        raise refuse(f"rope scaling {kind!r}")
+    if divisors is not None and linear:
+        raise refuse(f"{FREQS} and a linear factor {factor:g} both")
+    if divisors and all(abs(x - 1.0) < 1e-6 for x in divisors):
+        return f"{FREQS} holds no scaling (every divisor 1): config.json's rope is unscaled"
+    if divisors is not None:
+        scaled = llama3_parameters(divisors, head, base)  # {}: none, or not head's length
+        want = plain_frequencies(head, base) / _tensor(divisors) if scaled else None
+        source = f"{FREQS} ({len(divisors)} divisors)"
+    elif linear:
+        scaled = {"rope_type": "linear", "factor": factor} if factor > 0 else {}
+        want = plain_frequencies(head, base) / abs(factor)
+        source = f"rope.scaling factor {factor:g}"
+    else:
+        return ""
+    config.rope_parameters = {**params, **scaled}
     off = off_by(transformers_frequencies(config)[0], want) if scaled else math.inf
     if off > RELATIVE:
-        config.rope_parameters = before
+        config.rope_parameters = params
         raise UnsupportedConversionError(
             f"the file's rope scaling ({source}) is no linear or llama3 scaling transformers "
             "computes: its model would rotate otherwise than llama.cpp",

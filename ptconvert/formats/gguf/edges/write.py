@@ -101,7 +101,12 @@ def write_gguf(state: RunState, opts: Options) -> None:
     if hyper.rope_type == "llama3":  # llama.cpp's converter's extra tensor: "#" is no source's
         import torch
 
-        divisors = llama3_divisors(rope_parameters(config), hyper.head_dim, hyper.rope_base)
+        # the original context as transformers takes it: a top-level key first, then the rope
+        # parameters', else the model's own context
+        rope = {"original_max_position_embeddings": hyper.context, **rope_parameters(config)}
+        if config.get("original_max_position_embeddings") is not None:
+            rope["original_max_position_embeddings"] = config["original_max_position_embeddings"]
+        divisors = llama3_divisors(rope, hyper.head_dim, hyper.rope_base)
         names[ROPE_FREQS], tensors[ROPE_FREQS] = FREQS, torch.tensor(divisors)
     plan = _plan(tensors, names, family, hyper, scheme)
     name = general_name(folder.name, vocab.tokens)
