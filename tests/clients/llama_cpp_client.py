@@ -2,11 +2,13 @@
 llama.cpp b11739's prebuilt libraries, loaded from the folder tools/llama_cpp_fit.py fitted).
 
 Usage: ``python llama_cpp_client.py FITTED_DIR MODEL.gguf INPUTS.pt OUTPUTS.pt``. INPUTS holds
-``prompts`` (lists of token ids), ``greedy_prompt``, ``new_tokens`` and ``text``; OUTPUTS
+``prompts`` (lists of token ids), ``greedy_prompt``, ``new_tokens``, ``text`` and optionally
+``texts``; OUTPUTS
 holds, per prompt, the logits llama.cpp computes at every position (float32, one row per
 token), ``greedy``: ``greedy_prompt`` followed by ``new_tokens`` tokens llama.cpp's own greedy
 sampler picks (no stop at end-of-sequence, as the reference's), and ``tokenized``: llama.cpp's
-tokenizer on ``text`` (no BOS added, special tokens parsed).
+tokenizer on ``text`` (no BOS added, special tokens parsed), ``tokenized_all`` on each of
+``texts``.
 
 The package's ``Llama`` class loads the model and makes the context; its decoding asks for the
 last position's logits only, so prompts are decoded here through llama.cpp's C API (the
@@ -94,6 +96,10 @@ def main() -> None:
             "logits": [all_logits(llm, list(p)) for p in inputs["prompts"]],
             "greedy": greedy(llm, list(inputs["greedy_prompt"]), inputs["new_tokens"]),
             "tokenized": llm.tokenize(inputs["text"], add_special=False, parse_special=True),
+            "tokenized_all": [  # each of "texts" too, where given
+                llm.tokenize(t, add_special=False, parse_special=True)
+                for t in inputs.get("texts", [])
+            ],
             "n_vocab": llm.n_vocab,
             "description": llm.get_model_desc(),
         }

@@ -16,6 +16,11 @@ a short text with a special token):
   failed to load the file until the writer left general.name out (families.general_name).
 - Llama's q/k rows left in transformers' order (the rope permutation off, no verification):
   llama.cpp's logits are far off, so the logits test would catch a rope layout written wrong.
+- A sentencepiece-style BPE (Llama 2's kind of tokenizer.json) as llama.cpp's llama
+  tokenizer: the f16 file's logits and greedy tokens as above; llama.cpp tokenizes every text
+  as tokenizer.json itself does (the tokenizers library), and as transformers' LlamaTokenizer
+  does on text without leading spaces or text after a special token (there transformers 5's
+  non-legacy Metaspace and llama.cpp's legacy space prefix differ).
 - Rope scaling: Llama 3's (rope_freqs) and linear (the scaling keys; Llama and Qwen2) in f16,
   held as the f16 files are; the control writes Llama 3's divisors as 1 (no scaling) and
   llama.cpp's logits leave the source's.
@@ -84,7 +89,12 @@ def decoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def in_llama_cpp(
-    python: Path, fitted: Path, model: Path, work: Path, greedy: list[int] | None = None
+    python: Path,
+    fitted: Path,
+    model: Path,
+    work: Path,
+    greedy: list[int] | None = None,
+    texts: list[str] | None = None,
 ) -> dict[str, Any]:
     """What llama_cpp_client.py computes on ``model``: per prompt of LENGTHS its logits,
     ``greedy`` (``greedy``, default the first prompt, and NEW_TOKENS more), ``tokenized``
@@ -94,6 +104,7 @@ def in_llama_cpp(
         "greedy_prompt": greedy or prompt(LENGTHS[0]),
         "new_tokens": NEW_TOKENS,
         "text": TEXT,
+        "texts": texts or [],
     }
     command = [python, HERE / "llama_cpp_client.py", fitted, model]
     got: dict[str, Any] = run_client(command, inputs, work, model.stem)
@@ -107,7 +118,7 @@ def against_source(model: Any, got: dict[str, Any]) -> list[tuple[OutputAccuracy
     for length, theirs in zip(LENGTHS, got["logits"], strict=True):
         with torch.no_grad():
             want = model(input_ids=torch.tensor([prompt(length)])).logits[0].double()
-        assert tuple(theirs.shape) == tuple(want.shape) == (length, VOCAB)
+        assert tuple(theirs.shape) == tuple(want.shape) == (length, model.config.vocab_size)
         delta = float((want - theirs.double()).abs().max())
         found.append((_metrics("logits", length, want, theirs.double()), delta))
     return found
@@ -219,3 +230,35 @@ def test_llama3_rope_written_unscaled_gives_llama_cpp_other_logits(
     got = in_llama_cpp(client_python, llama_cpp, out, tmp_path)
     longest = against_source(eager(source), got)[-1][0]
     assert longest.max_error > 0.05, longest
+
+
+# ordinary text first; then leading spaces and text after a special token, where transformers'
+# LlamaTokenizer (legacy=False) and llama.cpp's legacy space prefix part ways
+SP_TEXTS = ["hello there in the hell", "the shawl and a wand réé", "a\nnew line"]
+SP_EDGES = ["  two  spaces", "hello</s> there"]
+
+
+def test_llama_cpp_runs_a_sentencepiece_llama_and_tokenizes_as_its_tokenizer_json(
+    client_python: Path, llama_cpp: Path, tmp_path: Path
+) -> None:
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    source = build_decoder("llama", tmp_path / "tiny-llama", sentencepiece=True)
+    out = tmp_path / "sp-f16.gguf"
+    ptconvert.convert(source, "gguf", out, dtype="float16")
+    model = eager(source)
+    ids, want = clear_greedy(model)
+    got = in_llama_cpp(client_python, llama_cpp, out, tmp_path, ids, [*SP_TEXTS, *SP_EDGES])
+    for m, _ in against_source(model, got):
+        assert m.max_error < 0.01 and m.cosine >= 0.999, m
+    # transformers' generate stops at </s> (2, an id this model's greedy path reaches) where
+    # llama.cpp's sampler goes on: the tokens up to there agree
+    reference = want.sequences[0].tolist()
+    assert got["greedy"].tolist()[: len(reference)] == reference and len(reference) > len(ids) + 4
+    pieces = Tokenizer.from_file(str(source / "tokenizer.json"))
+    texts = [*SP_TEXTS, *SP_EDGES]
+    assert got["tokenized_all"] == [pieces.encode(t, add_special_tokens=False).ids for t in texts]
+    hf = AutoTokenizer.from_pretrained(source)
+    ordinary = got["tokenized_all"][: len(SP_TEXTS)]
+    assert ordinary == [hf(t, add_special_tokens=False)["input_ids"] for t in SP_TEXTS]

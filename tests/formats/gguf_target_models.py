@@ -50,12 +50,19 @@ def write_byte_level_tokenizer(folder: Path) -> None:
 
 
 def build_decoder(
-    kind: str, folder: Path, *, dtype: str = "float32", rope: dict[str, object] | None = None
+    kind: str,
+    folder: Path,
+    *,
+    dtype: str = "float32",
+    rope: dict[str, object] | None = None,
+    sentencepiece: bool = False,
 ) -> Path:
     """A tiny ``llama``, ``qwen2``, ``phi3`` or ``gpt2`` causal LM saved as safetensors with its
     tokenizer. The feed-forward width (80; GPT-2's 4·64) is no multiple of q8_0's 32-value
     blocks: its down projection's rows are not (llama.cpp writes it f16). ``rope``: its
-    ``rope_parameters`` (a rope scaling), not GPT-2's."""
+    ``rope_parameters`` (a rope scaling), not GPT-2's. ``sentencepiece``: Llama 2's kind of
+    tokenizer (``write_sentencepiece_tokenizer``, bos 1 and eos 2) instead of the byte-level
+    BPE."""
     import torch
     import transformers as t
 
@@ -72,6 +79,8 @@ def build_decoder(
         bos_token_id=256 + len(MERGES),
         eos_token_id=256 + len(MERGES),
     )
+    if sentencepiece:
+        common.update(vocab_size=SP_VOCAB, bos_token_id=1, eos_token_id=2)
     if kind == "gpt2":  # its own names; LayerNorm, learned positions, Conv1D (in, out) weights
         model = t.GPT2LMHeadModel(t.GPT2Config(**gpt2_config(common))).eval()
     else:
@@ -90,7 +99,10 @@ def build_decoder(
             if p.ndim == 1:
                 p.copy_((0 if name.endswith("bias") else 1) + 0.3 * torch.randn_like(p))
     model.to(getattr(torch, dtype)).save_pretrained(folder)
-    write_byte_level_tokenizer(folder)
+    if sentencepiece:
+        write_sentencepiece_tokenizer(folder)
+    else:
+        write_byte_level_tokenizer(folder)
     return folder
 
 
@@ -122,3 +134,55 @@ LLAMA3_ROPE = {
     "original_max_position_embeddings": 64,
 }
 LINEAR_ROPE = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}
+
+
+# A sentencepiece-style BPE (Llama 2's, TinyLlama's, Mistral 7B's tokenizer.json): <unk>, <s>,
+# </s>, the 256 byte-fallback tokens <0x00>…<0xFF>, then pieces by priority; every split of a
+# piece into two pieces is a merge, ranked by the piece (as transformers' converter of a
+# sentencepiece model writes them)
+SP_PIECES = ["▁", "h", "e", "l", "o", "t", "r", "i", "n", "a", "s", "d", "w"]
+SP_MERGED = ["▁t", "he", "ll", "in", "er", "▁the", "▁h", "hell", "▁hell", "re", "▁a", "an", "▁w"]
+SP_SIZE = 3 + 256 + len(SP_PIECES) + len(SP_MERGED)
+SP_VOCAB = SP_SIZE + 3  # the model's vocab_size: 3 ids unused
+
+
+def write_sentencepiece_tokenizer(folder: Path) -> None:
+    """tokenizer.json (BPE with byte fallback, Llama 2's normalizer, decoder and <s> first)
+    and tokenizer_config.json with <s>/</s>/<unk>; ids past SP_SIZE are unused."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+
+    pieces = ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)], *SP_PIECES]
+    vocab = {p: i for i, p in enumerate([*pieces, *SP_MERGED])}
+    merges = [
+        (piece[:k], piece[k:])
+        for piece in SP_MERGED
+        for k in range(1, len(piece))
+        if piece[:k] in vocab and piece[k:] in vocab
+    ]
+    model = models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True)
+    tok = Tokenizer(model)
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    tok.add_special_tokens([AddedToken(t, special=True) for t in ("<unk>", "<s>", "</s>")])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+    )
+    tok.save(str(folder / "tokenizer.json"))
+    config = {
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "chat_template": TEMPLATE,
+        "tokenizer_class": "LlamaTokenizerFast",
+        "legacy": False,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))

@@ -1,16 +1,24 @@
 """The directory's tokenizer as llama.cpp's vocabulary: tokenizer.json's byte-level BPE as
 llama.cpp's ``gpt2`` model (its tokens in id order, their types, the merges), its pre-tokenizer
-named as llama.cpp names it, and the special ids, ``add_bos`` and the chat template through
-gguf's ``SpecialVocab`` (tokenizer.json, tokenizer_config.json).
+named as llama.cpp names it; a sentencepiece-style BPE (byte fallback: Llama 2's, TinyLlama's,
+Mistral 7B's tokenizer.json) as llama.cpp's ``llama`` model (tokens, scores, types, the space
+prefix); and the special ids, ``add_bos`` and the chat template through gguf's
+``SpecialVocab`` (tokenizer.json, tokenizer_config.json).
 
-A tokenizer llama.cpp would split or spell otherwise (a sentencepiece-style BPE with byte
-fallback, WordPiece, Unigram, a pre-tokenizer regex it has no name for) is refused before any
+llama.cpp's ``llama`` tokenizer merges, among adjacent pieces, the pair whose concatenation
+scores highest; transformers' BPE applies the lowest-ranked merge. A piece's score here is minus
+the rank of the first merge that makes it, so the two agree where every split of a piece into two
+pieces is a merge, as transformers' converter of a sentencepiece model writes them.
+
+A tokenizer llama.cpp would split or spell otherwise (WordPiece, Unigram, a pre-tokenizer regex
+it has no name for, a sentencepiece-style normalizer other than Llama's) is refused before any
 work, named: a file that tokenizes differently would load and generate other text.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +38,9 @@ _QWEN2 = (
 PRE_TOKENIZERS = {_LLAMA3: "llama-bpe", _QWEN2: "qwen2"}
 GPT2_PRE = "gpt-2"
 
-NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5  # gguf.TokenType's values
+NORMAL, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 3, 4, 5, 6  # gguf.TokenType's values
+BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # a byte-fallback token's text
+SPACE = "▁"  # sentencepiece's space
 
 
 @dataclass
@@ -40,6 +50,8 @@ class Vocabulary:
     tokens: list[str] = field(default_factory=list)
     types: list[int] = field(default_factory=list)
     padded: int = 0  # ids the tokenizer leaves unused below the model's vocab_size
+    scores: list[float] = field(default_factory=list)  # the llama model's merge priorities
+    space_prefix: bool = False  # the llama model: a space put before the text
 
 
 def vocabulary(folder: Path, vocab_size: int) -> Vocabulary:
@@ -53,15 +65,18 @@ def vocabulary(folder: Path, vocab_size: int) -> Vocabulary:
         )
     data = json.loads(path.read_text(encoding="utf-8"))
     model = data.get("model") or {}
-    if model.get("type") != "BPE" or model.get("byte_fallback"):
-        what = "sentencepiece-style BPE (byte fallback)" if model.get("byte_fallback") else None
+    if model.get("type") != "BPE":
         raise UnsupportedConversionError(
-            f"tokenizer.json is a {what or repr(model.get('type'))} tokenizer; --to gguf writes "
-            "byte-level BPE vocabularies (llama.cpp's gpt2 model) only",
+            f"tokenizer.json is a {model.get('type')!r} tokenizer; --to gguf writes BPE "
+            "vocabularies (byte-level: llama.cpp's gpt2 model; sentencepiece-style: its llama)",
             path=path,
         )
-    vocab = Vocabulary("gpt2", _pre_name(data, path))
+    pieces = model.get("byte_fallback")
+    vocab = Vocabulary("llama", "default") if pieces else Vocabulary("gpt2", _pre_name(data, path))
     by_id: dict[int, tuple[str, int]] = {i: (t, NORMAL) for t, i in model["vocab"].items()}
+    if pieces:
+        vocab.space_prefix = _space_prefix(data, path)
+        by_id |= {i: (t, BYTE) for i, (t, _) in by_id.items() if BYTE_TOKEN.fullmatch(t)}
     for added in data.get("added_tokens") or []:
         kind = CONTROL if added.get("special") else USER_DEFINED
         by_id[int(added["id"])] = (added["content"], kind)
@@ -75,7 +90,46 @@ def vocabulary(folder: Path, vocab_size: int) -> Vocabulary:
         vocab.tokens.append(token)
         vocab.types.append(kind)
     vocab.padded = vocab_size - len(by_id)
+    if pieces:
+        vocab.scores = _scores(model, vocab.tokens)
     return vocab
+
+
+def _merge_pairs(model: dict[str, Any]) -> list[tuple[str, str]]:
+    """tokenizer.json's merges, either spelling ("a b" or ["a", "b"])."""
+    pairs = [m.split(" ", 1) if isinstance(m, str) else m for m in model["merges"]]
+    return [(str(a), str(b)) for a, b in pairs]
+
+
+def _scores(model: dict[str, Any], tokens: list[str]) -> list[float]:
+    """Per token, minus the rank of the first merge that makes it (0: no merge makes it)."""
+    rank: dict[str, int] = {}
+    for i, (a, b) in enumerate(_merge_pairs(model)):
+        rank.setdefault(a + b, i + 1)
+    return [-float(rank.get(t, 0)) for t in tokens]
+
+
+def _space_prefix(data: dict[str, Any], path: Path) -> bool:
+    """Whether the sentencepiece-style tokenizer puts a space before the text, from Llama 2's
+    normalizer (Prepend "▁", Replace " " → "▁") or a Metaspace pre-tokenizer; another
+    normalizer or pre-tokenizer is refused (llama.cpp's llama tokenizer does only this)."""
+    normalizer = data.get("normalizer") or {}
+    steps = normalizer.get("normalizers", [normalizer]) if normalizer else []
+    kinds = [s.get("type") for s in steps]
+    pre = data.get("pre_tokenizer") or {}
+    replaces = [s for s in steps if s.get("type") == "Replace"]
+    spaced = all((s.get("pattern") or {}).get("String") == " " and s.get("content") == SPACE
+                 for s in replaces)  # fmt: skip
+    if kinds and set(kinds) <= {"Prepend", "Replace"} and replaces and spaced and not pre:
+        return "Prepend" in kinds
+    if not kinds and pre.get("type") == "Metaspace" and pre.get("replacement") == SPACE:
+        return pre.get("prepend_scheme", "always") != "never"
+    raise UnsupportedConversionError(
+        "tokenizer.json's sentencepiece-style BPE normalizes or splits text otherwise than "
+        "Llama's (Prepend and Replace of spaces, or Metaspace), which llama.cpp's llama "
+        "tokenizer does",
+        path=path,
+    )
 
 
 def _pre_name(data: dict[str, Any], path: Path) -> str:
@@ -114,7 +168,11 @@ def add_vocabulary(writer: Any, vocab: Vocabulary, folder: Path) -> list[str]:
     writer.add_tokenizer_pre(vocab.pre)
     writer.add_token_list(vocab.tokens)
     writer.add_token_types(vocab.types)
-    special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=len(vocab.tokens))
+    llama = vocab.model == "llama"  # scores instead of merges, as llama.cpp's converter writes
+    if llama:
+        writer.add_token_scores(vocab.scores)
+        writer.add_add_space_prefix(vocab.space_prefix)
+    special = gguf.SpecialVocab(folder, load_merges=not llama, n_vocab=len(vocab.tokens))
     quiet = logging.getLogger("gguf.vocab")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # it logs each key it sets
@@ -122,9 +180,15 @@ def add_vocabulary(writer: Any, vocab: Vocabulary, folder: Path) -> list[str]:
         special.add_to_gguf(writer, quiet=True)
     finally:
         quiet.setLevel(level)
+    kind = (
+        f"sentencepiece-style BPE as llama.cpp's llama model, {len(vocab.tokens)} tokens "
+        f"scored by their merges' ranks, space prefix {'on' if vocab.space_prefix else 'off'}"
+        if llama
+        else f"byte-level BPE, {len(vocab.tokens)} tokens, {len(special.merges)} merges, "
+        f"pre-tokenizer {vocab.pre}"
+    )
     notes = [
-        f"vocabulary: byte-level BPE, {len(vocab.tokens)} tokens, {len(special.merges)} merges, "
-        f"pre-tokenizer {vocab.pre}, special ids {special.special_token_ids or 'none'}"
+        f"vocabulary: {kind}, special ids {special.special_token_ids or 'none'}"
         + (", chat template" if special.chat_template else "")
     ]
     if vocab.padded:
