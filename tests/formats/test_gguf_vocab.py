@@ -46,7 +46,7 @@ def test_a_sentencepiece_bpe_is_written_as_llama_cpps_llama_tokenizer(
     scores = field(reader, "tokenizer.ggml.scores")
     assert len(tokens) == len(types) == len(scores) == SP_VOCAB
     assert tokens[3] == "<0x00>" and types[3] == gguf.TokenType.BYTE and types[258] == 6
-    assert [types[i] for i in (0, 1, 2)] == [gguf.TokenType.CONTROL] * 3
+    assert [types[i] for i in (0, 1, 2)] == [gguf.TokenType.UNKNOWN, *[gguf.TokenType.CONTROL] * 2]
     assert types[SP_SIZE:] == [gguf.TokenType.UNUSED] * (SP_VOCAB - SP_SIZE)
     # a merged piece scores above the pieces merged after it; pieces no merge makes score 0
     merged = [scores[tokens.index(p)] for p in SP_MERGED]
@@ -86,3 +86,31 @@ def test_a_normalizer_llama_cpp_does_not_apply_is_refused(
     code, report, _ = run_cli([str(src), "--to", "gguf", "-o", str(out)], capsys)
     assert code == 4 and not out.exists(), report
     assert "otherwise than Llama's" in report["error"]["message"]
+
+
+LLAMA_NORMALIZER = {
+    "type": "Sequence",
+    "normalizers": [
+        {"type": "Prepend", "prepend": "▁"},
+        {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("normalizer", "pre", "prefix"),
+    [
+        (LLAMA_NORMALIZER, None, True),  # Llama 2's own file
+        (None, {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first"}, True),
+        (None, {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "never"}, False),
+        (None, {"type": "Metaspace", "replacement": "▁", "add_prefix_space": False}, False),
+        (None, {"type": "Metaspace", "replacement": "▁", "add_prefix_space": True}, True),
+    ],
+)
+def test_the_space_prefix_is_read_from_each_spelling(
+    normalizer: dict[str, Any] | None, pre: dict[str, Any] | None, prefix: bool
+) -> None:
+    from ptconvert.formats.gguf.tokenizer import _space_prefix
+
+    data = {"normalizer": normalizer, "pre_tokenizer": pre}
+    assert _space_prefix(data, Path("tokenizer.json")) is prefix

@@ -38,7 +38,7 @@ _QWEN2 = (
 PRE_TOKENIZERS = {_LLAMA3: "llama-bpe", _QWEN2: "qwen2"}
 GPT2_PRE = "gpt-2"
 
-NORMAL, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 3, 4, 5, 6  # gguf.TokenType's values
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # gguf.TokenType
 BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # a byte-fallback token's text
 SPACE = "▁"  # sentencepiece's space
 
@@ -79,6 +79,8 @@ def vocabulary(folder: Path, vocab_size: int) -> Vocabulary:
         by_id |= {i: (t, BYTE) for i, (t, _) in by_id.items() if BYTE_TOKEN.fullmatch(t)}
     for added in data.get("added_tokens") or []:
         kind = CONTROL if added.get("special") else USER_DEFINED
+        if pieces and added["content"] == model.get("unk_token"):
+            kind = UNKNOWN  # as llama.cpp's converter types sentencepiece's unknown piece
         by_id[int(added["id"])] = (added["content"], kind)
     if max(by_id, default=-1) >= vocab_size:
         raise UnsupportedConversionError(
@@ -123,7 +125,8 @@ def _space_prefix(data: dict[str, Any], path: Path) -> bool:
     if kinds and set(kinds) <= {"Prepend", "Replace"} and replaces and spaced and not pre:
         return "Prepend" in kinds
     if not kinds and pre.get("type") == "Metaspace" and pre.get("replacement") == SPACE:
-        return pre.get("prepend_scheme", "always") != "never"
+        legacy = "always" if pre.get("add_prefix_space", True) else "never"  # tokenizers < 0.15
+        return (pre.get("prepend_scheme") or legacy) != "never"
     raise UnsupportedConversionError(
         "tokenizer.json's sentencepiece-style BPE normalizes or splits text otherwise than "
         "Llama's (Prepend and Replace of spaces, or Metaspace), which llama.cpp's llama "
