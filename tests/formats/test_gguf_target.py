@@ -368,7 +368,7 @@ def test_what_llama_cpp_cannot_hold_is_refused(
     tokenizer = json.loads((src / "tokenizer.json").read_text())
     tokenizer["model"]["byte_fallback"] = True
     (src / "tokenizer.json").write_text(json.dumps(tokenizer))
-    assert "otherwise than Llama's" in refused(src, tmp_path, capsys)  # byte-level + fallback
+    assert "not Llama's normalizer" in refused(src, tmp_path, capsys)  # byte-level + fallback
     (src / "tokenizer.json").unlink()
     assert "tokenizer.json" in refused(src, tmp_path, capsys)
 

@@ -7,6 +7,7 @@ tokenizer runs it in tests/clients/test_llama_cpp.py."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,7 @@ def test_a_normalizer_llama_cpp_does_not_apply_is_refused(
     out = tmp_path / "refused.gguf"
     code, report, _ = run_cli([str(src), "--to", "gguf", "-o", str(out)], capsys)
     assert code == 4 and not out.exists(), report
-    assert "otherwise than Llama's" in report["error"]["message"]
+    assert "not Llama's normalizer" in report["error"]["message"]
 
 
 LLAMA_NORMALIZER = {
@@ -97,20 +98,65 @@ LLAMA_NORMALIZER = {
 }
 
 
-@pytest.mark.parametrize(
-    ("normalizer", "pre", "prefix"),
-    [
-        (LLAMA_NORMALIZER, None, True),  # Llama 2's own file
-        (None, {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first"}, True),
-        (None, {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "never"}, False),
-        (None, {"type": "Metaspace", "replacement": "▁", "add_prefix_space": False}, False),
-        (None, {"type": "Metaspace", "replacement": "▁", "add_prefix_space": True}, True),
-    ],
-)
-def test_the_space_prefix_is_read_from_each_spelling(
-    normalizer: dict[str, Any] | None, pre: dict[str, Any] | None, prefix: bool
-) -> None:
+METASPACE = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
+
+
+def test_llamas_normalizer_is_the_space_prefix_and_a_metaspace_is_refused() -> None:
+    """A Metaspace (transformers 5 saves Llama 2's tokenizer with one) skips the space before
+    text that starts with one, and after special tokens ("first"), where llama.cpp does not:
+    measured, " hello" is [▁hell, o] to it and [▁, ▁hell, o] to llama.cpp."""
+    from ptconvert.errors import UnsupportedConversionError
     from ptconvert.formats.gguf.tokenizer import _space_prefix
 
-    data = {"normalizer": normalizer, "pre_tokenizer": pre}
-    assert _space_prefix(data, Path("tokenizer.json")) is prefix
+    where = Path("tokenizer.json")
+    assert _space_prefix({"normalizer": LLAMA_NORMALIZER, "pre_tokenizer": None}, where)
+    for pre in (METASPACE, {**METASPACE, "prepend_scheme": "always"}):
+        with pytest.raises(UnsupportedConversionError, match="splits text by Metaspace"):
+            _space_prefix({"normalizer": None, "pre_tokenizer": pre}, where)
+
+
+def sp_model(**changes: Any) -> dict[str, Any]:
+    """A BPE model whose scores order its merges: ▁h, he, ll, hell (every split a merge)."""
+    vocab = {p: i for i, p in enumerate(["▁", "h", "e", "l", "▁h", "he", "ll", "hell"])}
+    merges = ["▁ h", "h e", "l l", "he ll"]
+    return {"type": "BPE", "byte_fallback": True, "vocab": vocab, "merges": merges, **changes}
+
+
+TRAINED = ["▁ h", "h e", "he l", "l l", "he ll"]  # hel made first, hell only from he + ll
+
+
+@pytest.mark.parametrize(
+    ("model", "said"),
+    [
+        # a trained BPE's piece whose other split (hel + l) is no merge of this file
+        (sp_model(vocab={**sp_model()["vocab"], "hel": 8}, merges=TRAINED),
+         "'hell': its split hel + l is no merge"),
+        (sp_model(vocab={**sp_model()["vocab"], "▁hello": 8}), "'▁hello': no merge makes it"),
+        (sp_model(ignore_merges=True), "ignore_merges"),
+        (sp_model(dropout=0.1), "dropout"),
+    ],
+)  # fmt: skip
+def test_merges_no_score_order_reproduces_are_refused(model: dict[str, Any], said: str) -> None:
+    from ptconvert.errors import UnsupportedConversionError
+    from ptconvert.formats.gguf.tokenizer import _refuse_unscorable
+
+    _refuse_unscorable(sp_model(), set(), Path("tokenizer.json"))  # the consistent one passes
+    with pytest.raises(UnsupportedConversionError, match=re.escape(said)):
+        _refuse_unscorable(model, set(), Path("tokenizer.json"))
+
+
+def test_an_added_token_over_a_pieces_id_is_refused(
+    llama2: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    src = tmp_path / "clash"
+    shutil.copytree(llama2, src)
+    data = json.loads((src / "tokenizer.json").read_text())
+    he = data["model"]["vocab"]["he"]
+    data["added_tokens"].append({"id": he, "content": "<pad>", "special": True})
+    (src / "tokenizer.json").write_text(json.dumps(data))
+    out = tmp_path / "refused.gguf"
+    code, report, _ = run_cli([str(src), "--to", "gguf", "-o", str(out)], capsys)
+    assert code == 4 and not out.exists(), report
+    assert "takes id" in report["error"]["message"]

@@ -11,8 +11,9 @@ the rank of the first merge that makes it, so the two agree where every split of
 pieces is a merge, as transformers' converter of a sentencepiece model writes them.
 
 A tokenizer llama.cpp would split or spell otherwise (WordPiece, Unigram, a pre-tokenizer regex
-it has no name for, a sentencepiece-style normalizer other than Llama's) is refused before any
-work, named: a file that tokenizes differently would load and generate other text.
+it has no name for, a sentencepiece-style normalizer other than Llama's, merges no score order
+reproduces, an added token over a piece's id) is refused before any work, named: a file that
+tokenizes differently would load and generate other text.
 """
 
 from __future__ import annotations
@@ -74,14 +75,23 @@ def vocabulary(folder: Path, vocab_size: int) -> Vocabulary:
     pieces = model.get("byte_fallback")
     vocab = Vocabulary("llama", "default") if pieces else Vocabulary("gpt2", _pre_name(data, path))
     by_id: dict[int, tuple[str, int]] = {i: (t, NORMAL) for t, i in model["vocab"].items()}
+    added = data.get("added_tokens") or []
     if pieces:
         vocab.space_prefix = _space_prefix(data, path)
+        _refuse_unscorable(model, {int(a["id"]) for a in added}, path)
         by_id |= {i: (t, BYTE) for i, (t, _) in by_id.items() if BYTE_TOKEN.fullmatch(t)}
-    for added in data.get("added_tokens") or []:
-        kind = CONTROL if added.get("special") else USER_DEFINED
-        if pieces and added["content"] == model.get("unk_token"):
-            kind = UNKNOWN  # as llama.cpp's converter types sentencepiece's unknown piece
-        by_id[int(added["id"])] = (added["content"], kind)
+    for token in added:
+        kind = CONTROL if token.get("special") else USER_DEFINED
+        if pieces and token["content"] == model.get("unk_token"):
+            kind = UNKNOWN  # as llama.cpp's converter types a tokenizer.model's unknown piece
+        i = int(token["id"])
+        if i in by_id and by_id[i][0] != token["content"]:
+            raise UnsupportedConversionError(
+                f"tokenizer.json's added token {token['content']!r} takes id {i} of the piece "
+                f"{by_id[i][0]!r}: llama.cpp's vocabulary holds one token per id",
+                path=path,
+            )
+        by_id[i] = (token["content"], kind)
     if max(by_id, default=-1) >= vocab_size:
         raise UnsupportedConversionError(
             f"tokenizer.json has ids up to {max(by_id)}, past the model's vocab_size {vocab_size}",
@@ -112,9 +122,11 @@ def _scores(model: dict[str, Any], tokens: list[str]) -> list[float]:
 
 
 def _space_prefix(data: dict[str, Any], path: Path) -> bool:
-    """Whether the sentencepiece-style tokenizer puts a space before the text, from Llama 2's
-    normalizer (Prepend "▁", Replace " " → "▁") or a Metaspace pre-tokenizer; another
-    normalizer or pre-tokenizer is refused (llama.cpp's llama tokenizer does only this)."""
+    """Whether the sentencepiece-style tokenizer puts a space before the text: Llama's
+    normalizer (Prepend "▁", Replace " " → "▁"; no pre-tokenizer), which llama.cpp's llama
+    tokenizer follows at the start and after each special token. A Metaspace pre-tokenizer (a
+    file transformers 5 saved) is refused: it skips the space where the text starts with one,
+    and after special tokens under prepend_scheme "first", where llama.cpp does not."""
     normalizer = data.get("normalizer") or {}
     steps = normalizer.get("normalizers", [normalizer]) if normalizer else []
     kinds = [s.get("type") for s in steps]
@@ -124,15 +136,46 @@ def _space_prefix(data: dict[str, Any], path: Path) -> bool:
                  for s in replaces)  # fmt: skip
     if kinds and set(kinds) <= {"Prepend", "Replace"} and replaces and spaced and not pre:
         return "Prepend" in kinds
-    if not kinds and pre.get("type") == "Metaspace" and pre.get("replacement") == SPACE:
-        legacy = "always" if pre.get("add_prefix_space", True) else "never"  # tokenizers < 0.15
-        return (pre.get("prepend_scheme") or legacy) != "never"
+    found = pre.get("type") or (kinds and "/".join(str(k) for k in kinds)) or "none"
     raise UnsupportedConversionError(
-        "tokenizer.json's sentencepiece-style BPE normalizes or splits text otherwise than "
-        "Llama's (Prepend and Replace of spaces, or Metaspace), which llama.cpp's llama "
-        "tokenizer does",
+        f"tokenizer.json's sentencepiece-style BPE splits text by {found}, not Llama's "
+        "normalizer (Prepend ▁, spaces to ▁), which llama.cpp's llama tokenizer follows: it "
+        "would tokenize leading spaces and text after special tokens otherwise",
         path=path,
     )
+
+
+def _refuse_unscorable(model: dict[str, Any], added: set[int], path: Path) -> None:
+    """llama.cpp merges the pair whose concatenation scores highest (``_scores``: by the first
+    merge that makes it), which is transformers' BPE only where every piece of two or more
+    characters is made by a merge and every split of it into two pieces is a merge (as
+    transformers' converter of a sentencepiece model writes them); nor can it apply
+    ignore_merges or dropout. Refused otherwise, naming the first piece that breaks it."""
+    if model.get("dropout") or model.get("ignore_merges"):
+        raise UnsupportedConversionError(
+            "tokenizer.json's BPE sets dropout or ignore_merges, which llama.cpp's llama "
+            "tokenizer does not apply",
+            path=path,
+        )
+    vocab: dict[str, int] = model["vocab"]
+    merges = set(_merge_pairs(model))
+    made = {a + b for a, b in merges}
+    for piece, i in vocab.items():
+        if len(piece) < 2 or i in added or BYTE_TOKEN.fullmatch(piece):
+            continue
+        if piece not in made:
+            why = "no merge makes it"
+        else:
+            splits = [(piece[:k], piece[k:]) for k in range(1, len(piece))]
+            missing = [s for s in splits if s[0] in vocab and s[1] in vocab and s not in merges]
+            if not missing:
+                continue
+            why = f"its split {' + '.join(missing[0])} is no merge"
+        raise UnsupportedConversionError(
+            f"tokenizer.json's piece {piece!r}: {why}, so llama.cpp's llama tokenizer, which "
+            "merges by score, would split text otherwise than this BPE's merges",
+            path=path,
+        )
 
 
 def _pre_name(data: dict[str, Any], path: Path) -> str:
