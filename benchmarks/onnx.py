@@ -29,6 +29,9 @@ time from each run's ``--json`` report: its steps, the verification (the report'
 its steps) and the process around them (start-up, imports, exit: wall less the report's
 seconds). A generation report carries no step times: only the last two are printed there.
 
+``bert-ts`` is the BERT case with ``--onnx-exporter torchscript``: the exporter optimum-cli
+runs, a trace, against the same optimum-cli run.
+
 Run: ``.venv/bin/python benchmarks/onnx.py [--repeats 3] [--cases bert,gpt2-past] [--dir DIR]``.
 """
 
@@ -134,6 +137,14 @@ def cases() -> list[Case]:
     graph = ["--to", "onnx", "--dynamic-batch"]
     return [
         Case("bert", "bert", "feature-extraction", graph, "bert.onnx"),
+        # the exporter optimum-cli runs (a trace), asked for by name
+        Case(
+            "bert-ts",
+            "bert",
+            "feature-extraction",
+            [*graph, "--onnx-exporter", "torchscript"],
+            "bert-ts.onnx",
+        ),
         Case("gpt2", "gpt2", "text-generation", graph, "gpt2.onnx"),
         Case(
             "gpt2-past",
@@ -224,7 +235,9 @@ def print_results(selected: list[Case]) -> None:
         verdict = "met" if ratio <= 1.0 else "NOT met"
         opt_rss = max(r[1] for r in case.opt_runs)
         pt_rss = max(r[1] for r in case.pt_runs)
-        label = f"{case.model} {case.task}"
+        label = f"{case.model} {case.task}" + (
+            " (TorchScript's exporter)" if "ts" in case.name else ""
+        )
         emit(f"tiny {label} → verified ONNX", "optimum-cli export onnx", opt, ratio, 1.0, "×")
         print(
             f"{label:42} {opt:9.2f} {pt:11.2f} {ratio:5.2f}× {'≤ 1.0×':>7} {verdict:7} "

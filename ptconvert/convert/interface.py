@@ -31,8 +31,8 @@ def interface(
         names = list(flat_inputs({n: sample.get(n) for n in names}))
         sample = flat_inputs(sample)
     # a program captured by torch.export binds by keyword or by position, as it was captured;
-    # TorchScript binds either way
-    exported = state.exported is not None
+    # TorchScript binds either way; ONNX from TorchScript's exporter (declared dims) by name
+    exported = state.exported is not None or state.declared is not None
     keyword = state.positional is None and exported
     args = ", ".join(f"{n}=…" if keyword else n for n in names)
     if not exported:

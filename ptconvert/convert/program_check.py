@@ -147,14 +147,21 @@ def probe_budget(example_seconds: float | None, seconds: float) -> int:
     return max(1, min(DEFAULT_BUDGET, int(seconds / (3 * example_seconds))))
 
 
+def dims_source(state: RunState) -> Any:
+    """What states the written program's dynamic dims: its ExportedProgram, or the dims it was
+    declared with (``RunState.declared``: ONNX from TorchScript's exporter); None for neither."""
+    return state.exported if state.exported is not None else state.declared
+
+
 def dynamism(state: RunState) -> tuple[bool, bool]:
     """Whether the program has dynamic dims at all, and a dynamic batch (dim 0). TorchScript
-    (no exported program) takes any size."""
-    if state.exported is None:
+    (no exported program, no declared dims) takes any size."""
+    source = dims_source(state)
+    if source is None:
         return True, True
     from ptconvert.verify.dims import dynamic_dims
 
-    dims = dynamic_dims(state.exported)
+    dims = dynamic_dims(source)
     return bool(dims), any(d.axis == 0 for d in dims)
 
 
@@ -265,10 +272,10 @@ def _pin_unbatched(state: RunState, opts: Options) -> None:
     assert state.inputs is not None
     sample = state.inputs.at(state.inputs.batch)
     tensors = [n for n, v in sample.items() if getattr(v, "dim", lambda: 0)() > 0]
-    if state.exported is not None:
+    if (source := dims_source(state)) is not None:
         from ptconvert.verify.dims import dynamic_dims
 
-        batched = {d.input for d in dynamic_dims(state.exported) if d.axis == 0}
+        batched = {d.input for d in dynamic_dims(source) if d.axis == 0}
     else:
         matches = (DYNAMIC_SPEC.match(spec) for spec in opts.dynamic)
         batched = {m["name"] for m in matches if m is not None and m["axis"] == "0"}
@@ -330,7 +337,7 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
             "runs in another process and cannot be reset: each size compared on its first call"
         )
         runs = EagerRuns(made_by=state.inputs)  # eager's outputs so far came from other calls
-    ranged = program.exported or (state.exported if exported else None)
+    ranged = program.exported or dims_source(state)
     inputs = state.inputs
     by_accuracy = _judged_by_accuracy(state, opts)
     example = max(inputs.batch, 2) if batch_dynamic else inputs.batch

@@ -43,6 +43,9 @@ class RunState:
     quantized: Any = None  # --quantize: model.quantize.QuantizeLedger
     scripted: Any = None  # ScriptModule
     exported: Any = None  # ExportedProgram
+    # verify.dims.DeclaredDims: the dynamic dims a program without an ExportedProgram was
+    # written with (ONNX from TorchScript's exporter), which the check probes
+    declared: Any = None
     inputs: ExampleInputs | None = None
     dynamic_range: dict[str, str] = field(default_factory=dict)
     # the range verification found to hold for a dynamic dim where the first program ran wrong

@@ -25,12 +25,18 @@ def plan(src: str | Path, to: str, opts: Options) -> Plan:
     from ptconvert.formats import detect
     from ptconvert.generation.loading import read_config
     from ptconvert.generation.targets import targets
-    from ptconvert.generation.tasks import FOLDER_KINDS, check_task, refuse_precision
+    from ptconvert.generation.tasks import (
+        FOLDER_KINDS,
+        check_task,
+        refuse_precision,
+        refuse_trace_exporter,
+    )
     from ptconvert.scan.guard import refuse_unsafe
 
     assert opts.task is not None
     opts.validate()
     refuse_precision(opts, src)
+    refuse_trace_exporter(opts, src)
     refuse_unsafe(src)
     source_format = detect(src).format
     kind = check_task(opts.task, to, read_config(Path(src)), src)
@@ -90,13 +96,14 @@ def convert(src: str | Path, to: str, output: str | Path | None, opts: Options) 
     from ptconvert.formats import detect
     from ptconvert.generation.loading import load_model
     from ptconvert.generation.targets import targets
-    from ptconvert.generation.tasks import FOLDER_KINDS, refuse_precision
+    from ptconvert.generation.tasks import FOLDER_KINDS, refuse_precision, refuse_trace_exporter
     from ptconvert.scan.guard import refuse_unsafe
 
     assert opts.task in GENERATION_TASKS
     started = time.perf_counter()
     src = Path(src)
     refuse_precision(opts, src)
+    refuse_trace_exporter(opts, src)
     refuse_unsafe(src)
     seq2seq = GENERATION_TASKS[opts.task] in FOLDER_KINDS  # an encoder and a decoder: a folder
     target = targets("seq2seq" if seq2seq else "decoder").get(to)  # None: the task refuses it

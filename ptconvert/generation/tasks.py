@@ -64,6 +64,20 @@ def refuse_precision(opts: Any, path: Any) -> None:
         )
 
 
+def refuse_trace_exporter(opts: Any, path: Any) -> None:
+    """``--onnx-exporter torchscript`` on a generation export, refused before any work: the
+    cache wrappers are exported with torch.export, and a trace would freeze the cache's length."""
+    from ptconvert.formats.onnx.options import OnnxOptions
+
+    if opts.of(OnnxOptions).onnx_exporter != "dynamo":
+        raise UsageError(
+            f"--onnx-exporter torchscript is not available for --task {opts.task}: generation "
+            "exports go through torch.export and the dynamo exporter",
+            path=path,
+            hint="leave --onnx-exporter out, or export without --task …-with-past",
+        )
+
+
 def check_task(task: str, to: str, config: Any, path: Any) -> str:
     """The kind of model ``task`` exports, after checking that the directory holds one and that
     ``to`` is a target the task writes; a named error otherwise."""

@@ -4,6 +4,8 @@
   path (``logits``, ``past_key_values.0.key`` …), so that the saved program loads without
   transformers' pytree registrations (a ModelOutput in the output spec does not), and whose
   inputs keep the model's own names (positionally in the model's order, or by keyword);
+- ``LeafTuple``: the same taking tensors positionally and returning a tuple, the model's weights
+  under their own names (what TorchScript's ONNX exporter traces);
 - ``CallableModule``: any callable (a predictor's bound method) as an ``nn.Module``.
 Built on first use so that importing this module does not import torch.
 """
@@ -62,6 +64,22 @@ def _classes() -> dict[str, type]:
                 kwargs["use_cache"] = False
             return {leaf_name(k): v for k, v in output_leaves(self.model(**kwargs)).items()}
 
+    class LeafTuple(torch.nn.Module):
+        """``NamedOutputs`` taking tensors positionally and returning its values as a tuple,
+        holding the model's children and weights under their own names: a module TorchScript's
+        tracer (and ONNX exporter) takes, whose graph's weights are named as the checkpoint's."""
+
+        named: Any
+
+        def __init__(self, model: Any, names: list[str]) -> None:
+            super().__init__()
+            _compat.torch_api.adopt_children(self, model)
+            # not registered: its weights are this module's own already
+            object.__setattr__(self, "named", NamedOutputs(model, names))
+
+        def forward(self, *tensors: Any) -> tuple[Any, ...]:
+            return tuple(self.named(*tensors).values())
+
     class CallableModule(torch.nn.Module):
         def __init__(self, fn: Any) -> None:
             super().__init__()
@@ -93,6 +111,7 @@ def _classes() -> dict[str, type]:
 
     return {
         "NamedOutputs": NamedOutputs,
+        "LeafTuple": LeafTuple,
         "CallableModule": CallableModule,
         "KeywordsToPositions": KeywordsToPositions,
     }
@@ -119,6 +138,12 @@ def named_outputs(model: Any, names: list[str]) -> Any:
     forward.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     cls = type("NamedOutputs", (base,), {"forward": forward})
     return cls(model, names)
+
+
+def leaf_tuple(model: Any, names: list[str]) -> Any:
+    """``model`` taking ``names`` positionally and returning its output leaves as a tuple, in
+    ``output_leaves``' order (``LeafTuple``: the form TorchScript's tracer takes)."""
+    return _classes()["LeafTuple"](model, names)
 
 
 def callable_module(fn: Any) -> Any:

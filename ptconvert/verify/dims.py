@@ -1,5 +1,7 @@
 """A program's dynamic dims as its ExportedProgram declares them (``dynamic_dims``: each user
-input's symbolic axes, their ranges and the symbol they share) and in words (``describe``)."""
+input's symbolic axes, their ranges and the symbol they share), or as a program without one
+was asked for (``DeclaredDims``: a trace exported to ONNX with named axes), and in words
+(``describe``)."""
 
 from __future__ import annotations
 
@@ -115,8 +117,20 @@ def user_inputs(ep: Any) -> list[tuple[str, Any]]:
     return out
 
 
+@dataclass(frozen=True)
+class DeclaredDims:
+    """The dynamic dims a program was written with where no ExportedProgram states them (ONNX
+    from TorchScript's exporter, whose ``dynamic_axes`` name them): the check probes them as it
+    probes an ExportedProgram's; there are no guards to read."""
+
+    dims: tuple[DynamicDim, ...]
+
+
 def dynamic_dims(ep: Any) -> list[DynamicDim]:
-    """Every symbolic dim of the program's user inputs, with the range torch guarantees."""
+    """Every symbolic dim of the program's user inputs, with the range torch guarantees (a
+    ``DeclaredDims``: those declared)."""
+    if isinstance(ep, DeclaredDims):
+        return list(ep.dims)
     found: list[tuple[str, int, Any, int, bool]] = []
     for name, val in user_inputs(ep):
         shape = getattr(val, "shape", None)

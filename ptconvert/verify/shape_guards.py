@@ -76,6 +76,10 @@ def shape_guards(ep: Any, rename: dict[str, str] | None = None) -> GuardSet | No
     """The guards torch checks when the program is called (private ``_guards_code``, kept by
     ``torch.export.save``), or None when this torch has none to read. ``rename``: the program's
     input names → the caller's (``verify``'s reference names), the guards read by those."""
+    from ptconvert.verify.dims import DeclaredDims
+
+    if isinstance(ep, DeclaredDims):  # declared, not traced: no guards recorded
+        return None
     codes = _compat.torch_api.guards_code(ep)
     if not codes:
         return None

@@ -111,12 +111,16 @@ def sentence_pairs() -> dict[str, torch.Tensor]:
 # issue 40: `--to onnx` of a classifier wrote one bare .onnx file (no config.json), which
 # ORTModelForSequenceClassification took for a hub id; now it is optimum's folder, its graph
 # taking BERT's token_type_ids, batch and sequence dynamic
+# and as TorchScript's exporter writes it (--onnx-exporter torchscript, optimum-cli's own)
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 def test_bert_classifier_onnx_matches_eager_on_sentence_pairs_in_ortmodel(
-    client_python: Path, tmp_path: Path
+    client_python: Path, tmp_path: Path, exporter: str
 ) -> None:
     source = tiny_bert_classifier(tmp_path)
     out = tmp_path / "bert-cls-onnx"
-    ptconvert.convert(source, "onnx", out)
+    report = ptconvert.convert(source, "onnx", out, onnx_exporter=exporter)
+    steps = [s.step for s in report.steps]
+    assert ("onnx_trace_export" in steps) == (exporter == "torchscript") != ("export" in steps)
     graph = onnx.load(out / "model.onnx").graph
     assert [i.name for i in graph.input] == ["input_ids", "attention_mask", "token_type_ids"]
     assert [o.name for o in graph.output] == ["logits"]

@@ -64,6 +64,10 @@ ONNX_DTYPES: dict[int, str] = {
 }
 
 
+def _exporter(opts: Any) -> str:
+    return str(opts.of(OnnxOptions).onnx_exporter)
+
+
 def is_onnx(head: bytes) -> bool:
     """A ModelProto's first bytes: ir_version (field 1, a varint), then a string field."""
     return len(head) >= 3 and head[0] == 0x08 and head[1] < 0x20 and head[2] in (0x12, 0x1A, 0x3A)
@@ -91,6 +95,19 @@ class OnnxFormat(Format):
             "onnx",
             extra_hint("onnx") + ": onnx, onnxscript and onnxruntime",
             installed("onnx", "onnxscript", "onnxruntime", "onnx_ir"),
+        ),
+        # --onnx-exporter picks one of the two edges to onnx: an explicit choice, never a
+        # fallback from one exporter to the other
+        Need(
+            "onnx_dynamo_exporter",
+            "pass --onnx-exporter dynamo (the default): TorchScript's exporter traces a module, "
+            "and this route holds a program",
+            lambda f, o: _exporter(o) == "dynamo",
+        ),
+        Need(
+            "onnx_torchscript_exporter",
+            "pass --onnx-exporter torchscript",
+            lambda f, o: _exporter(o) == "torchscript",
         ),
     )
     load_line = "import onnxruntime\nsess = onnxruntime.InferenceSession(p)"

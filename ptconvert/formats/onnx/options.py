@@ -1,12 +1,16 @@
 """The ONNX target's own options (``OnnxFormat.options_class``): the CLI's ``--opset``,
-``--external-data`` and ``--onnx-optimize``, the API's keywords of the same names."""
+``--external-data``, ``--onnx-optimize`` and ``--onnx-exporter``, the API's keywords of the
+same names."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from ptconvert.errors import UsageError
 from ptconvert.options import flag
+
+Exporter = Literal["dynamo", "torchscript"]
 
 
 @dataclass
@@ -28,6 +32,18 @@ class OnnxOptions:
     onnx_optimize: bool = field(
         default=False,
         metadata=flag("--onnx-optimize", help="--to onnx: run onnxscript's graph optimizer."),
+    )
+
+    # which of torch.onnx's exporters writes the graph: the dynamo exporter from the
+    # ExportedProgram, or TorchScript's (a trace of the module, as optimum-cli exports)
+    onnx_exporter: Exporter = field(
+        default="dynamo",
+        metadata=flag(
+            "--onnx-exporter",
+            choices=get_args(Exporter),
+            help="--to onnx: torch.onnx's dynamo exporter (from torch.export), or TorchScript's "
+            "(a trace of the module, as optimum-cli exports: faster, control flow frozen).",
+        ),
     )
 
     def validate(self) -> None:

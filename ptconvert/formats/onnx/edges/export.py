@@ -277,30 +277,16 @@ def onnx_export(state: RunState, opts: Options) -> None:
     own = opts.of(OnnxOptions)
     size = _weight_bytes(ep)
     external = own.external_data or size > PROTOBUF_LIMIT
-    destination = state.destination or state.output
-    if state.staged is not None:  # a program written before on this run was rejected
-        shutil.rmtree(state.staged.parent, ignore_errors=True)
-    # in the run's private folder beside the output (``atomic_path``): same filesystem, and
-    # removed with it whatever happens
-    stage = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=state.output.parent))
-    state.staged = stage / destination.name
-    program.save(state.staged, external_data=external)
-    if not external:  # a data file beside an output this replaces belonged to the old model
-        state.obsolete = [destination.parent / f"{destination.name}.data"]
+    staged = stage_output(state, external)
+    program.save(staged, external_data=external)
     if external:
-        state.companions = [p for p in stage.iterdir() if p != state.staged]
+        state.companions = [p for p in staged.parent.iterdir() if p != staged]
         why = "on request" if own.external_data else f"the weights are {size / 1024**3:.1f} GB"
         state.notes.append(
             f"weights in external data ({', '.join(p.name for p in state.companions)}; {why}): "
             "keep the files together"
         )
-    onnx = require("onnx")
-    try:
-        onnx.checker.check_model(str(state.staged), full_check=True)
-    except Exception as exc:
-        raise UnsupportedConversionError(
-            f"the exported ONNX model fails onnx.checker: {str(exc)[:300]}", path=state.src
-        ) from None
+    check_written(state)
     opset = program.model.opset_imports.get("")
     state.notes.append(
         f"ONNX opset {opset}, checked with onnx.checker"
@@ -320,6 +306,32 @@ def onnx_export(state: RunState, opts: Options) -> None:
             f"--opset {own.opset} was asked for; torch's exporter wrote opset {opset} (it "
             "writes the opsets it supports, converting down only where its converter can)"
         )
+
+
+def stage_output(state: RunState, external: bool) -> Path:
+    """Where an exporter writes the ONNX file (``state.staged``): the run's private folder
+    beside the output (``atomic_path``: same filesystem, removed with it whatever happens),
+    with room for its external data; a program this run wrote and rejected before is removed."""
+    assert state.output is not None
+    destination = state.destination or state.output
+    if state.staged is not None:  # a program written before on this run was rejected
+        shutil.rmtree(state.staged.parent, ignore_errors=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=state.output.parent))
+    state.staged = stage / destination.name
+    if not external:  # a data file beside an output this replaces belonged to the old model
+        state.obsolete = [destination.parent / f"{destination.name}.data"]
+    return state.staged
+
+
+def check_written(state: RunState) -> None:
+    """``onnx.checker`` (full check: shape inference too) on the staged file."""
+    onnx = require("onnx")
+    try:
+        onnx.checker.check_model(str(state.staged), full_check=True)
+    except Exception as exc:
+        raise UnsupportedConversionError(
+            f"the exported ONNX model fails onnx.checker: {str(exc)[:300]}", path=state.src
+        ) from None
 
 
 def _named(ep: Any, names: dict[str, str]) -> list[Any]:
