@@ -2,8 +2,8 @@
 
 Runs, one after the other, each printing its own tables as it goes:
 
-- ``onnx.py --cases bert,bert-ts,gpt2-past``: tiny BERT (either exporter: ``bert-ts`` is
-  ``--onnx-exporter torchscript``) and tiny GPT-2 with past → verified ONNX
+- ``onnx.py --cases bert,bert-ts,gpt2-past,gpt2-past-ts``: tiny BERT and tiny GPT-2 with past
+  → verified ONNX, by either exporter (``-ts``: ``--onnx-exporter torchscript``),
   against ``optimum-cli export onnx`` (its venv, ``.venv-optimum``, is built the first time);
 - ``weights.py``: a 1 GiB pickle ↔ safetensors, verified, synced, against ``cp``;
 - ``programs.py``: a 204 M GPT-2 → verified pt2 against the raw ``torch.export`` + save;
@@ -104,7 +104,14 @@ def main() -> None:
         before = os.getloadavg()[0]
         py = sys.executable
         runs = [
-            [py, str(HERE / "onnx.py"), "--cases", "bert,bert-ts,gpt2-past", "--repeats", rounds],
+            [
+                py,
+                str(HERE / "onnx.py"),
+                "--cases",
+                "bert,bert-ts,gpt2-past,gpt2-past-ts",
+                "--repeats",
+                rounds,
+            ],
             [py, str(HERE / "weights.py"), "--repeats", rounds],
             [py, str(HERE / "programs.py"), "--rounds", "1" if args.quick else "2"],
         ]

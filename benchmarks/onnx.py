@@ -29,8 +29,8 @@ time from each run's ``--json`` report: its steps, the verification (the report'
 its steps) and the process around them (start-up, imports, exit: wall less the report's
 seconds). A generation report carries no step times: only the last two are printed there.
 
-``bert-ts`` is the BERT case with ``--onnx-exporter torchscript``: the exporter optimum-cli
-runs, a trace, against the same optimum-cli run.
+``bert-ts`` and ``gpt2-past-ts`` are those cases with ``--onnx-exporter torchscript``: the
+exporter optimum-cli runs, a trace, against the same optimum-cli command.
 
 Run: ``.venv/bin/python benchmarks/onnx.py [--repeats 3] [--cases bert,gpt2-past] [--dir DIR]``.
 """
@@ -154,6 +154,20 @@ def cases() -> list[Case]:
             "gpt2-past.onnx",
         ),
         Case(
+            "gpt2-past-ts",
+            "gpt2",
+            "text-generation-with-past",
+            [
+                "--to",
+                "onnx",
+                "--task",
+                "text-generation-with-past",
+                "--onnx-exporter",
+                "torchscript",
+            ],
+            "gpt2-past-ts.onnx",
+        ),
+        Case(
             "t5-past",
             "t5",
             "text2text-generation-with-past",
@@ -236,7 +250,7 @@ def print_results(selected: list[Case]) -> None:
         opt_rss = max(r[1] for r in case.opt_runs)
         pt_rss = max(r[1] for r in case.pt_runs)
         label = f"{case.model} {case.task}" + (
-            " (TorchScript's exporter)" if "ts" in case.name else ""
+            " (TorchScript's exporter)" if case.name.endswith("-ts") else ""
         )
         emit(f"tiny {label} → verified ONNX", "optimum-cli export onnx", opt, ratio, 1.0, "×")
         print(

@@ -414,7 +414,7 @@ def _narrows(exc: VerificationError, capture: Edge | None, state: RunState) -> b
     return (
         isinstance(exc, ExportAgain)
         and capture is not None
-        and capture.step == "export"
+        and capture.step in ("export", "onnx_trace_export")
         and state.module is not None
         and exc.new(state)
     )

@@ -232,7 +232,7 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
             "the example has batch 1, which torch.export specialises: traced at batch 2 with a "
             "dynamic batch dimension (batch 1 still runs)"
         )
-    inputs = _away_from_the_minimum(state, opts, inputs)
+    inputs = away_from_the_minimum(state, opts, inputs)
     sample = inputs.at(batch)
     axes = family_axes(state.module, opts, sample) if wrapped and not state.static_axes else []
     shapes: Any = dynamic_shapes(opts, sample, state.bounds, axes)
@@ -319,7 +319,7 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
     )
 
 
-def _away_from_the_minimum(state: RunState, opts: Options, inputs: ExampleInputs) -> ExampleInputs:
+def away_from_the_minimum(state: RunState, opts: Options, inputs: ExampleInputs) -> ExampleInputs:
     """An example at the minimum of a ``--dynamic`` range is traced at a size inside it: at the
     smallest image a network's last feature map is often 1 wide, and torch.export fixes such a
     size, so the program would take that one size only. The range check after the conversion
@@ -339,7 +339,7 @@ def _away_from_the_minimum(state: RunState, opts: Options, inputs: ExampleInputs
     if not sizes:
         return inputs
     state.notes.append(
-        "the example is at the minimum of a --dynamic range, where torch.export fixes sizes "
+        "the example is at the minimum of a --dynamic range, where a trace fixes sizes "
         "that come out as 1: traced at "
         + ", ".join(f"{n} dim {a} = {v}" for (n, a), v in sizes.items())
     )

@@ -86,6 +86,23 @@ class AxesCostBatchOne(ExportAgain):
         state.static_axes = True
 
 
+class TracedAxesWrong(ExportAgain):
+    """A trace (TorchScript's ONNX exporter) with a transformers family's axes made dynamic by
+    default (not asked for) runs wrong or fails at their other sizes (ViT's position table
+    takes its configured size only): traced again with them at the example's sizes, as the
+    export route gives them up when torch.export fails on them."""
+
+    def __init__(self, message: str, note: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.note = note
+
+    def new(self, state: RunState) -> bool:
+        return bool(state.family_axes) and not state.static_axes
+
+    def apply(self, state: RunState) -> None:
+        state.static_axes = True
+
+
 # The check's optional work — batch sizes beyond 1, 2 and 3, probes of a dynamic dim above its
 # example — is sized to a share of the time the route's steps took (export, save, …), so that
 # checking a large model costs a fraction of converting it; the comparisons it always makes (the
@@ -145,6 +162,11 @@ def probe_budget(example_seconds: float | None, seconds: float) -> int:
     if not example_seconds:
         return DEFAULT_BUDGET
     return max(1, min(DEFAULT_BUDGET, int(seconds / (3 * example_seconds))))
+
+
+def traced(state: RunState) -> bool:
+    """The program is a trace whose dims were declared (ONNX from TorchScript's exporter)."""
+    return state.exported is None and state.declared is not None
 
 
 def dims_source(state: RunState) -> Any:
@@ -341,6 +363,12 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
     inputs = state.inputs
     by_accuracy = _judged_by_accuracy(state, opts)
     example = max(inputs.batch, 2) if batch_dynamic else inputs.batch
+    budget = probe_budget(state.example_seconds, check_seconds(state.steps_seconds))
+    seconds: float | None = optional_seconds(state.example_seconds, state.steps_seconds)
+    if traced(state):
+        # nothing says what a trace computes above its example (no guards, no symbolic
+        # shapes): every probe runs, each dim's top at twice the example at least
+        budget, seconds = max(budget, 2), None
     with progress.step(f"comparing the {to} program with eager at batch sizes {batches}"):
         judged = judge_program(
             reference,
@@ -350,8 +378,8 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
             ranged if any_dynamic else None,
             lambda: inputs.at(example),
             eager=runs,
-            budget=probe_budget(state.example_seconds, check_seconds(state.steps_seconds)),
-            seconds=optional_seconds(state.example_seconds, state.steps_seconds),
+            budget=budget,
+            seconds=seconds,
             shared=not opts.batch_sizes,  # sizes the user asks for spend none of it
             accuracy=by_accuracy,
         )
@@ -461,6 +489,17 @@ def _judge_ranges(state: RunState, to: str, ranges: Any, opts: Options) -> None:
             "one dynamic all the same",
             path=state.src,
         )
+    family = {k for a in state.family_axes for k in a.dims}
+    frozen = [r for r in ranges.dims if r.dim.key in family and (r.wrong or r.status == "fails")]
+    if frozen and traced(state) and not state.static_axes:
+        axes = " and ".join(a.name for a in state.family_axes)
+        said = "; ".join(r.text for r in frozen)[:200]
+        raise TracedAxesWrong(
+            f"the traced {to} fails or runs wrong at other sizes of {axes} ({said})",
+            f"{axes} kept at the example's sizes: declared dynamic, the trace failed or ran "
+            f"wrong at other sizes ({said}); --static-sequence says so up front",
+            path=state.src,
+        )
     if ranges.status == "fail":
         raise VerificationError(
             "no size of a dynamic dimension gives the eager result: " + "; ".join(ranges.texts),
@@ -471,7 +510,9 @@ def _judge_ranges(state: RunState, to: str, ranges: Any, opts: Options) -> None:
         raise _runs_wrong(state, to, ranges.dims)
     if ranges.status == "narrowed":
         state.notes.append(
-            "the program does not run on the whole range torch reports; it runs for: "
+            "the program does not run on the whole range "
+            + ("declared" if traced(state) else "torch reports")
+            + "; it runs for: "
             + "; ".join(ranges.texts)
         )
 

@@ -65,16 +65,19 @@ def refuse_precision(opts: Any, path: Any) -> None:
 
 
 def refuse_trace_exporter(opts: Any, path: Any) -> None:
-    """``--onnx-exporter torchscript`` on a generation export, refused before any work: the
-    cache wrappers are exported with torch.export, and a trace would freeze the cache's length."""
+    """``--onnx-exporter torchscript`` on a seq2seq generation export, refused before any work:
+    its encoder and decoders go through torch.export (a decoder with past is traced,
+    ``past._traced``)."""
     from ptconvert.formats.onnx.options import OnnxOptions
 
-    if opts.of(OnnxOptions).onnx_exporter != "dynamo":
+    if opts.of(OnnxOptions).onnx_exporter != "dynamo" and GENERATION_TASKS[opts.task] in (
+        FOLDER_KINDS
+    ):
         raise UsageError(
-            f"--onnx-exporter torchscript is not available for --task {opts.task}: generation "
-            "exports go through torch.export and the dynamo exporter",
+            f"--onnx-exporter torchscript is not available for --task {opts.task}: its encoder "
+            "and decoders are exported through torch.export and the dynamo exporter",
             path=path,
-            hint="leave --onnx-exporter out, or export without --task …-with-past",
+            hint="leave --onnx-exporter out",
         )
 
 

@@ -80,13 +80,17 @@ def test_whisper_onnx_folder_generates_in_ortmodel_for_speech_seq2seq(
 
 # issue 40: -o OUT wrote one bare .onnx file at OUT, which ORTModelForCausalLM took for a hub
 # id; now it is optimum's folder (model.onnx beside config.json, generation_config.json)
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+# (and a decoder TorchScript's exporter traced with its cache, as optimum-cli exports it)
+@pytest.mark.parametrize(
+    ("family", "exporter"),
+    [("gpt2", "dynamo"), ("llama", "dynamo"), ("gpt2", "torchscript"), ("llama", "torchscript")],
+)
 def test_causal_lm_onnx_generates_in_ortmodel_for_causal_lm(
-    family: str, client_python: Path, tmp_path: Path
+    family: str, exporter: str, client_python: Path, tmp_path: Path
 ) -> None:
     source = build(family, tmp_path)
     out = tmp_path / f"{family}-onnx"
-    ptconvert.convert(source, "onnx", out, task="text-generation-with-past")
+    ptconvert.convert(source, "onnx", out, task="text-generation-with-past", onnx_exporter=exporter)
     model = decoders.eager(source)
     for rows in (1, 2):
         ids = torch.randint(3, 98, (rows, 5), generator=torch.Generator().manual_seed(7))

@@ -286,7 +286,7 @@ def onnx_export(state: RunState, opts: Options) -> None:
             f"weights in external data ({', '.join(p.name for p in state.companions)}; {why}): "
             "keep the files together"
         )
-    check_written(state)
+    check_written(staged, state.src)
     opset = program.model.opset_imports.get("")
     state.notes.append(
         f"ONNX opset {opset}, checked with onnx.checker"
@@ -323,15 +323,20 @@ def stage_output(state: RunState, external: bool) -> Path:
     return state.staged
 
 
-def check_written(state: RunState) -> None:
-    """``onnx.checker`` (full check: shape inference too) on the staged file."""
+def check_written(path: Path, src: Path) -> tuple[int | None, list[str]]:
+    """``onnx.checker`` (full check: shape inference too) on a written file, a failure named
+    by ``src``; the file's ai.onnx opset and its graph's inputs."""
     onnx = require("onnx")
     try:
-        onnx.checker.check_model(str(state.staged), full_check=True)
+        onnx.checker.check_model(str(path), full_check=True)
     except Exception as exc:
         raise UnsupportedConversionError(
-            f"the exported ONNX model fails onnx.checker: {str(exc)[:300]}", path=state.src
+            f"the exported ONNX model ({path.name}) fails onnx.checker: {str(exc)[:300]}",
+            path=src,
         ) from None
+    model = onnx.load(str(path), load_external_data=False)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    return opset, [i.name for i in model.graph.input]
 
 
 def _named(ep: Any, names: dict[str, str]) -> list[Any]:

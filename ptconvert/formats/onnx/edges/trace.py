@@ -57,18 +57,28 @@ def _refuse_options(opts: Options) -> None:
 
 
 def declared_dims(
-    opts: Options, sample: dict[str, Any], state: RunState, axes: list[Any]
+    opts: Options,
+    sample: dict[str, Any],
+    state: RunState,
+    axes: list[Any],
+    unbatched: set[str],
 ) -> list[DynamicDim]:
     """The dims the dynamo route would make dynamic (``exporting.dynamic_shapes``: the batch,
     a transformers family's axes, ``--dynamic``, the bounds the check found), each named as
-    the ONNX file names it and with the range asked for."""
+    the ONNX file names it and with the range asked for. ``unbatched``: inputs whose dim 0
+    does not follow the batch (a table of fixed rows), left at their size unless ``--dynamic``
+    names it: torch.export tells them apart by itself, a trace cannot."""
     from ptconvert.convert.exporting import dynamic_shapes
     from ptconvert.model.axes import AXIS_NAMES
+    from ptconvert.options import DYNAMIC_SPEC
 
+    named = {(m["name"], int(m["axis"])) for m in map(DYNAMIC_SPEC.match, opts.dynamic) if m}
     shapes = dynamic_shapes(opts, sample, state.bounds, axes) or {}
     found: list[tuple[str, int, str, int, int | None]] = []
     for name, spec in shapes.items():
         for axis, hint in (spec or {}).items():
+            if axis == 0 and name in unbatched and (name, 0) not in named:
+                continue
             low = getattr(hint, "min", None)
             high = getattr(hint, "max", None)
             batch = axis == 0 and opts.dynamic_batch
@@ -101,24 +111,38 @@ def declared_dims(
 
 
 def _output_axes(
-    outputs: dict[str, Any], dims: list[DynamicDim], sample: dict[str, Any]
+    runs: list[tuple[dict[str, Any], dict[str, Any]]], dims: list[DynamicDim]
 ) -> dict[str, dict[int, str]]:
-    """Each output's dims that have a dynamic input dim's size at the trace, named as it is
-    (when that size belongs to one name only): ``last_hidden_state`` gets ``batch_size`` and
-    ``sequence_length`` as optimum names them; a dim left out gets the exporter's own name."""
-    by_size: dict[int, set[str]] = {}
-    for d in dims:
-        by_size.setdefault(sample[d.input].shape[d.axis], set()).add(str(d.symbol))
+    """Each output's dims that have a dynamic input dim's size in every run (inputs, outputs)
+    given, named as that dim is (when that size belongs to one name only): ``last_hidden_state``
+    gets ``batch_size`` and ``sequence_length`` as optimum names them, a classifier's 2 labels
+    stay 2 though the trace's batch is 2 too; a dim left out gets the exporter's own name."""
     out: dict[str, dict[int, str]] = {}
-    for name, tensor in outputs.items():
-        axes = {
-            i: next(iter(by_size[s]))
-            for i, s in enumerate(tensor.shape)
-            if len(by_size.get(s, ())) == 1
-        }
-        if axes:
-            out[name] = axes
+    first = runs[0][1]
+    for name in first:
+        for i in range(first[name].dim()):
+            fits = None
+            for sample, outputs in runs:
+                by_size: dict[int, set[str]] = {}
+                for d in dims:
+                    by_size.setdefault(sample[d.input].shape[d.axis], set()).add(str(d.symbol))
+                here = by_size.get(outputs[name].shape[i], set())
+                fits = here if fits is None else fits & here
+            if fits is not None and len(fits) == 1:
+                out.setdefault(name, {})[i] = next(iter(fits))
     return out
+
+
+def _another_size(sample: dict[str, Any], dims: list[DynamicDim]) -> dict[str, Any]:
+    """``sample`` with every declared dim one larger (one smaller at its maximum)."""
+    from ptconvert.verify.probes import resize
+
+    sizes = {}
+    for d in dims:
+        at = sample[d.input].shape[d.axis]
+        up = d.max is None or at + 1 <= d.max
+        sizes[d.key] = at + 1 if up else max(d.min, at - 1)
+    return resize(sample, sizes)
 
 
 def trace_export(state: RunState, opts: Options) -> None:
@@ -126,10 +150,10 @@ def trace_export(state: RunState, opts: Options) -> None:
     _refuse_options(opts)
     import torch
 
-    from ptconvert.convert.exporting import family_axes
-    from ptconvert.model.wrappers import leaf_name, leaf_tuple, output_leaves
+    from ptconvert.convert.exporting import away_from_the_minimum, family_axes
+    from ptconvert.model.wrappers import leaf_tuple
 
-    inputs = require_inputs(state)
+    inputs = away_from_the_minimum(state, opts, require_inputs(state))
     module = state.module
     batch = max(inputs.batch, 2) if opts.dynamic_batch else inputs.batch
     sample = inputs.at(batch)
@@ -140,7 +164,8 @@ def trace_export(state: RunState, opts: Options) -> None:
             path=state.src,
             hint="use the dynamo exporter (--onnx-exporter dynamo, the default)",
         )
-    size = sum(t.numel() * t.element_size() for t in module.state_dict().values())
+    tensors = module.state_dict().values()  # a tied weight once
+    size = sum({t.data_ptr(): t.numel() * t.element_size() for t in tensors}.values())
     if size > PROTOBUF_LIMIT:
         raise UnsupportedConversionError(
             f"the weights are {size / 1024**3:.1f} GB, over what one protobuf holds, and "
@@ -151,63 +176,61 @@ def trace_export(state: RunState, opts: Options) -> None:
         )
     hf = hasattr(module, "config")
     axes = family_axes(module, opts, sample) if hf and not state.static_axes else []
-    dims = declared_dims(opts, sample, state, axes)
+    other = inputs.at(batch + 1)
+    unbatched = {n for n, v in sample.items() if v.dim() and other[n].shape[0] == v.shape[0]}
+    dims = declared_dims(opts, sample, state, axes, unbatched)
     names = list(sample)
     traced = leaf_tuple(module, names).eval()
-    with torch.no_grad():
-        leaves = output_leaves(module(**sample))
-    outputs = {leaf_name(k): v for k, v in leaves.items()}
-    if len(outputs) != len(leaves) or set(outputs) & set(names):
-        outputs = {f"output_{i}": v for i, v in enumerate(leaves.values())}
+
+    def run(feed: dict[str, Any]) -> dict[str, Any]:
+        with torch.no_grad():  # the trace's outputs, by name (a transformers model's cache off)
+            return dict(traced.named(*(feed[n] for n in names)))
+
+    outputs = run(sample)
+    runs = [(sample, outputs)]
+    if dims:
+        try:  # which output dims follow the inputs' dynamic dims: seen at a second size
+            moved = _another_size(sample, dims)
+            runs.append((moved, run(moved)))
+        except Exception:  # eager refuses other sizes: named by the one run (the check judges)
+            pass
     dynamic_axes: dict[str, dict[int, str]] = {}
     for d in dims:
         dynamic_axes.setdefault(d.input, {})[d.axis] = str(d.symbol)
-    dynamic_axes.update(_output_axes(outputs, dims, sample))
+    for name, axes_of in _output_axes(runs, dims).items():
+        dynamic_axes[_output_name(name, names)] = axes_of
+    outputs = {_output_name(k, names): v for k, v in outputs.items()}
     own = opts.of(OnnxOptions)
     staged = stage_output(state, external=False)
-    quiet = io.StringIO()
-    with (
-        quiet_torch(),
-        contextlib.redirect_stdout(quiet),
-        warnings.catch_warnings(record=True) as caught,
-    ):
-        warnings.simplefilter("always", torch.jit.TracerWarning)
-        try:
-            torch.onnx.export(
-                traced,
-                tuple(sample[n] for n in names),
-                str(staged),
-                input_names=names,
-                output_names=list(outputs),
-                dynamic_axes=dynamic_axes,
-                opset_version=own.opset,
-                dynamo=False,
-            )
-        except Exception as exc:
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            raise UnsupportedConversionError(
-                f"TorchScript's ONNX exporter cannot export this model: {type(exc).__name__}: "
-                f"{first}",
-                path=state.src,
-                hint="use the dynamo exporter (--onnx-exporter dynamo, the default)",
-            ) from None
-    check_written(state)
+    try:
+        frozen = traced_to_onnx(
+            traced, tuple(sample[n] for n in names), staged, names, list(outputs), dynamic_axes,
+            own.opset,
+        )  # fmt: skip
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise UnsupportedConversionError(
+            f"TorchScript's ONNX exporter cannot export this model: {type(exc).__name__}: {first}",
+            path=state.src,
+            hint="use the dynamo exporter (--onnx-exporter dynamo, the default)",
+        ) from None
+    opset, taken = check_written(staged, state.src)
+    unused = [n for n in names if n not in taken]
+    if unused:
+        state.notes.append(
+            f"the graph has no input {', '.join(unused)}: the model does not use it, and "
+            "TorchScript's exporter leaves out what a trace does not read (feed only the "
+            "graph's inputs)"
+        )
     state.declared = DeclaredDims(tuple(dims))
     from ptconvert.verify.dims import describe
 
     state.dynamic_range = {d.where: describe(d, dims) for d in dims}
     state.family_axes = list(axes)
-    frozen = sum(issubclass(w.category, torch.jit.TracerWarning) for w in caught)
-    opset = _opset(staged)
     state.notes.append(
         f"ONNX opset {opset} from TorchScript's exporter (--onnx-exporter torchscript): a trace "
         f"at batch {batch}"
-        + (
-            f"; the tracer warned {frozen} time{'s' * (frozen != 1)} that a Python value is "
-            "frozen at the example's (the check compares other sizes)"
-            if frozen
-            else ""
-        )
+        + frozen_words(frozen)
         + (
             "; dynamic dims named "
             + ", ".join(dict.fromkeys(f"{d.symbol} (dim {d.axis})" for d in dims))
@@ -219,8 +242,52 @@ def trace_export(state: RunState, opts: Options) -> None:
         state.notes.append(f"--opset {own.opset} was asked for; the exporter wrote opset {opset}")
 
 
-def _opset(path: Any) -> int | None:
-    import onnx
+def traced_to_onnx(
+    module: Any,
+    args: tuple[Any, ...],
+    path: Any,
+    inputs: list[str],
+    outputs: list[str],
+    dynamic_axes: dict[str, dict[int, str]],
+    opset: int | None,
+) -> int:
+    """``module`` traced on ``args`` and written to ``path`` by TorchScript's ONNX exporter,
+    inputs and outputs named, ``dynamic_axes`` named dims: ptconvert's one call of it (the
+    graph's edge and the decoders with past). Returns how often the tracer warned that a
+    Python value was frozen (TracerWarning)."""
+    import torch
 
-    model = onnx.load(str(path), load_external_data=False)
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    with (
+        quiet_torch(),
+        contextlib.redirect_stdout(io.StringIO()),  # --json owns stdout
+        warnings.catch_warnings(record=True) as caught,
+        torch.no_grad(),
+    ):
+        warnings.simplefilter("always", torch.jit.TracerWarning)
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=dynamic_axes,
+            opset_version=opset,
+            dynamo=False,
+        )
+    return sum(issubclass(w.category, torch.jit.TracerWarning) for w in caught)
+
+
+def _output_name(name: str, inputs: list[str]) -> str:
+    """An output's name in the graph: its leaf name, unless TorchScript's exporter refuses it
+    (a tuple's ``0``) or an input has it: ``output_<name>``."""
+    return f"output_{name}" if name[:1].isdigit() or name in inputs else name
+
+
+def frozen_words(frozen: int) -> str:
+    """``; the tracer warned N times …`` for a note, or nothing."""
+    if not frozen:
+        return ""
+    return (
+        f"; the tracer warned {frozen} time{'s' * (frozen != 1)} that a Python value is frozen "
+        "at the example's (the check compares other sizes)"
+    )

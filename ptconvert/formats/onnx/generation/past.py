@@ -95,6 +95,8 @@ def export_decoder_onnx(model: Any, path: Path, opts: Options) -> list[str]:
     rest += [{0: dyn, 2: dyn}] * len(shapes)
     dims = ({0: dyn, 1: dyn}, {0: dyn, 1: dyn}, tuple(rest))
     wrapper = _wrapper(model, layers, positions)
+    if opts.of(OnnxOptions).onnx_exporter == "torchscript":
+        return _traced(wrapper, args, layers, positions, path, opts)
     try:
         from ptconvert.convert.exporting import export_in_mode, wrapper_mode
 
@@ -113,6 +115,44 @@ def export_decoder_onnx(model: Any, path: Path, opts: Options) -> list[str]:
     return [
         f"ONNX opset {opset}, checked with onnx.checker; {layers} layers of past_key_values "
         "inputs and present outputs (optimum's names)"
+    ]
+
+
+def _traced(
+    wrapper: Any, args: list[Any], layers: int, positions: bool, path: Path, opts: Options
+) -> list[str]:
+    """The decoder with past written by TorchScript's exporter (``--onnx-exporter
+    torchscript``, as optimum-cli exports it): one trace at batch 2, 3 past and 4 new positions,
+    the dims named in the call. The check by generating runs it from an empty past."""
+    from ptconvert.formats.onnx.edges.export import check_written
+    from ptconvert.formats.onnx.edges.trace import frozen_words, traced_to_onnx
+
+    inputs = ["input_ids", "attention_mask", *(["position_ids"] if positions else [])]
+    inputs += [PAST.format(i, kind) for i in range(layers) for kind in ("key", "value")]
+    outputs = ["logits"] + [PRESENT.format(i, k) for i in range(layers) for k in ("key", "value")]
+    total = "past_sequence_length + sequence_length"
+    plain = inputs[: 3 if positions else 2]
+    axes = {n: {0: "batch_size", 1: "sequence_length"} for n in [*plain, "logits"]}
+    axes["attention_mask"] = {0: "batch_size", 1: total}
+    axes |= {n: {0: "batch_size", 2: "past_sequence_length"} for n in inputs if n[:4] == "past"}
+    axes |= {n: {0: "batch_size", 2: total} for n in outputs[1:]}
+    try:
+        frozen = traced_to_onnx(
+            wrapper, tuple(args), path, inputs, outputs, axes, opts.of(OnnxOptions).opset
+        )
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise UnsupportedConversionError(
+            f"TorchScript's ONNX exporter cannot export the decoder with its cache: "
+            f"{type(exc).__name__}: {first}",
+            path=path,
+            hint="leave --onnx-exporter out (the dynamo exporter)",
+        ) from None
+    opset, _ = check_written(path, path)
+    return [
+        f"ONNX opset {opset} from TorchScript's exporter (--onnx-exporter torchscript), checked "
+        f"with onnx.checker; {layers} layers of past_key_values inputs and present outputs "
+        "(optimum's names)" + frozen_words(frozen)
     ]
 
 
@@ -169,15 +209,10 @@ def open_decoder(path: Path, trust: bool) -> OnnxWithPast:
 def save_checked(program: Any, path: Path) -> Any:
     """A generation graph written as one file (no external data) and run through
     ``onnx.checker``; its opset."""
-    import onnx
+    from ptconvert.formats.onnx.edges.export import check_written
 
     program.save(path, external_data=False)
-    try:
-        onnx.checker.check_model(str(path), full_check=True)
-    except Exception as exc:
-        raise UnsupportedConversionError(
-            f"{path.name} fails onnx.checker: {str(exc)[:300]}", path=path
-        ) from None
+    check_written(path, path)
     return program.model.opset_imports.get("")
 
 
