@@ -496,8 +496,9 @@ def _judge_ranges(state: RunState, to: str, ranges: Any, opts: Options) -> None:
         said = "; ".join(r.text for r in frozen)[:200]
         raise TracedAxesWrong(
             f"the traced {to} fails or runs wrong at other sizes of {axes} ({said})",
-            f"{axes} kept at the example's sizes: declared dynamic, the trace failed or ran "
-            f"wrong at other sizes ({said}); --static-sequence says so up front",
+            f"{axes} kept at the example's sizes: declared dynamic, the traced graph or the "
+            f"model itself failed, or the graph ran wrong, at other sizes ({said}); "
+            "--static-sequence says so up front",
             path=state.src,
         )
     if ranges.status == "fail":

@@ -271,3 +271,26 @@ def test_vit_keeps_its_configured_image_size_when_the_trace_fails_at_others(
     assert [d.dim_param or d.dim_value for d in pixels.type.tensor_type.shape.dim] == [
         "batch_size", 3, 32, 32,
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("task", [None, "text-generation-with-past"])
+def test_a_rope_that_changes_with_the_length_is_refused(task: str | None, tmp_path: Path) -> None:
+    """Dynamic NTK rope recomputes its frequencies past the config's positions (a branch on
+    the length): a trace freezes it, and the graph computed 4–9 off eager there, beyond what the
+    check reaches."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        rope_scaling={"rope_type": "dynamic", "factor": 4.0},
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).eval().save_pretrained(tmp_path / "llama")
+    out = tmp_path / "l.onnx"
+    with pytest.raises(ptconvert.errors.UnsupportedConversionError, match=r"rope \(dynamic\)"):
+        ptconvert.convert(
+            tmp_path / "llama", "onnx", out, dynamic_batch=True, task=task,
+            onnx_exporter="torchscript", cache=False,
+        )  # fmt: skip
+    assert not out.exists()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ptconvert.errors import UnsupportedConversionError
+from ptconvert.model.rope import rope_parameters, rope_type
 
 
 @dataclass(frozen=True)
@@ -116,35 +117,20 @@ def family_of(config: dict[str, Any], where: str) -> tuple[Family, Hyper]:
         heads=heads,
         heads_kv=int(config.get("num_key_value_heads") or heads),
         head_dim=int(config.get("head_dim") or hidden // heads),
-        rope_base=float(_rope(config).get("rope_theta", config.get("rope_theta", 10000.0))),
+        rope_base=float(
+            rope_parameters(config).get("rope_theta", config.get("rope_theta", 10000.0))
+        ),
         rms_eps=float(eps if eps is not None else 1e-5 if family.layer_norm else 1e-6),
         vocab=int(config["vocab_size"]),
         tied=bool(config.get("tie_word_embeddings", False)),
         rope_type=rope_type(config) if family.rope else "default",
-        rope_factor=float(_rope(config).get("factor", 1.0)),
+        rope_factor=float(rope_parameters(config).get("factor", 1.0)),
     )
 
 
 def _get(config: dict[str, Any], key: str) -> Any:
     """The first of ``KEYS[key]`` config.json has, else None."""
     return next((config[k] for k in KEYS[key] if config.get(k) is not None), None)
-
-
-def _rope(config: dict[str, Any]) -> dict[str, Any]:
-    """transformers 5's ``rope_parameters``, or 4's ``rope_scaling`` (with ``rope_theta`` apart)."""
-    found = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    return found if isinstance(found, dict) else {}
-
-
-def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
-    """The config's rope parameters, either transformers' spelling."""
-    return _rope(config)
-
-
-def rope_type(config: dict[str, Any]) -> str:
-    """The config's rope scaling type ("default": none), either transformers' spelling."""
-    found = _rope(config)
-    return str(found.get("rope_type", found.get("type", "default")) or "default")
 
 
 def _refuse_unwritable(config: dict[str, Any], family: Family, kind: str, where: str) -> None:
@@ -162,10 +148,10 @@ def _refuse_unwritable(config: dict[str, Any], family: Family, kind: str, where:
         why.append(f"rope scaling {rope!r} (written here: {written})")
     elif ROPE_SCALINGS[rope] not in (None, family.arch):
         why.append(f"rope scaling {rope!r} (llama.cpp reads its rope_freqs for llama alone)")
-    elif rope == "linear" and not float(_rope(config).get("factor") or 0) > 0:
+    elif rope == "linear" and not float(rope_parameters(config).get("factor") or 0) > 0:
         why.append("linear rope scaling without a positive factor")
     elif rope == "llama3":
-        found = _rope(config)
+        found = rope_parameters(config)
         low, high = found.get("low_freq_factor", 1.0), found.get("high_freq_factor", 4.0)
         if not float(high) > float(low):
             why.append("llama3 rope scaling whose high_freq_factor is not above its low one")

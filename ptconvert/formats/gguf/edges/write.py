@@ -31,11 +31,11 @@ from ptconvert.formats.gguf.families import (
     family_of,
     general_name,
     permute_qk,
-    rope_parameters,
     tensor_names,
 )
 from ptconvert.formats.gguf.rope import FREQS, llama3_divisors
 from ptconvert.formats.gguf.tokenizer import add_vocabulary, vocabulary
+from ptconvert.model.rope import rope_parameters
 from ptconvert.options import Options
 
 BLOCK = 32  # values in one block of q8_0, q4_0, q4_1, q5_0, q5_1

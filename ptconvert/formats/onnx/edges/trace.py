@@ -46,6 +46,26 @@ _NOT_WITH = {  # options the TorchScript exporter's edge does not carry out
 }
 
 
+def refuse_length_dependent(model: Any, src: Any) -> None:
+    """A transformers model whose rope frequencies change with the sequence's length (rope
+    type ``dynamic``, ``longrope``: a branch on the length) is refused: the trace freezes the
+    branch at the example's length, the graph takes any length, and beyond the config's
+    positions (where the check does not reach) it computes something else."""
+    from ptconvert.model.rope import LENGTH_DEPENDENT, rope_types
+
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return
+    found = sorted(rope_types(config.to_dict()) & set(LENGTH_DEPENDENT))
+    if found:
+        raise UnsupportedConversionError(
+            f"the model's rope ({found[0]}) changes its frequencies with the sequence's length, "
+            "which TorchScript's exporter freezes at the example's",
+            path=src,
+            hint="use the dynamo exporter (--onnx-exporter dynamo, the default)",
+        )
+
+
 def _refuse_options(opts: Options) -> None:
     own = opts.of(OnnxOptions)
     asked = [f for name, f in _NOT_WITH.items() if getattr(opts, name, getattr(own, name, None))]
@@ -155,6 +175,7 @@ def trace_export(state: RunState, opts: Options) -> None:
 
     inputs = away_from_the_minimum(state, opts, require_inputs(state))
     module = state.module
+    refuse_length_dependent(module, state.src)
     batch = max(inputs.batch, 2) if opts.dynamic_batch else inputs.batch
     sample = inputs.at(batch)
     others = [n for n, v in sample.items() if not isinstance(v, torch.Tensor)]
@@ -283,11 +304,12 @@ def _output_name(name: str, inputs: list[str]) -> str:
     return f"output_{name}" if name[:1].isdigit() or name in inputs else name
 
 
-def frozen_words(frozen: int) -> str:
-    """``; the tracer warned N times …`` for a note, or nothing."""
+def frozen_words(frozen: int, checked: str = "the check compares other sizes") -> str:
+    """``; the tracer warned N times …`` for a note (``checked``: what the check does about
+    it), or nothing."""
     if not frozen:
         return ""
     return (
         f"; the tracer warned {frozen} time{'s' * (frozen != 1)} that a Python value is frozen "
-        "at the example's (the check compares other sizes)"
+        f"at the example's ({checked})"
     )

@@ -96,6 +96,9 @@ def export_decoder_onnx(model: Any, path: Path, opts: Options) -> list[str]:
     dims = ({0: dyn, 1: dyn}, {0: dyn, 1: dyn}, tuple(rest))
     wrapper = _wrapper(model, layers, positions)
     if opts.of(OnnxOptions).onnx_exporter == "torchscript":
+        from ptconvert.formats.onnx.edges.trace import refuse_length_dependent
+
+        refuse_length_dependent(model, path)
         return _traced(wrapper, args, layers, positions, path, opts)
     try:
         from ptconvert.convert.exporting import export_in_mode, wrapper_mode
@@ -126,6 +129,9 @@ def _traced(
     the dims named in the call. The check by generating runs it from an empty past."""
     from ptconvert.formats.onnx.edges.export import check_written
     from ptconvert.formats.onnx.edges.trace import frozen_words, traced_to_onnx
+    from ptconvert.generation.check import NEW_TOKENS, PROMPT_LENGTHS
+
+    reach = f"{max(PROMPT_LENGTHS) + NEW_TOKENS} positions"
 
     inputs = ["input_ids", "attention_mask", *(["position_ids"] if positions else [])]
     inputs += [PAST.format(i, kind) for i in range(layers) for kind in ("key", "value")]
@@ -152,7 +158,8 @@ def _traced(
     return [
         f"ONNX opset {opset} from TorchScript's exporter (--onnx-exporter torchscript), checked "
         f"with onnx.checker; {layers} layers of past_key_values inputs and present outputs "
-        "(optimum's names)" + frozen_words(frozen)
+        "(optimum's names)"
+        + frozen_words(frozen, f"the check generates from other prompt lengths, to {reach}")
     ]
 
 
