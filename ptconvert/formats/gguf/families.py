@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ptconvert.errors import UnsupportedConversionError
-from ptconvert.model.rope import rope_parameters, rope_type
+from ptconvert.formats.rope_config import rope_parameters, rope_type
 
 
 @dataclass(frozen=True)

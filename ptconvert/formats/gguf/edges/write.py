@@ -35,7 +35,7 @@ from ptconvert.formats.gguf.families import (
 )
 from ptconvert.formats.gguf.rope import FREQS, llama3_divisors
 from ptconvert.formats.gguf.tokenizer import add_vocabulary, vocabulary
-from ptconvert.model.rope import rope_parameters
+from ptconvert.formats.rope_config import rope_parameters
 from ptconvert.options import Options
 
 BLOCK = 32  # values in one block of q8_0, q4_0, q4_1, q5_0, q5_1

@@ -51,7 +51,7 @@ def refuse_length_dependent(model: Any, src: Any) -> None:
     type ``dynamic``, ``longrope``: a branch on the length) is refused: the trace freezes the
     branch at the example's length, the graph takes any length, and beyond the config's
     positions (where the check does not reach) it computes something else."""
-    from ptconvert.model.rope import LENGTH_DEPENDENT, rope_types
+    from ptconvert.formats.rope_config import LENGTH_DEPENDENT, rope_types
 
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict"):
