@@ -294,3 +294,23 @@ def test_a_rope_that_changes_with_the_length_is_refused(task: str | None, tmp_pa
             onnx_exporter="torchscript", cache=False,
         )  # fmt: skip
     assert not out.exists()
+
+
+def test_a_trace_does_not_import_the_dynamo_exporters_translations(tmp_path: Path) -> None:
+    """onnxscript (torch.onnx's dynamo translations, 0.65 s to import) is not what a trace
+    needs: left out, the decoder with past converts as fast as optimum-cli (benchmarks/onnx.py)."""
+    import subprocess
+    import sys
+
+    source = build("gpt2", tmp_path)
+    code = (
+        "import sys, ptconvert; ptconvert.convert(sys.argv[1], 'onnx', sys.argv[2], "
+        "task='text-generation-with-past', onnx_exporter='torchscript', cache=False); "
+        "print('onnxscript' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(source), str(tmp_path / "g.onnx")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"

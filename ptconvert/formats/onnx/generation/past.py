@@ -74,7 +74,9 @@ def export_decoder_onnx(model: Any, path: Path, opts: Options) -> list[str]:
     from ptconvert.formats.onnx.edges.export import _export, _reason, _rename_dims
 
     require("onnx")
-    require("onnxscript")
+    traced = opts.of(OnnxOptions).onnx_exporter == "torchscript"
+    if not traced:  # the dynamo exporter's translations (0.65 s to import: not for a trace)
+        require("onnxscript")
     if opts.of(OnnxOptions).external_data:
         raise UnsupportedConversionError(
             "--external-data is not there yet for generation exports", path=path
@@ -95,7 +97,7 @@ def export_decoder_onnx(model: Any, path: Path, opts: Options) -> list[str]:
     rest += [{0: dyn, 2: dyn}] * len(shapes)
     dims = ({0: dyn, 1: dyn}, {0: dyn, 1: dyn}, tuple(rest))
     wrapper = _wrapper(model, layers, positions)
-    if opts.of(OnnxOptions).onnx_exporter == "torchscript":
+    if traced:
         from ptconvert.formats.onnx.edges.trace import refuse_length_dependent
 
         refuse_length_dependent(model, path)
