@@ -30,6 +30,14 @@ def interface(
 
         names = list(flat_inputs({n: sample.get(n) for n in names}))
         sample = flat_inputs(sample)
+    graph_outputs: list[str] | None = None
+    ranges = state.dynamic_range
+    if state.graph_names is not None:  # the file names what it takes and returns
+        taken, graph_outputs = state.graph_names
+        left_out = {n for n in names if n not in taken}  # a trace drops what it does not read
+        ranges = {w: t for w, t in ranges.items() if w.rpartition(" dim ")[0] not in left_out}
+        names = [n for n in names if n in taken] + [n for n in taken if n not in names]
+        sample = {n: v for n, v in sample.items() if n in taken}
     # a program captured by torch.export binds by keyword or by position, as it was captured;
     # TorchScript binds either way; ONNX from TorchScript's exporter (declared dims) by name
     exported = state.exported is not None or state.declared is not None
@@ -41,6 +49,8 @@ def interface(
     outputs = [leaf_name(o.name) for o in sizes[0].outputs] if sizes else []
     if outputs and all(o.startswith("call ") for o in outputs):  # a stateful model's calls
         outputs = [o.partition(".")[2] or "output" for o in outputs if o.startswith("call 1")]
+    if graph_outputs is not None:
+        outputs = graph_outputs
     accepts: list[str] = []
     # Python numbers; a list or dict of tensors is an input like a tensor
     fixed = [n for n, v in sample.items() if isinstance(v, (bool, int, float, complex))]
@@ -61,7 +71,7 @@ def interface(
             + f" ({why})"
         )
     if exported:
-        accepts += _grouped(state.dynamic_range)
+        accepts += _grouped(ranges)
     return {
         "load": (target.folder_load_line if folder else target.load_line).replace("\n", "; "),
         "call": target.call_line(args),

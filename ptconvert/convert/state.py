@@ -46,6 +46,10 @@ class RunState:
     # verify.dims.DeclaredDims: the dynamic dims a program without an ExportedProgram was
     # written with (ONNX from TorchScript's exporter), which the check probes
     declared: Any = None
+    # the written file's own input and output names, where it states them (an ONNX graph's):
+    # the report's interface says these (a trace leaves out an input it does not read, and
+    # names a tuple's outputs output_0, output_1)
+    graph_names: tuple[list[str], list[str]] | None = None
     inputs: ExampleInputs | None = None
     dynamic_range: dict[str, str] = field(default_factory=dict)
     # the range verification found to hold for a dynamic dim where the first program ran wrong

@@ -185,6 +185,11 @@ class Pair(nn.Module):
     def forward(self, x):
         y = self.fc(x)
         return y, y.sum(-1)
+
+
+class Ignoring(Pair):
+    def forward(self, x, unused):  # a trace leaves out what it does not read
+        return super().forward(x)
 """
 
 
@@ -245,6 +250,32 @@ def test_outputs_are_named_and_only_the_dims_that_follow_an_input_are_dynamic(
     )
     logits = ort.InferenceSession(str(out)).get_outputs()[0]
     assert (logits.name, logits.shape) == ("logits", ["batch_size", 2])
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_the_interface_says_what_the_graph_takes_and_returns(exporter: str, tmp_path: Path) -> None:
+    """The report's call line is the file's: the inputs the graph has (a trace drops the one the
+    model does not read), the outputs by the graph's names; fed just those, onnxruntime runs."""
+    import onnxruntime as ort
+
+    args = _module(tmp_path, "Ignoring")
+    out = tmp_path / "ignoring.onnx"
+    report = ptconvert.convert(
+        args[0], "onnx", out, model=args[2], inputs=["x:2x8:float32", "unused:2x8:float32"],
+        dynamic_batch=True, onnx_exporter=exporter, cache=False,
+    )  # fmt: skip
+    session = ort.InferenceSession(str(out))
+    graph_inputs = [i.name for i in session.get_inputs()]
+    graph_outputs = [o.name for o in session.get_outputs()]
+    face = report.interface
+    assert face["inputs"] == graph_inputs and face["outputs"] == graph_outputs, face
+    assert list(face["example"]) == graph_inputs
+    if exporter == "torchscript":
+        assert graph_inputs == ["x"] and graph_outputs == ["output_0", "output_1"]
+        assert '"unused"' not in face["call"], face["call"]
+        assert not any("unused" in line for line in face["accepts"]), face["accepts"]
+    feeds = {n: torch.randn(3, *face["example"][n][1:]).numpy() for n in face["inputs"]}
+    assert [r.shape for r in session.run(face["outputs"], feeds)] == [(3, 4), (3,)]
 
 
 def test_vit_keeps_its_configured_image_size_when_the_trace_fails_at_others(

@@ -19,7 +19,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ptconvert import _compat
 from ptconvert.convert.state import RunState
@@ -286,7 +286,8 @@ def onnx_export(state: RunState, opts: Options) -> None:
             f"weights in external data ({', '.join(p.name for p in state.companions)}; {why}): "
             "keep the files together"
         )
-    check_written(staged, state.src)
+    written = check_written(staged, state.src)
+    state.graph_names = (written.inputs, written.outputs)
     opset = program.model.opset_imports.get("")
     state.notes.append(
         f"ONNX opset {opset}, checked with onnx.checker"
@@ -323,9 +324,18 @@ def stage_output(state: RunState, external: bool) -> Path:
     return state.staged
 
 
-def check_written(path: Path, src: Path) -> tuple[int | None, list[str]]:
+class WrittenGraph(NamedTuple):
+    """What a written ONNX file states about itself: its ai.onnx opset, its graph's input and
+    output names (what ``sess.run`` takes and returns)."""
+
+    opset: int | None
+    inputs: list[str]
+    outputs: list[str]
+
+
+def check_written(path: Path, src: Path) -> WrittenGraph:
     """``onnx.checker`` (full check: shape inference too) on a written file, a failure named
-    by ``src``; the file's ai.onnx opset and its graph's inputs."""
+    by ``src``; what the file states (``WrittenGraph``)."""
     onnx = require("onnx")
     try:
         onnx.checker.check_model(str(path), full_check=True)
@@ -336,7 +346,10 @@ def check_written(path: Path, src: Path) -> tuple[int | None, list[str]]:
         ) from None
     model = onnx.load(str(path), load_external_data=False)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    return opset, [i.name for i in model.graph.input]
+    graph = model.graph
+    weights = {t.name for t in graph.initializer}
+    inputs = [i.name for i in graph.input if i.name not in weights]
+    return WrittenGraph(opset, inputs, [o.name for o in graph.output])
 
 
 def _named(ep: Any, names: dict[str, str]) -> list[Any]:

@@ -235,7 +235,9 @@ def trace_export(state: RunState, opts: Options) -> None:
             path=state.src,
             hint="use the dynamo exporter (--onnx-exporter dynamo, the default)",
         ) from None
-    opset, taken = check_written(staged, state.src)
+    written = check_written(staged, state.src)
+    opset, taken = written.opset, written.inputs
+    state.graph_names = (written.inputs, written.outputs)
     unused = [n for n in names if n not in taken]
     if unused:
         state.notes.append(

@@ -156,7 +156,7 @@ def _traced(
             path=path,
             hint="leave --onnx-exporter out (the dynamo exporter)",
         ) from None
-    opset, _ = check_written(path, path)
+    opset = check_written(path, path).opset
     return [
         f"ONNX opset {opset} from TorchScript's exporter (--onnx-exporter torchscript), checked "
         f"with onnx.checker; {layers} layers of past_key_values inputs and present outputs "
