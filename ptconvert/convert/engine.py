@@ -429,6 +429,7 @@ def _plain(exc: VerificationError) -> VerificationError:
 
 def _forget_program(state: RunState) -> None:
     state.exported = state.scripted = state.positional = state.declared = None
+    state.graph_names = None
     state.dynamic_range = {}
     if state.output is not None and state.output.is_file():
         state.output.write_bytes(b"")  # the rejected program's bytes: the next is written anew
