@@ -68,15 +68,21 @@ def dynamic_shapes(
     sample: dict[str, Any],
     bounds: Bounds | None = None,
     axes: Sequence[Axis] = (),
+    batch: int | None = None,
 ) -> dict[str, Any] | None:
+    """The ``dynamic_shapes`` of an export of ``sample`` (None: static). With
+    ``--dynamic-batch``, dim 0 of each tensor whose rows are the example's ``batch``: one of
+    other rows (a table of 10 rows the model asserts, a position row broadcast over the batch)
+    is no batch, and stays as given unless ``--dynamic`` names it."""
     from torch.export import Dim
 
     if not opts.dynamic_batch and not opts.dynamic:
         return None
     shapes: dict[str, Any] = {name: None for name in sample}
     if opts.dynamic_batch:
+        off = off_batch(sample, batch)
         for name, t in sample.items():
-            if getattr(t, "dim", lambda: 0)() > 0:
+            if getattr(t, "dim", lambda: 0)() > 0 and name not in off:
                 shapes[name] = {0: Dim.DYNAMIC}
     for family in axes:
         hint = _hint(family)
@@ -118,6 +124,29 @@ def dynamic_shapes(
 def _where(axis: Axis) -> str:
     name, dim = axis.dims[0]
     return f"{name} dim {dim}"
+
+
+def off_batch(sample: dict[str, Any], batch: int | None) -> list[str]:
+    """The tensors of ``sample`` whose dim 0 is not the example's ``batch``: no batch to
+    ``--dynamic-batch`` (``dynamic_shapes``)."""
+    if batch is None:
+        return []
+    return [
+        n for n, t in sample.items() if getattr(t, "dim", lambda: 0)() > 0 and t.shape[0] != batch
+    ]
+
+
+def off_batch_note(opts: Options, sample: dict[str, Any], batch: int) -> str | None:
+    """What ``--dynamic-batch`` left at its size, for the report; None for nothing."""
+    named = {m["name"] for m in map(DYNAMIC_SPEC.match, opts.dynamic) if m and m["axis"] == "0"}
+    off = [n for n in off_batch(sample, batch) if n not in named] if opts.dynamic_batch else []
+    if not off:
+        return None
+    return (
+        f"--dynamic-batch: {', '.join(f'{n} ({sample[n].shape[0]} rows)' for n in off)} "
+        f"not batched, its rows are not the example's batch of {batch}: dim 0 stays as given "
+        "(--dynamic NAME:0 makes it dynamic)"
+    )
 
 
 def _tied_batch(
@@ -235,7 +264,9 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
     inputs = away_from_the_minimum(state, opts, inputs)
     sample = inputs.at(batch)
     axes = family_axes(state.module, opts, sample) if wrapped and not state.static_axes else []
-    shapes: Any = dynamic_shapes(opts, sample, state.bounds, axes)
+    shapes: Any = dynamic_shapes(opts, sample, state.bounds, axes, batch)
+    if (off := off_batch_note(opts, sample, batch)) is not None:
+        state.notes.append(off)
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] | None = sample
     if names is not None:  # forward(x, …): export positionally, as users will call it
@@ -290,7 +321,7 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
                 )
                 axes = [a for a in axes if a not in fixed]
                 errors, where = [], None
-                shapes = dynamic_shapes(opts, sample, state.bounds, axes)
+                shapes = dynamic_shapes(opts, sample, state.bounds, axes, batch)
                 if names is not None and shapes is not None:
                     shapes = tuple(shapes[n] for n in names)
                 attempts = [(s, cloned) for s in modes]

@@ -307,6 +307,40 @@ def test_only_the_batched_input_changes_with_the_batch(
     assert report["interface"]["accepts"][0].startswith("x dim 0: batch 2 or more")
 
 
+@pytest.mark.parametrize(
+    ("to", "exporter"), [("pt2", None), ("onnx", "dynamo"), ("onnx", "torchscript")]
+)
+def test_dynamic_batch_leaves_an_input_of_other_rows_as_given(
+    to: str, exporter: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--dynamic-batch`` with ``table`` [10, 4] beside ``x`` [2, 8]: 10 rows are no batch of
+    2, so only ``x`` is batched (a note says so), by torch.export itself (no TorchScript
+    fallback and its renamed inputs) and by a trace; the file runs at batch 5 with the table."""
+    weights = _checkpoint(tmp_path, seeded(FixedTable()))
+    out = tmp_path / f"table.{to}"
+    args = [str(weights), "--to", to, "--model", "fixtures.models:FixedTable", "--dynamic-batch"]
+    args += ["--input", "x:2x8:float32", "--input", "table:10x4:float32", "-o", str(out)]
+    if exporter is not None:
+        args += ["--onnx-exporter", exporter]
+    code, report, _ = run_cli([*args, "--no-cache"], capsys)
+    assert code == 0, report
+    assert "torchscript" not in " ".join(report["route"]), report["route"]
+    assert list(report["dynamic_range"]) == ["x dim 0"], report["dynamic_range"]
+    said = "--dynamic-batch: table (10 rows) not batched"
+    assert any(n.startswith(said) for n in report["notes"]), report["notes"]
+    x, table = torch.randn(5, 8), torch.randn(10, 4)
+    expected = seeded(FixedTable()).eval()(x, table)
+    if to == "pt2":
+        got = torch.export.load(str(out)).module()(x, table)
+    else:
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(out))
+        (got,) = session.run(None, {"x": x.numpy(), "table": table.numpy()})
+        got = torch.from_numpy(got)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
 def test_a_range_is_narrowed_only_where_the_file_refuses_what_it_leaves_out() -> None:
     """Wrong sizes all outside the range that holds: a .pt2 or an AOTI package is exported
     again with that range; ONNX cannot bound a dim, and a wrong size inside the range cannot be
