@@ -175,6 +175,20 @@ def dims_source(state: RunState) -> Any:
     return state.exported if state.exported is not None else state.declared
 
 
+def program_names(state: RunState) -> dict[str, str] | None:
+    """A program that takes its inputs positionally under other names than the model's
+    (TorchScript converted by TS2EP names ``x`` ``x_1``): its names → the example's, by
+    position; None when they are the same."""
+    if state.exported is None or state.positional is None:
+        return None
+    from ptconvert.verify.dims import user_inputs
+
+    names = [n for n, _ in user_inputs(state.exported)]
+    if len(names) != len(state.positional):
+        return None
+    return {p: e for p, e in zip(names, state.positional, strict=True) if p != e} or None
+
+
 def dynamism(state: RunState) -> tuple[bool, bool]:
     """Whether the program has dynamic dims at all, and a dynamic batch (dim 0). TorchScript
     (no exported program, no declared dims) takes any size."""
@@ -297,7 +311,8 @@ def _pin_unbatched(state: RunState, opts: Options) -> None:
     if (source := dims_source(state)) is not None:
         from ptconvert.verify.dims import dynamic_dims
 
-        batched = {d.input for d in dynamic_dims(source) if d.axis == 0}
+        renamed = program_names(state) or {}
+        batched = {renamed.get(d.input, d.input) for d in dynamic_dims(source) if d.axis == 0}
     else:
         matches = (DYNAMIC_SPEC.match(spec) for spec in opts.dynamic)
         batched = {m["name"] for m in matches if m is not None and m["axis"] == "0"}
@@ -381,6 +396,7 @@ def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> P
             budget=budget,
             seconds=seconds,
             shared=not opts.batch_sizes,  # sizes the user asks for spend none of it
+            rename=program_names(state),
             accuracy=by_accuracy,
         )
     report = judged.parity

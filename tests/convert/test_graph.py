@@ -82,14 +82,30 @@ def test_state_dict_to_pt2_with_dynamic_batch(tmp_path: Path) -> None:
     torch.testing.assert_close(ep.module()(x), model(x))
 
 
-def test_control_flow_reaches_pt2_through_torchscript(tmp_path: Path) -> None:
+def test_control_flow_reaches_pt2_through_torchscript(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The converter names the program's input ``x_1``: the check still resizes the model's
+    ``x`` at every size it compares and probes, and says the range of ``x``."""
+    import ptconvert.verify.parity as parity
+
     src = tmp_path / "cf.pt"
     model = seeded(ControlFlow())
     torch.save(model.state_dict(), src)
     opts = Options(
         model="fixtures.models:ControlFlow", inputs=["x:2x6:float32"], dynamic_batch=True
     )
+    seen: set[int] = set()
+    run_model = parity.run_model
+
+    def watched(fn: Any, inputs: dict[str, Any], who: str) -> Any:
+        seen.add(inputs["x"].shape[0])
+        return run_model(fn, inputs, who)
+
+    monkeypatch.setattr(parity, "run_model", watched)
     report = convert_program(src, "pt2", tmp_path / "cf.pt2", opts)
+    assert {1, 3, 5, 7, 32} <= seen, seen  # not the example's batch alone
+    assert list(report.dynamic_range) == ["x dim 0"], report.dynamic_range
     failed = [s for s in report.steps if s.status == "failed"]
     assert (
         failed

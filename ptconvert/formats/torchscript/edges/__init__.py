@@ -50,6 +50,7 @@ def _unsaveable(exc: RuntimeError, src: Path) -> UnsupportedConversionError:
 
 def ts_to_exported(state: RunState, opts: Options) -> None:
     from ptconvert.convert.exporting import dynamic_range_words
+    from ptconvert.convert.program_check import program_names
 
     converter = _compat.torch_api.ts2ep_converter()
 
@@ -70,11 +71,21 @@ def ts_to_exported(state: RunState, opts: Options) -> None:
             hint="export the original nn.Module instead (--model), if its source is available",
         ) from None
     state.positional = names
-    state.dynamic_range = dynamic_range_words(state.exported)
+    # the converter's input names (x_1) said as the model's (x), as the check says them
+    renamed = program_names(state) or {}
+    state.dynamic_range = {
+        _renamed(where, renamed): words
+        for where, words in dynamic_range_words(state.exported).items()
+    }
     state.notes.append(
         "TorchScript converted with torch's TS2EPConverter (branches → torch.cond); "
         f"the program takes its inputs positionally: {names}"
     )
+
+
+def _renamed(where: str, renamed: dict[str, str]) -> str:
+    name, dim, axis = where.rpartition(" dim ")
+    return f"{renamed.get(name, name)}{dim}{axis}" if dim else where
 
 
 def _provided_arguments(module: Any, sample: dict[str, Any], src: Path) -> list[str]:
