@@ -19,7 +19,7 @@ Each repair is written to the run's notes.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -68,21 +68,19 @@ def dynamic_shapes(
     sample: dict[str, Any],
     bounds: Bounds | None = None,
     axes: Sequence[Axis] = (),
-    batch: int | None = None,
+    fixed_rows: Collection[str] = (),
 ) -> dict[str, Any] | None:
-    """The ``dynamic_shapes`` of an export of ``sample`` (None: static). With
-    ``--dynamic-batch``, dim 0 of each tensor whose rows are the example's ``batch``: one of
-    other rows (a table of 10 rows the model asserts, a position row broadcast over the batch)
-    is no batch, and stays as given unless ``--dynamic`` names it."""
+    """The ``dynamic_shapes`` of an export of ``sample`` (None: static). ``fixed_rows``: inputs
+    whose dim 0 ``--dynamic-batch`` leaves as given (the model fixes their rows: a table it
+    asserts; ``export_module`` finds them), unless ``--dynamic`` names it."""
     from torch.export import Dim
 
     if not opts.dynamic_batch and not opts.dynamic:
         return None
     shapes: dict[str, Any] = {name: None for name in sample}
     if opts.dynamic_batch:
-        off = off_batch(sample, batch)
         for name, t in sample.items():
-            if getattr(t, "dim", lambda: 0)() > 0 and name not in off:
+            if getattr(t, "dim", lambda: 0)() > 0 and name not in fixed_rows:
                 shapes[name] = {0: Dim.DYNAMIC}
     for family in axes:
         hint = _hint(family)
@@ -90,7 +88,8 @@ def dynamic_shapes(
             shapes[name] = {**(shapes[name] or {}), dim: hint}
     tied = _tied_batch(opts, sample, axes, bounds or {})
     for name in tied:
-        shapes[name] = {**(shapes[name] or {}), 0: tied[name]}
+        if name not in fixed_rows:
+            shapes[name] = {**(shapes[name] or {}), 0: tied[name]}
     for spec in opts.dynamic:
         m = DYNAMIC_SPEC.match(spec)
         if m is None or m["name"] not in sample:
@@ -124,29 +123,6 @@ def dynamic_shapes(
 def _where(axis: Axis) -> str:
     name, dim = axis.dims[0]
     return f"{name} dim {dim}"
-
-
-def off_batch(sample: dict[str, Any], batch: int | None) -> list[str]:
-    """The tensors of ``sample`` whose dim 0 is not the example's ``batch``: no batch to
-    ``--dynamic-batch`` (``dynamic_shapes``)."""
-    if batch is None:
-        return []
-    return [
-        n for n, t in sample.items() if getattr(t, "dim", lambda: 0)() > 0 and t.shape[0] != batch
-    ]
-
-
-def off_batch_note(opts: Options, sample: dict[str, Any], batch: int) -> str | None:
-    """What ``--dynamic-batch`` left at its size, for the report; None for nothing."""
-    named = {m["name"] for m in map(DYNAMIC_SPEC.match, opts.dynamic) if m and m["axis"] == "0"}
-    off = [n for n in off_batch(sample, batch) if n not in named] if opts.dynamic_batch else []
-    if not off:
-        return None
-    return (
-        f"--dynamic-batch: {', '.join(f'{n} ({sample[n].shape[0]} rows)' for n in off)} "
-        f"not batched, its rows are not the example's batch of {batch}: dim 0 stays as given "
-        "(--dynamic NAME:0 makes it dynamic)"
-    )
 
 
 def _tied_batch(
@@ -264,9 +240,8 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
     inputs = away_from_the_minimum(state, opts, inputs)
     sample = inputs.at(batch)
     axes = family_axes(state.module, opts, sample) if wrapped and not state.static_axes else []
-    shapes: Any = dynamic_shapes(opts, sample, state.bounds, axes, batch)
-    if (off := off_batch_note(opts, sample, batch)) is not None:
-        state.notes.append(off)
+    fixed_rows: list[str] = []  # inputs whose rows the model fixes, found by the export
+    shapes: Any = dynamic_shapes(opts, sample, state.bounds, axes)
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] | None = sample
     if names is not None:  # forward(x, …): export positionally, as users will call it
@@ -306,6 +281,23 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
                 )
                 attempts = [(s, True) for s in modes]
                 continue
+            rows = _fixed_rows(" ".join(errors), sample, opts, fixed_rows) if not attempts else []
+            if rows:
+                # --dynamic-batch made every input's dim 0 the batch; torch says the model fixes
+                # these inputs' rows (a table it asserts): exported with them as given
+                state.notes.append(
+                    "--dynamic-batch: "
+                    + ", ".join(f"{n} ({sample[n].shape[0]} rows)" for n in rows)
+                    + " not batched: torch.export found the rows fixed by the model (a size it "
+                    "asserts): exported with them as given"
+                )
+                fixed_rows += rows
+                errors, where = [], None
+                shapes = dynamic_shapes(opts, sample, state.bounds, axes, fixed_rows)
+                if names is not None and shapes is not None:
+                    shapes = tuple(shapes[n] for n in names)
+                attempts = [(s, cloned) for s in modes]
+                continue
             if axes and not attempts:
                 # the family's axes were made dynamic by default, not asked for: the model
                 # fixes one (a size it asserts, a position table); exported at the example's
@@ -321,7 +313,7 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
                 )
                 axes = [a for a in axes if a not in fixed]
                 errors, where = [], None
-                shapes = dynamic_shapes(opts, sample, state.bounds, axes, batch)
+                shapes = dynamic_shapes(opts, sample, state.bounds, axes, fixed_rows)
                 if names is not None and shapes is not None:
                     shapes = tuple(shapes[n] for n in names)
                 attempts = [(s, cloned) for s in modes]
@@ -470,6 +462,28 @@ def _draft_report(module: Any, args: Any, kwargs: Any, shapes: Any) -> str | Non
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(report))  # drop terminal colours
     lines = [ln.strip() for ln in text.splitlines() if ln.strip().strip("#")]
     return " | ".join(lines[:6])[:600]
+
+
+# torch.export's words for a dim it was told is dynamic and found fixed: "Constraints
+# violated (L['table'].size()[0])"
+_VIOLATED_ROWS = re.compile(r"L\['(?:kwargs'\]\[')?(\w+)'\]\.size\(\)\[0\]")
+
+
+def _fixed_rows(
+    error: str, sample: dict[str, Any], opts: Options, fixed: Collection[str]
+) -> list[str]:
+    """The inputs whose dim 0 ``--dynamic-batch`` made dynamic and the export found fixed by
+    the model (named in torch's constraint violation); not one ``--dynamic NAME:0`` asks for."""
+    if not opts.dynamic_batch or "Constraints violated" not in error:
+        return []
+    asked = {m["name"] for m in map(DYNAMIC_SPEC.match, opts.dynamic) if m and m["axis"] == "0"}
+    found = dict.fromkeys(_VIOLATED_ROWS.findall(error))
+    return [
+        n
+        for n in found
+        if n in sample and n not in fixed and n not in asked
+        and getattr(sample[n], "dim", lambda: 0)() > 0
+    ]  # fmt: skip
 
 
 def _fixed_axes(axes: list[Axis], error: str) -> list[Axis]:

@@ -23,7 +23,7 @@ def interface(
         return {}
     from ptconvert.model.wrappers import leaf_name
 
-    sample = state.inputs.at(state.inputs.batch)
+    sample = given = state.inputs.at(state.inputs.batch)
     names = state.positional or list(sample)
     if target.takes_leaves:  # the inputs the program takes: a nested one's leaves, named
         from ptconvert.formats.isolated import flat_inputs
@@ -53,11 +53,12 @@ def interface(
         outputs = graph_outputs
     accepts: list[str] = []
     # Python numbers; a list or dict of tensors is an input like a tensor
-    fixed = [n for n, v in sample.items() if isinstance(v, (bool, int, float, complex))]
+    # (from the inputs given: an ONNX graph has no input for them)
+    fixed = [n for n, v in given.items() if isinstance(v, (bool, int, float, complex))]
     if fixed and exported:
         accepts.append(
             "the scalar inputs are fixed at their example values ("
-            + ", ".join(f"{n}={sample[n]!r}" for n in fixed)
+            + ", ".join(f"{n}={given[n]!r}" for n in fixed)
             + "): torch.export specialises Python numbers; TorchScript takes any"
         )
     if exported and not dynamism(state)[0]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert import progress
+from ptconvert.convert.renamed_inputs import fed_as, program_names
 from ptconvert.convert.state import Bounds, RunState
 from ptconvert.errors import PtconvertError, VerificationError
 from ptconvert.formats import FORMATS_BY_NAME
@@ -173,20 +174,6 @@ def dims_source(state: RunState) -> Any:
     """What states the written program's dynamic dims: its ExportedProgram, or the dims it was
     declared with (``RunState.declared``: ONNX from TorchScript's exporter); None for neither."""
     return state.exported if state.exported is not None else state.declared
-
-
-def program_names(state: RunState) -> dict[str, str] | None:
-    """A program that takes its inputs positionally under other names than the model's
-    (TorchScript converted by TS2EP names ``x`` ``x_1``): its names → the example's, by
-    position; None when they are the same."""
-    if state.exported is None or state.positional is None:
-        return None
-    from ptconvert.verify.dims import user_inputs
-
-    names = [n for n, _ in user_inputs(state.exported)]
-    if len(names) != len(state.positional):
-        return None
-    return {p: e for p, e in zip(names, state.positional, strict=True) if p != e} or None
 
 
 def dynamism(state: RunState) -> tuple[bool, bool]:
@@ -345,6 +332,9 @@ def _in_memory(state: RunState, target: Any, artifact: Path) -> Any:
 
 def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> ParityReport:
     assert state.inputs is not None
+    renamed = program_names(state)
+    if renamed and program.module is not None:  # TS2EP's x_1 (a runtime process binds its own)
+        program = fed_as(program, {e: p for p, e in renamed.items()})
     candidate: Any = program.call
     reference: Any = state.reference
     runs = first_call(state)

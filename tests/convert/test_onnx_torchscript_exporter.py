@@ -190,6 +190,15 @@ class Pair(nn.Module):
 class Ignoring(Pair):
     def forward(self, x, unused):  # a trace leaves out what it does not read
         return super().forward(x)
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x, scale: float):
+        return self.fc(x) * scale
 """
 
 
@@ -276,6 +285,23 @@ def test_the_interface_says_what_the_graph_takes_and_returns(exporter: str, tmp_
         assert not any("unused" in line for line in face["accepts"]), face["accepts"]
     feeds = {n: torch.randn(3, *face["example"][n][1:]).numpy() for n in face["inputs"]}
     assert [r.shape for r in session.run(face["outputs"], feeds)] == [(3, 4), (3,)]
+
+
+def test_a_scalar_the_graph_fixed_is_said_though_no_graph_input_names_it(tmp_path: Path) -> None:
+    """``scale=2.0`` is a constant of the ONNX graph, not an input: the call line leaves it
+    out, and the interface says the value it was fixed at."""
+    import onnxruntime as ort
+
+    args = _module(tmp_path, "Scaled")
+    out = tmp_path / "scaled.onnx"
+    report = ptconvert.convert(
+        args[0], "onnx", out, model=args[2], inputs=["x:2x8:float32", "scale::float32=2.0"],
+        dynamic_batch=True, cache=False,
+    )  # fmt: skip
+    assert [i.name for i in ort.InferenceSession(str(out)).get_inputs()] == ["x"]
+    face = report.interface
+    assert face["inputs"] == ["x"] and '"scale"' not in face["call"], face
+    assert any("fixed at their example values (scale=2.0)" in a for a in face["accepts"]), face
 
 
 def test_vit_keeps_its_configured_image_size_when_the_trace_fails_at_others(

@@ -82,7 +82,6 @@ def declared_dims(
     state: RunState,
     axes: list[Any],
     unbatched: set[str],
-    batch: int,
 ) -> list[DynamicDim]:
     """The dims the dynamo route would make dynamic (``exporting.dynamic_shapes``: the batch,
     a transformers family's axes, ``--dynamic``, the bounds the check found), each named as
@@ -94,7 +93,7 @@ def declared_dims(
     from ptconvert.options import DYNAMIC_SPEC
 
     named = {(m["name"], int(m["axis"])) for m in map(DYNAMIC_SPEC.match, opts.dynamic) if m}
-    shapes = dynamic_shapes(opts, sample, state.bounds, axes, batch) or {}
+    shapes = dynamic_shapes(opts, sample, state.bounds, axes) or {}
     found: list[tuple[str, int, str, int, int | None]] = []
     for name, spec in shapes.items():
         for axis, hint in (spec or {}).items():
@@ -171,7 +170,7 @@ def trace_export(state: RunState, opts: Options) -> None:
     _refuse_options(opts)
     import torch
 
-    from ptconvert.convert.exporting import away_from_the_minimum, family_axes, off_batch_note
+    from ptconvert.convert.exporting import away_from_the_minimum, family_axes
     from ptconvert.model.wrappers import leaf_tuple
 
     inputs = away_from_the_minimum(state, opts, require_inputs(state))
@@ -200,9 +199,7 @@ def trace_export(state: RunState, opts: Options) -> None:
     axes = family_axes(module, opts, sample) if hf and not state.static_axes else []
     other = inputs.at(batch + 1)
     unbatched = {n for n, v in sample.items() if v.dim() and other[n].shape[0] == v.shape[0]}
-    dims = declared_dims(opts, sample, state, axes, unbatched, batch)
-    if (off := off_batch_note(opts, sample, batch)) is not None:
-        state.notes.append(off)
+    dims = declared_dims(opts, sample, state, axes, unbatched)
     names = list(sample)
     traced = leaf_tuple(module, names).eval()
 

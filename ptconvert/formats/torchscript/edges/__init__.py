@@ -50,7 +50,7 @@ def _unsaveable(exc: RuntimeError, src: Path) -> UnsupportedConversionError:
 
 def ts_to_exported(state: RunState, opts: Options) -> None:
     from ptconvert.convert.exporting import dynamic_range_words
-    from ptconvert.convert.program_check import program_names
+    from ptconvert.convert.renamed_inputs import program_names
 
     converter = _compat.torch_api.ts2ep_converter()
 
