@@ -300,6 +300,14 @@ def _pin_unbatched(state: RunState, opts: Options) -> None:
 
         renamed = program_names(state) or {}
         batched = {renamed.get(d.input, d.input) for d in dynamic_dims(source) if d.axis == 0}
+        if batched and not batched & set(sample):
+            # a dynamic batch under names the model's inputs do not have: pinning every input
+            # would compare at the example's size alone; they all move with the batch instead
+            state.notes.append(
+                f"the program's batched inputs ({', '.join(sorted(batched))}) are not named as "
+                "the model's: every input is resized with the batch in the check"
+            )
+            return
     else:
         matches = (DYNAMIC_SPEC.match(spec) for spec in opts.dynamic)
         batched = {m["name"] for m in matches if m is not None and m["axis"] == "0"}

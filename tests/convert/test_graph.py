@@ -120,6 +120,24 @@ def test_control_flow_reaches_pt2_through_torchscript(
             torch.testing.assert_close(program(x), model(x))
 
 
+def test_a_batch_named_otherwise_than_the_models_inputs_still_moves_them() -> None:
+    """A program whose batched inputs carry no name of the model's (TS2EP's x_1, where no
+    order maps them back): the check resizes every input with the batch, and says so, instead
+    of pinning them all and comparing at the example's size alone."""
+    from ptconvert import _compat
+    from ptconvert.convert.program_check import _pin_unbatched
+    from ptconvert.convert.state import RunState
+    from ptconvert.model.inputs import from_specs, parse_input
+
+    scripted = torch.jit.script(seeded(ControlFlow()).eval())
+    ep = _compat.torch_api.ts2ep_converter()(scripted, (torch.randn(2, 6),)).convert()
+    state = RunState(Path("cf.pt"), "pt", exported=ep)
+    state.inputs = from_specs([parse_input("x:2x6:float32")])
+    _pin_unbatched(state, Options(dynamic_batch=True))
+    assert state.inputs.at(5)["x"].shape == (5, 6)
+    assert any("not named as the model's" in n for n in state.notes), state.notes
+
+
 class _Biased(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
