@@ -250,6 +250,7 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
         state.positional = names
     modes = EXPORT_MODES[opts.strict]
     errors: list[str] = []
+    said: list[str] = []  # the errors' whole texts: torch names an input past the first line
     where: str | None = None
     attempts = [(strict, False) for strict in modes]
     while attempts:
@@ -262,6 +263,7 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
                 attempts = []
             why = str(exc) if isinstance(exc, _TooLong) else _first_line(exc)
             errors.append(f"{_mode_word(strict)}: {why}")
+            said.append(str(exc))
             where = where or _source_line(str(exc))
             if not cloned and _FROZEN.search(str(exc)):
                 # the model writes into an input whose storage is frozen (an inference tensor,
@@ -281,18 +283,18 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
                 )
                 attempts = [(s, True) for s in modes]
                 continue
-            rows = _fixed_rows(" ".join(errors), sample, opts, fixed_rows) if not attempts else []
+            rows = _fixed_rows(" ".join(said), sample, opts, fixed_rows) if not attempts else []
             if rows:
                 # --dynamic-batch made every input's dim 0 the batch; torch says the model fixes
                 # these inputs' rows (a table it asserts): exported with them as given
                 state.notes.append(
                     "--dynamic-batch: "
-                    + ", ".join(f"{n} ({sample[n].shape[0]} rows)" for n in rows)
+                    + ", ".join(f"{n} ({_rows(sample[n].shape[0])})" for n in rows)
                     + " not batched: torch.export found the rows fixed by the model (a size it "
-                    "asserts): exported with them as given"
+                    "asserts, a row it broadcasts): exported with them as given"
                 )
                 fixed_rows += rows
-                errors, where = [], None
+                errors, said, where = [], [], None
                 shapes = dynamic_shapes(opts, sample, state.bounds, axes, fixed_rows)
                 if names is not None and shapes is not None:
                     shapes = tuple(shapes[n] for n in names)
@@ -312,7 +314,7 @@ def export_module(state: RunState, opts: Options, inputs: ExampleInputs) -> Any:
                     + " (--static-sequence says so up front)"
                 )
                 axes = [a for a in axes if a not in fixed]
-                errors, where = [], None
+                errors, said, where = [], [], None
                 shapes = dynamic_shapes(opts, sample, state.bounds, axes, fixed_rows)
                 if names is not None and shapes is not None:
                     shapes = tuple(shapes[n] for n in names)
@@ -464,9 +466,13 @@ def _draft_report(module: Any, args: Any, kwargs: Any, shapes: Any) -> str | Non
     return " | ".join(lines[:6])[:600]
 
 
-# torch.export's words for a dim it was told is dynamic and found fixed: "Constraints
-# violated (L['table'].size()[0])"
-_VIOLATED_ROWS = re.compile(r"L\['(?:kwargs'\]\[')?(\w+)'\]\.size\(\)\[0\]")
+# torch.export's words for a dim 0 it was told is dynamic and found fixed: "Constraints
+# violated (L['table'].size()[0])"; "0/1 specialized due to hint of 1 for dimension
+# inputs['pos'].shape[0]" (a row broadcast over the batch)
+_VIOLATED_ROWS = re.compile(
+    r"L\['(?:kwargs'\]\[')?(\w+)'\]\.size\(\)\[0\]|inputs\['(\w+)'\]\.shape\[0\]"
+)
+_FIXED_WORDS = ("Constraints violated", "specialized due to hint of 1")
 
 
 def _fixed_rows(
@@ -474,16 +480,20 @@ def _fixed_rows(
 ) -> list[str]:
     """The inputs whose dim 0 ``--dynamic-batch`` made dynamic and the export found fixed by
     the model (named in torch's constraint violation); not one ``--dynamic NAME:0`` asks for."""
-    if not opts.dynamic_batch or "Constraints violated" not in error:
+    if not opts.dynamic_batch or not any(w in error for w in _FIXED_WORDS):
         return []
     asked = {m["name"] for m in map(DYNAMIC_SPEC.match, opts.dynamic) if m and m["axis"] == "0"}
-    found = dict.fromkeys(_VIOLATED_ROWS.findall(error))
+    found = dict.fromkeys(a or b for a, b in _VIOLATED_ROWS.findall(error))
     return [
         n
         for n in found
         if n in sample and n not in fixed and n not in asked
         and getattr(sample[n], "dim", lambda: 0)() > 0
     ]  # fmt: skip
+
+
+def _rows(n: int) -> str:
+    return f"{n} row" + ("s" if n != 1 else "")
 
 
 def _fixed_axes(axes: list[Axis], error: str) -> list[Axis]:

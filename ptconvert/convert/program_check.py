@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ptconvert import progress
-from ptconvert.convert.renamed_inputs import fed_as, program_names
+from ptconvert.convert.renamed_inputs import in_order, program_names
 from ptconvert.convert.state import Bounds, RunState
 from ptconvert.errors import PtconvertError, VerificationError
 from ptconvert.formats import FORMATS_BY_NAME
@@ -340,9 +340,8 @@ def _in_memory(state: RunState, target: Any, artifact: Path) -> Any:
 
 def _compare_program(state: RunState, to: str, program: Any, opts: Options) -> ParityReport:
     assert state.inputs is not None
-    renamed = program_names(state)
-    if renamed and program.module is not None:  # TS2EP's x_1 (a runtime process binds its own)
-        program = fed_as(program, {e: p for p, e in renamed.items()})
+    if program_names(state) and state.positional is not None:  # TS2EP's x_1: by position
+        program = in_order(program, state.positional)
     candidate: Any = program.call
     reference: Any = state.reference
     runs = first_call(state)

@@ -1,6 +1,6 @@
 """A program whose inputs are named otherwise than the model's: TorchScript converted to an
 ExportedProgram by torch's TS2EPConverter calls ``x`` ``x_1``. The check resizes, binds and
-reports the model's names; the program is fed under its own."""
+reports the model's names; the program is fed in its own order."""
 
 from __future__ import annotations
 
@@ -23,18 +23,32 @@ def program_names(state: RunState) -> dict[str, str] | None:
     return {p: e for p, e in zip(names, state.positional, strict=True) if p != e} or None
 
 
-def fed_as(program: Any, names: dict[str, str]) -> Any:
-    """An in-process program called with the example's names, fed under its own (``names``:
-    example → program, ``program_names`` reversed): its positional call then binds each input
-    to its place, not in the example's order."""
-    import dataclasses
+class InOrder:
+    """``call`` fed its named inputs in ``names`` order: a program under other names than the
+    model's binds them by position (the in-process program, an AOTI package's runner), so the
+    example's order (``--input``'s, a safetensors file's sorted keys) must not decide it.
+    ``close`` reaches a runtime's process."""
 
-    def fed(call: Any) -> Any:
-        return lambda **kw: call(**{names.get(k, k): v for k, v in kw.items()})
+    def __init__(self, call: Any, names: list[str]) -> None:
+        self.call, self.names = call, names
+
+    def __call__(self, **kw: Any) -> Any:
+        ordered = {n: kw[n] for n in self.names if n in kw}
+        return self.call(**ordered, **{k: v for k, v in kw.items() if k not in ordered})
+
+    def close(self) -> None:
+        close = getattr(self.call, "close", None)
+        if close is not None:
+            close()
+
+
+def in_order(program: Any, names: list[str]) -> Any:
+    """``program`` (a ``formats.program.Program``) with its calls fed in ``names`` order."""
+    import dataclasses
 
     call_of = program.call_of
     return dataclasses.replace(
         program,
-        call=fed(program.call),
-        call_of=None if call_of is None else (lambda m: fed(call_of(m))),
+        call=InOrder(program.call, names),
+        call_of=None if call_of is None else (lambda m: InOrder(call_of(m), names)),
     )

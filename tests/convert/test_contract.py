@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from fixtures.models import BatchBranch, FixedTable, ThreadSums, seeded
+from fixtures.models import BatchBranch, FixedTable, RowBroadcast, ThreadSums, seeded
 from ptconvert.formats import FORMATS_BY_NAME
 from tests.conftest import run_cli
 
@@ -345,6 +345,24 @@ def test_dynamic_batch_leaves_the_rows_the_model_fixes(
         (got,) = session.run(None, {"x": x.numpy(), "table": table.numpy()})
         got = torch.from_numpy(got)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_dynamic_batch_leaves_a_row_broadcast_over_the_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``pos`` [1, 8]: torch.export refuses a dynamic dim of size 1 in other words than a
+    constraint violation (0/1 specialisation); the export is done again with it as given."""
+    weights = _checkpoint(tmp_path, seeded(RowBroadcast()))
+    out = tmp_path / "row.pt2"
+    args = [str(weights), "--to", "pt2", "--model", "fixtures.models:RowBroadcast"]
+    args += ["--dynamic-batch", "--input", "x:2x8:float32", "--input", "pos:1x8:float32"]
+    code, report, _ = run_cli([*args, "-o", str(out), "--no-cache"], capsys)
+    assert code == 0, report
+    assert report["route"][-2:] == ["module → exported", "exported → pt2"], report["route"]
+    assert any(n.startswith("--dynamic-batch: pos (1 row) not batched") for n in report["notes"])
+    x, pos = torch.randn(5, 8), torch.randn(1, 8)
+    program = torch.export.load(str(out)).module()
+    torch.testing.assert_close(program(x, pos), seeded(RowBroadcast()).eval()(x, pos))
 
 
 def test_a_range_is_narrowed_only_where_the_file_refuses_what_it_leaves_out() -> None:

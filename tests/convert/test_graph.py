@@ -147,22 +147,28 @@ class _Biased(torch.nn.Module):
         return self.lin(x) + bias
 
 
+@pytest.mark.parametrize("to", ["pt2", pytest.param("aoti", marks=pytest.mark.slow)])
 def test_a_converted_torchscript_program_gets_each_input_in_its_place(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    to: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A TorchScript file's inputs given in another order than ``forward`` takes them: its
-    converted program (inputs renamed x_1, bias_1) is checked with x as x and bias as bias."""
+    converted program (inputs renamed x_1, bias_1) is checked with x as x and bias as bias,
+    in memory and by an AOTI package's runner, which binds them by position."""
     torch.manual_seed(0)
     scripted = torch.jit.script(_Biased().eval())
     src = tmp_path / "biased.pt"
     scripted.save(str(src))
-    out = tmp_path / "biased.pt2"
-    args = [str(src), "--to", "pt2", "--input", "bias:2x4:float32", "--input", "x:2x8:float32"]
+    out = tmp_path / f"biased.{to}.pt2"
+    args = [str(src), "--to", to, "--input", "bias:2x4:float32", "--input", "x:2x8:float32"]
     code, report, _ = run_cli([*args, "-o", str(out), "--no-cache"], capsys)
     assert code == 0, report
     assert "torchscript → exported" in report["route"], report["route"]
     x, bias = torch.randn(2, 8), torch.randn(2, 4)
-    torch.testing.assert_close(torch.export.load(str(out)).module()(x, bias), scripted(x, bias))
+    if to == "pt2":
+        got = torch.export.load(str(out)).module()(x, bias)
+    else:
+        got = torch._inductor.aoti_load_package(str(out))(x, bias)
+    torch.testing.assert_close(got, scripted(x, bias))
 
 
 def test_frozen_trace_is_never_a_success(tmp_path: Path) -> None:
