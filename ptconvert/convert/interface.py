@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ptconvert.convert.program_check import dynamism
+from ptconvert.convert.renamed_inputs import program_names, renamed_where
 from ptconvert.convert.state import RunState
 from ptconvert.formats import FORMATS_BY_NAME
 from ptconvert.options import Options
@@ -34,6 +35,11 @@ def interface(
     ranges = state.dynamic_range
     if state.graph_names is not None:  # the file names what it takes and returns
         taken, graph_outputs = state.graph_names
+        # a TS2EP program's graph keeps the converter's names (x_1) where it dropped a scalar
+        as_graph = {e: p for p, e in (program_names(state) or {}).items() if p in taken}
+        names = [as_graph.get(n, n) for n in names]
+        sample = {as_graph.get(n, n): v for n, v in sample.items()}
+        ranges = {renamed_where(w, as_graph): t for w, t in ranges.items()}
         left_out = {n for n in names if n not in taken}  # a trace drops what it does not read
         ranges = {w: t for w, t in ranges.items() if w.rpartition(" dim ")[0] not in left_out}
         names = [n for n in names if n in taken] + [n for n in taken if n not in names]

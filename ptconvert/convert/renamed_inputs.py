@@ -23,6 +23,12 @@ def program_names(state: RunState) -> dict[str, str] | None:
     return {p: e for p, e in zip(names, state.positional, strict=True) if p != e} or None
 
 
+def renamed_where(where: str, names: dict[str, str]) -> str:
+    """A range's key (``x_1 dim 0``) with its input renamed by ``names``."""
+    name, dim, axis = where.rpartition(" dim ")
+    return f"{names.get(name, name)}{dim}{axis}" if dim else where
+
+
 class InOrder:
     """``call`` fed its named inputs in ``names`` order: a program under other names than the
     model's binds them by position (the in-process program, an AOTI package's runner), so the

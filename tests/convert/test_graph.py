@@ -171,6 +171,40 @@ def test_a_converted_torchscript_program_gets_each_input_in_its_place(
     torch.testing.assert_close(got, scripted(x, bias))
 
 
+class _Rated(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, sr: int) -> torch.Tensor:
+        return self.lin(x) * (sr // 8000)
+
+
+def test_a_converted_torchscript_program_with_a_scalar_first_reaches_onnx(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--input sr::int64=16000`` before ``x``: the ONNX graph drops the scalar and keeps the
+    converter's name ``x_1``; the check feeds x there, and the report's call and range lines
+    name what the file takes."""
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    scripted = torch.jit.script(_Rated().eval())
+    src = tmp_path / "rated.pt"
+    scripted.save(str(src))
+    out = tmp_path / "rated.onnx"
+    args = [str(src), "--to", "onnx", "--input", "sr::int64=16000", "--input", "x:2x4:float32"]
+    code, report, _ = run_cli([*args, "--dynamic-batch", "-o", str(out), "--no-cache"], capsys)
+    assert code == 0, report
+    (name,) = [i.name for i in ort.InferenceSession(str(out)).get_inputs()]
+    face = report["interface"]
+    assert face["inputs"] == [name] and f'"{name}"' in face["call"], face
+    assert any(a.startswith(f"{name} dim 0: batch") for a in face["accepts"]), face["accepts"]
+    x = torch.randn(5, 4)
+    (got,) = ort.InferenceSession(str(out)).run(None, {name: x.numpy()})
+    torch.testing.assert_close(torch.from_numpy(got), scripted(x, 16000))
+
+
 def test_frozen_trace_is_never_a_success(tmp_path: Path) -> None:
     src = tmp_path / "cf.pt"
     torch.save(seeded(ControlFlow()).state_dict(), src)

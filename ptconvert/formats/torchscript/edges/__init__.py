@@ -50,7 +50,7 @@ def _unsaveable(exc: RuntimeError, src: Path) -> UnsupportedConversionError:
 
 def ts_to_exported(state: RunState, opts: Options) -> None:
     from ptconvert.convert.exporting import dynamic_range_words
-    from ptconvert.convert.renamed_inputs import program_names
+    from ptconvert.convert.renamed_inputs import program_names, renamed_where
 
     converter = _compat.torch_api.ts2ep_converter()
 
@@ -74,18 +74,13 @@ def ts_to_exported(state: RunState, opts: Options) -> None:
     # the converter's input names (x_1) said as the model's (x), as the check says them
     renamed = program_names(state) or {}
     state.dynamic_range = {
-        _renamed(where, renamed): words
+        renamed_where(where, renamed): words
         for where, words in dynamic_range_words(state.exported).items()
     }
     state.notes.append(
         "TorchScript converted with torch's TS2EPConverter (branches → torch.cond); "
         f"the program takes its inputs positionally: {names}"
     )
-
-
-def _renamed(where: str, renamed: dict[str, str]) -> str:
-    name, dim, axis = where.rpartition(" dim ")
-    return f"{renamed.get(name, name)}{dim}{axis}" if dim else where
 
 
 def _provided_arguments(module: Any, sample: dict[str, Any], src: Path) -> list[str]:
